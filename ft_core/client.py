@@ -1,0 +1,473 @@
+"""RankMonitorClient: runs inside each training rank and reports liveness to the node monitor.
+
+Example (the monitor is started by ``ft_launcher``, or by hand)::
+
+    from ft_core.client import RankMonitorClient
+
+    client = RankMonitorClient()
+    client.init_workload_monitoring()          # reads FT_RANK_MONITOR_IPC_SOCKET
+    for step in range(steps):
+        client.start_section("step")
+        train_step()
+        client.end_section("step")
+        client.send_heartbeat()
+    client.calculate_and_set_section_timeouts(skip_if_not_ready=True)
+    checkpoint["ft"] = client.state_dict()
+    client.shutdown_workload_monitoring()
+
+Heartbeats and section events are one-way writes on a non-blocking socket:
+a stalled monitor never blocks a training step. A heartbeat that finds the
+socket buffer full is dropped (the next one carries the same information);
+section events and checkpoint reports are queued and sent in order.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import socket
+import sys
+import threading
+from typing import IO, Any, Optional
+
+from ft_core.config import FaultToleranceConfig
+from ft_core.data import WorkloadAction, WorkloadControlRequest
+from ft_core.monitor import TOKEN_ENV, stack_dump_dir
+from ft_core.protocol import (
+    Ack,
+    EndAllSections,
+    FrameDecoder,
+    Goodbye,
+    Heartbeat,
+    Hello,
+    HelloAck,
+    Message,
+    ProtocolError,
+    ReportCheckpoint,
+    SectionEnd,
+    SectionStart,
+    UpdateTimeouts,
+    WorkloadControl,
+    encode,
+    recv_msg,
+    request,
+    send_msg,
+)
+from ft_core.timeouts import (
+    HeartbeatTimeouts,
+    SectionTimeouts,
+    TimeoutsCalc,
+    TimeoutsNotReadyError,
+    apply_calculated,
+    timeouts_from_state_dict,
+    timeouts_state_dict,
+)
+
+__all__ = ["RankMonitorClient", "RankMonitorClientError", "WorkloadAction", "WorkloadControlRequest"]
+
+log = logging.getLogger("ft_core.client")
+
+MONITOR_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
+LAUNCHER_SOCKET_ENV = "FT_LAUNCHER_IPC_SOCKET"
+#: Round trips (handshake, timeout updates) give up after this long.
+REQUEST_TIMEOUT = 30.0
+_SEND_BUFFER_BYTES = 1 << 20
+
+
+class RankMonitorClientError(Exception):
+    """Misuse of the client or a failure talking to the monitor; the message says what to do."""
+
+
+class RankMonitorClient:
+    """The rank side of fault tolerance (API and semantics of NVRx's ``RankMonitorClient``).
+
+    Attributes:
+        cfg: the :class:`FaultToleranceConfig` received from the monitor at init.
+        hb_timeouts: heartbeat timeouts in force (config, loaded or calculated).
+        section_timeouts: section timeouts in force.
+        is_initialized: True between init and shutdown.
+    """
+
+    def __init__(self) -> None:
+        self.cfg: Optional[FaultToleranceConfig] = None
+        self.hb_timeouts = HeartbeatTimeouts()
+        self.section_timeouts = SectionTimeouts()
+        self.is_initialized = False
+        self.rank: Optional[int] = None
+        self._loaded_state: Optional[dict[str, Any]] = None
+        self._sock: Optional[socket.socket] = None
+        self._decoder = FrameDecoder()
+        self._lock = threading.Lock()
+        self._unsent = bytearray()  # one-way bytes the socket could not take yet
+        self._open: set[str] = set()
+        self._tracked: frozenset[str] = frozenset()
+        self._calc: Optional[TimeoutsCalc] = None
+        self._iteration: Optional[int] = None
+        self._hb_frame = encode(Heartbeat())
+        self._hb_iter_frame: tuple[Optional[int], bytes] = (None, self._hb_frame)
+        self._end_frames: dict[str, bytes] = {}
+        self._dump_file: Optional[IO[str]] = None
+        self._monitor_lost = False
+        self.dropped_heartbeats = 0
+
+    # -- lifecycle --------------------------------------------------------
+    def init_workload_monitoring(self) -> None:
+        """Connect to the node monitor named by ``FT_RANK_MONITOR_IPC_SOCKET`` and start being watched."""
+        if self.is_initialized:
+            raise RankMonitorClientError("init_workload_monitoring() was already called; call "
+                                         "shutdown_workload_monitoring() before initializing again")
+        socket_path = os.environ.get(MONITOR_SOCKET_ENV)
+        if not socket_path:
+            raise RankMonitorClientError(
+                f"{MONITOR_SOCKET_ENV} is not set: launch with ft_launcher, or start a monitor with "
+                f"RankMonitorServer.run_in_subprocess(cfg, path) and export {MONITOR_SOCKET_ENV}=path"
+            )
+        token = _read_token(socket_path)
+        self.rank = _env_rank()
+        dump_path = self._open_dump_file(socket_path)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(REQUEST_TIMEOUT)
+            sock.connect(socket_path)
+            hello = Hello(
+                token=token, rank=self.rank, local_rank=int(os.environ.get("LOCAL_RANK", -1)),
+                world_size=int(os.environ.get("WORLD_SIZE", -1)),
+                restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                timeouts=self._loaded_state, dump_path=dump_path,
+            )
+            reply = request(sock, self._decoder, hello, REQUEST_TIMEOUT)
+        except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
+            sock.close()
+            self._close_dump_file()
+            raise RankMonitorClientError(
+                f"cannot connect to the rank monitor at {socket_path}: {exc}. Is the monitor running, and "
+                f"is {TOKEN_ENV} the job's token?"
+            ) from exc
+        if not isinstance(reply, HelloAck):
+            sock.close()
+            self._close_dump_file()
+            raise RankMonitorClientError(f"rank monitor refused the handshake: {reply!r}")
+        self.cfg = FaultToleranceConfig.from_mapping(reply.config)
+        self.hb_timeouts = HeartbeatTimeouts(self.cfg.initial_rank_heartbeat_timeout, self.cfg.rank_heartbeat_timeout)
+        self.section_timeouts = SectionTimeouts(dict(self.cfg.rank_section_timeouts),
+                                                self.cfg.rank_out_of_section_timeout)
+        if self._loaded_state is not None:
+            self.hb_timeouts, self.section_timeouts = apply_calculated(
+                self.hb_timeouts, self.section_timeouts, self._loaded_state)
+        self._tracked = frozenset(self.section_timeouts.section)
+        self._calc = TimeoutsCalc(self.cfg.safety_factor, num_warmup_iterations=self.cfg.num_warmup_iterations)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
+        sock.setblocking(False)
+        self._sock = sock
+        self._monitor_lost = False
+        self._register_stack_dump()
+        if self.cfg.install_exception_hook:
+            _install_exception_hook()
+        self.is_initialized = True
+        log.debug("rank %d connected to the rank monitor at %s", self.rank, socket_path)
+
+    def shutdown_workload_monitoring(self) -> None:
+        """Say goodbye to the monitor (it will not kill this rank) and disconnect. Idempotent."""
+        if not self.is_initialized:
+            return
+        self.is_initialized = False
+        sock, self._sock = self._sock, None
+        try:
+            assert sock is not None
+            sock.setblocking(True)
+            sock.settimeout(REQUEST_TIMEOUT)
+            if not self._monitor_lost:
+                sock.sendall(bytes(self._unsent))
+                request(sock, self._decoder, Goodbye(), REQUEST_TIMEOUT)
+        except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
+            log.warning("rank monitor did not confirm the shutdown: %s", exc)
+        finally:
+            self._unsent.clear()
+            self._open.clear()
+            if sock is not None:
+                sock.close()
+            self._unregister_stack_dump()
+
+    # -- liveness ---------------------------------------------------------
+    def send_heartbeat(self) -> None:
+        """Tell the monitor this rank is alive (one ``send``; never blocks)."""
+        self._require_init("send_heartbeat")
+        self._calc.update_on_heartbeat()  # type: ignore[union-attr]
+        iteration = self._current_iteration()
+        if iteration is None:
+            frame = self._hb_frame
+        else:
+            cached_iteration, frame = self._hb_iter_frame
+            if cached_iteration != iteration:
+                frame = encode(Heartbeat(iteration))
+                self._hb_iter_frame = (iteration, frame)
+        self._send_oneway(frame, droppable=True)
+
+    def start_section(self, section: str) -> None:
+        """Open ``section``; sections may nest and overlap, but not be opened twice."""
+        self._require_init("start_section")
+        if section in self._open:
+            raise RankMonitorClientError(f"section {section!r} is already open; end it before starting it again")
+        self._open.add(section)
+        if section in self._tracked:
+            self._calc.update_on_section_start(section)  # type: ignore[union-attr]
+            self._send_state(encode(SectionStart(section, self._current_iteration())))
+
+    def end_section(self, section: str) -> None:
+        self._require_init("end_section")
+        if section not in self._open:
+            raise RankMonitorClientError(f"section {section!r} is not open; start_section({section!r}) first")
+        self._open.discard(section)
+        if section in self._tracked:
+            self._calc.update_on_section_end(section)  # type: ignore[union-attr]
+            frame = self._end_frames.get(section)
+            if frame is None:
+                frame = self._end_frames[section] = encode(SectionEnd(section))
+            self._send_state(frame)
+
+    def end_all_sections(self) -> None:
+        self._require_init("end_all_sections")
+        tracked_open = sorted(self._open & self._tracked)
+        for section in tracked_open:
+            self._calc.update_on_section_end(section)  # type: ignore[union-attr]
+        self._open.clear()
+        if tracked_open:
+            self._send_state(encode(EndAllSections()))
+
+    def set_iteration(self, iteration: Optional[int]) -> None:
+        """The training iteration reported with later heartbeats and sections."""
+        self._iteration = iteration
+
+    def report_checkpoint(self, iteration: int) -> None:
+        """Report the latest iteration saved in a checkpoint (the launcher's progress signal)."""
+        self._require_init("report_checkpoint")
+        self._send_state(encode(ReportCheckpoint(int(iteration))))
+
+    # -- timeouts ---------------------------------------------------------
+    def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False) -> bool:
+        """Learn heartbeat timeouts from observed intervals (a collective across ranks).
+
+        Returns False when skipped for lack of data (``skip_if_not_ready``).
+        """
+        self._require_init("calculate_and_set_hb_timeouts")
+        try:
+            new = self._calc.calculate_hb_timeouts(self.hb_timeouts, skip_if_not_ready)  # type: ignore[union-attr]
+        except TimeoutsNotReadyError as exc:
+            raise RankMonitorClientError(str(exc)) from None
+        if new is None:
+            return False
+        self.hb_timeouts = new
+        self._send_timeouts()
+        return True
+
+    def calculate_and_set_section_timeouts(
+        self,
+        selected_sections: Optional[list[str]] = None,
+        calc_out_of_section: bool = True,
+        skip_if_not_ready: bool = False,
+    ) -> bool:
+        """Learn section timeouts (all tracked sections by default; a collective across ranks)."""
+        self._require_init("calculate_and_set_section_timeouts")
+        names = self._tracked if selected_sections is None else selected_sections
+        unknown = sorted(set(names) - self._tracked)
+        if unknown:
+            raise RankMonitorClientError(
+                f"selected_sections: {unknown} are not tracked; tracked sections come from "
+                f"rank_section_timeouts: {sorted(self._tracked)}"
+            )
+        try:
+            new = self._calc.calculate_section_timeouts(  # type: ignore[union-attr]
+                self.section_timeouts, names, calc_out_of_section, skip_if_not_ready)
+        except TimeoutsNotReadyError as exc:
+            raise RankMonitorClientError(str(exc)) from None
+        if new is None:
+            return False
+        self.section_timeouts = new
+        self._send_timeouts()
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"current_timeouts": {...}}``: JSON-safe and identical on all ranks after a calculation."""
+        if not self.is_initialized and self._loaded_state is not None:
+            return self._loaded_state
+        return timeouts_state_dict(self.hb_timeouts, self.section_timeouts)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore learned timeouts; before init they are sent with the handshake."""
+        try:
+            hb, sections = timeouts_from_state_dict(state)
+        except ValueError as exc:
+            raise RankMonitorClientError(str(exc)) from None
+        normalized = timeouts_state_dict(hb, sections)
+        if not self.is_initialized:
+            self._loaded_state = normalized
+            return
+        self.hb_timeouts, self.section_timeouts = apply_calculated(self.hb_timeouts, self.section_timeouts, normalized)
+        self._tracked = frozenset(self.section_timeouts.section)
+        self._send_timeouts()
+
+    # -- workload control -------------------------------------------------
+    def send_workload_control_request(self, req: WorkloadControlRequest) -> None:
+        """Ask ``ft_launcher`` to exclude this node or shut the workload down."""
+        if not isinstance(req, WorkloadControlRequest):
+            raise RankMonitorClientError(f"req: expected a WorkloadControlRequest, got {req!r}")
+        path = os.environ.get(LAUNCHER_SOCKET_ENV)
+        if not path:
+            raise RankMonitorClientError(
+                f"{LAUNCHER_SOCKET_ENV} is not set: workload control requests need ft_launcher")
+        monitor_socket = os.environ.get(MONITOR_SOCKET_ENV, path)
+        decoder = FrameDecoder()
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(REQUEST_TIMEOUT)
+                sock.connect(path)
+                send_msg(sock, Hello(token=_read_token(monitor_socket), rank=_env_rank(), role="control"))
+                reply = request(sock, decoder, WorkloadControl(req.action.value, req.description, _env_rank()),
+                                REQUEST_TIMEOUT)
+        except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
+            raise RankMonitorClientError(f"cannot reach the launcher at {path}: {exc}") from exc
+        if not (isinstance(reply, Ack) and reply.ok):
+            raise RankMonitorClientError(f"the launcher rejected {req.action.name}: {reply!r}")
+
+    # -- internals --------------------------------------------------------
+    def _require_init(self, what: str) -> None:
+        if not self.is_initialized:
+            raise RankMonitorClientError(f"{what}() needs init_workload_monitoring() first")
+
+    def _current_iteration(self) -> Optional[int]:
+        if self._iteration is not None:
+            return self._iteration
+        # Megatron keeps its args (with curr_iteration) in a module global.
+        megatron_vars = sys.modules.get("megatron.training.global_vars")
+        if megatron_vars is not None:
+            iteration = getattr(getattr(megatron_vars, "_GLOBAL_ARGS", None), "curr_iteration", None)
+            if isinstance(iteration, int):
+                return iteration
+        return None
+
+    def _send_oneway(self, frame: bytes, droppable: bool) -> None:
+        if self._monitor_lost:
+            return
+        with self._lock:
+            try:
+                if self._unsent:
+                    self._unsent += frame
+                    sent = self._sock.send(self._unsent)  # type: ignore[union-attr]
+                    del self._unsent[:sent]
+                    return
+                sent = self._sock.send(frame)  # type: ignore[union-attr]
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self._on_monitor_lost(exc)
+                return
+            if sent == 0 and droppable:
+                self.dropped_heartbeats += 1
+            elif sent < len(frame):
+                self._unsent += frame[sent:]
+
+    def _send_state(self, frame: bytes) -> None:
+        """Section/checkpoint events: never dropped; a round trip if the config asks for replies."""
+        if self.cfg is not None and not self.cfg.skip_section_response and not self._monitor_lost:
+            self._round_trip_raw(frame)
+        else:
+            self._send_oneway(frame, droppable=False)
+
+    def _round_trip(self, msg: Message) -> Message:
+        return self._round_trip_raw(encode(msg))
+
+    def _round_trip_raw(self, frame: bytes) -> Message:
+        sock = self._sock
+        assert sock is not None
+        with self._lock:
+            try:
+                sock.setblocking(True)
+                sock.settimeout(REQUEST_TIMEOUT)
+                sock.sendall(bytes(self._unsent) + frame)
+                self._unsent.clear()
+                reply = recv_msg(sock, self._decoder, REQUEST_TIMEOUT)
+            except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
+                raise RankMonitorClientError(f"rank monitor did not answer: {exc}") from exc
+            finally:
+                sock.setblocking(False)
+        if isinstance(reply, Ack) and not reply.ok:
+            raise RankMonitorClientError(f"rank monitor rejected the request: {reply.error}")
+        return reply
+
+    def _send_timeouts(self) -> None:
+        if not self._monitor_lost:
+            self._round_trip(UpdateTimeouts(self.state_dict()))
+
+    def _on_monitor_lost(self, exc: OSError) -> None:
+        # Losing the monitor must not become a new way for training to fail;
+        # the launcher notices a dead monitor and restarts the cycle.
+        self._monitor_lost = True
+        log.error("rank %s lost its rank monitor connection (%s); hang detection is off for this rank",
+                  self.rank, exc)
+
+    def _open_dump_file(self, socket_path: str) -> Optional[str]:
+        directory = stack_dump_dir(socket_path)
+        path = os.path.join(directory, f"rank{_env_rank()}_pid{os.getpid()}.txt")
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            self._dump_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - faulthandler keeps the fd
+        except OSError as exc:
+            log.warning("stack dumps disabled: cannot create %s: %s", path, exc)
+            return None
+        return path
+
+    def _register_stack_dump(self) -> None:
+        sig = self.cfg.stack_dump_signal if self.cfg else None
+        if sig is None or self._dump_file is None:
+            self._close_dump_file()
+            return
+        # C-level handler: it dumps even when the main thread is stuck in a collective.
+        faulthandler.register(sig, file=self._dump_file, all_threads=True, chain=False)
+
+    def _unregister_stack_dump(self) -> None:
+        if self.cfg is not None and self.cfg.stack_dump_signal is not None and self._dump_file is not None:
+            faulthandler.unregister(self.cfg.stack_dump_signal)
+        self._close_dump_file()
+
+    def _close_dump_file(self) -> None:
+        if self._dump_file is not None:
+            self._dump_file.close()
+            self._dump_file = None
+
+
+def _env_rank() -> int:
+    if "RANK" in os.environ:
+        return int(os.environ["RANK"])
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return 0
+
+
+def _read_token(socket_path: str) -> str:
+    token = os.environ.get(TOKEN_ENV)
+    if token:
+        return token
+    try:
+        with open(socket_path + ".token", encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError:
+        raise RankMonitorClientError(
+            f"{TOKEN_ENV} is not set and {socket_path}.token cannot be read: the job token is needed to "
+            "talk to the monitor (ft_launcher sets it for its workers)"
+        ) from None
+
+
+def _install_exception_hook() -> None:
+    previous = sys.excepthook
+
+    def _hook(exc_type, exc, tb) -> None:
+        # Report, then exit hard: live non-daemon threads (data loaders, comm
+        # watchdogs) would otherwise keep a dying rank hanging at shutdown.
+        previous(exc_type, exc, tb)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
+
+    sys.excepthook = _hook
