@@ -28,7 +28,6 @@ import logging
 import os
 import socket
 import sys
-import threading
 from typing import IO, Any, Optional
 
 from ft_core.config import FaultToleranceConfig
@@ -82,6 +81,9 @@ class RankMonitorClientError(Exception):
 class RankMonitorClient:
     """The rank side of fault tolerance (API and semantics of NVRx's ``RankMonitorClient``).
 
+    One client per process, used from one thread at a time (like a torch
+    process group handle); the hot paths take no lock.
+
     Attributes:
         cfg: the :class:`FaultToleranceConfig` received from the monitor at init.
         hb_timeouts: heartbeat timeouts in force (config, loaded or calculated).
@@ -98,7 +100,6 @@ class RankMonitorClient:
         self._loaded_state: Optional[dict[str, Any]] = None
         self._sock: Optional[socket.socket] = None
         self._decoder = FrameDecoder()
-        self._lock = threading.Lock()
         self._unsent = bytearray()  # one-way bytes the socket could not take yet
         self._open: set[str] = set()
         self._tracked: frozenset[str] = frozenset()
@@ -107,6 +108,7 @@ class RankMonitorClient:
         self._hb_frame = encode(Heartbeat())
         self._hb_iter_frame: tuple[Optional[int], bytes] = (None, self._hb_frame)
         self._end_frames: dict[str, bytes] = {}
+        self._start_frames: dict[str, tuple[Optional[int], bytes]] = {}
         self._dump_file: Optional[IO[str]] = None
         self._monitor_lost = False
         self.dropped_heartbeats = 0
@@ -212,7 +214,11 @@ class RankMonitorClient:
         self._open.add(section)
         if section in self._tracked:
             self._calc.update_on_section_start(section)  # type: ignore[union-attr]
-            self._send_state(encode(SectionStart(section, self._current_iteration())))
+            iteration = self._current_iteration()
+            cached = self._start_frames.get(section)
+            if cached is None or cached[0] != iteration:
+                cached = self._start_frames[section] = (iteration, encode(SectionStart(section, iteration)))
+            self._send_state(cached[1])
 
     def end_section(self, section: str) -> None:
         self._require_init("end_section")
@@ -349,23 +355,24 @@ class RankMonitorClient:
     def _send_oneway(self, frame: bytes, droppable: bool) -> None:
         if self._monitor_lost:
             return
-        with self._lock:
-            try:
-                if self._unsent:
-                    self._unsent += frame
-                    sent = self._sock.send(self._unsent)  # type: ignore[union-attr]
-                    del self._unsent[:sent]
-                    return
-                sent = self._sock.send(frame)  # type: ignore[union-attr]
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                self._on_monitor_lost(exc)
+        try:
+            if self._unsent:
+                # Keep order: queued state messages go first.
+                self._unsent += frame
+                del self._unsent[:self._sock.send(self._unsent)]  # type: ignore[union-attr]
                 return
-            if sent == 0 and droppable:
-                self.dropped_heartbeats += 1
-            elif sent < len(frame):
-                self._unsent += frame[sent:]
+            sent = self._sock.send(frame)  # type: ignore[union-attr]
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._on_monitor_lost(exc)
+            return
+        if sent == len(frame):
+            return
+        if sent == 0 and droppable:
+            self.dropped_heartbeats += 1
+        else:
+            self._unsent += frame[sent:]
 
     def _send_state(self, frame: bytes) -> None:
         """Section/checkpoint events: never dropped; a round trip if the config asks for replies."""
@@ -380,17 +387,16 @@ class RankMonitorClient:
     def _round_trip_raw(self, frame: bytes) -> Message:
         sock = self._sock
         assert sock is not None
-        with self._lock:
-            try:
-                sock.setblocking(True)
-                sock.settimeout(REQUEST_TIMEOUT)
-                sock.sendall(bytes(self._unsent) + frame)
-                self._unsent.clear()
-                reply = recv_msg(sock, self._decoder, REQUEST_TIMEOUT)
-            except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
-                raise RankMonitorClientError(f"rank monitor did not answer: {exc}") from exc
-            finally:
-                sock.setblocking(False)
+        try:
+            sock.setblocking(True)
+            sock.settimeout(REQUEST_TIMEOUT)
+            sock.sendall(bytes(self._unsent) + frame)
+            self._unsent.clear()
+            reply = recv_msg(sock, self._decoder, REQUEST_TIMEOUT)
+        except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
+            raise RankMonitorClientError(f"rank monitor did not answer: {exc}") from exc
+        finally:
+            sock.setblocking(False)
         if isinstance(reply, Ack) and not reply.ok:
             raise RankMonitorClientError(f"rank monitor rejected the request: {reply.error}")
         return reply

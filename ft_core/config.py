@@ -261,7 +261,8 @@ class FaultToleranceConfig:
         for field in dataclasses.fields(cls):
             dashed = field.name.replace("_", "-")
             spellings = dict.fromkeys(
-                [f"--ft-{dashed}", f"--ft-{field.name}", f"--ft-param-{dashed}", f"--ft-param-{field.name}"]
+                [f"--ft-{dashed}", f"--ft-{field.name}", f"--ft_{field.name}",
+                 f"--ft-param-{dashed}", f"--ft-param-{field.name}", f"--ft_param_{field.name}"]
             )
             group.add_argument(
                 *spellings, dest=f"ft_{field.name}", default=None, metavar="VALUE",

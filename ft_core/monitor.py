@@ -66,7 +66,7 @@ TOKEN_ENV = "FT_MONITOR_TOKEN"
 #: An unauthenticated connection must say Hello within this time.
 HANDSHAKE_TIMEOUT = 5.0
 #: While a stack dump is pending, the loop polls the dump file this often.
-_DUMP_POLL = 0.02
+_DUMP_POLL = 0.005
 _PEERCRED = struct.Struct("3i")
 
 

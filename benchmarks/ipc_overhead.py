@@ -1,0 +1,94 @@
+"""Per-call cost of send_heartbeat() and start_section+end_section, next to a raw socket send.
+
+The baseline is ``socket.send`` of the very same heartbeat frame on the very
+same connection, measured in interleaved blocks in the same run so machine
+noise hits both alike. Also reports the monitor process's RSS. Prints JSON.
+
+    python benchmarks/ipc_overhead.py [--calls 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import emit, rss_mb, summarize  # noqa: E402
+
+from ft_core.client import RankMonitorClient  # noqa: E402
+from ft_core.config import FaultToleranceConfig  # noqa: E402
+from ft_core.monitor import RankMonitorServer  # noqa: E402
+
+BLOCK = 1000
+
+
+def _time_calls(fn, n: int) -> list[int]:
+    clock = time.perf_counter_ns
+    samples = []
+    for _ in range(n):
+        start = clock()
+        fn()
+        samples.append(clock() - start)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=20000)
+    args = parser.parse_args()
+
+    cfg = FaultToleranceConfig(rank_section_timeouts={"step": 3600.0}, log_level="WARNING")
+    with tempfile.TemporaryDirectory() as tmp:
+        monitor = RankMonitorServer.run_in_subprocess(cfg, os.path.join(tmp, "monitor.sock"))
+        os.environ["FT_RANK_MONITOR_IPC_SOCKET"] = monitor.socket_path
+        client = RankMonitorClient()
+        client.init_workload_monitoring()
+        try:
+            raw_frame = client._hb_frame
+            raw_sock = client._sock
+
+            def raw_send() -> None:
+                raw_sock.send(raw_frame)
+
+            def section_pair() -> None:
+                client.start_section("step")
+                client.end_section("step")
+
+            clock = time.perf_counter_ns
+            overhead = min(_time_calls(lambda: None, 2000))  # cost of timing an empty call
+            heartbeat, raw, sections = [], [], []
+            for _ in range(max(1, args.calls // BLOCK)):
+                raw += _time_calls(raw_send, BLOCK)
+                heartbeat += _time_calls(client.send_heartbeat, BLOCK)
+                sections += _time_calls(section_pair, BLOCK)
+                time.sleep(0.002)  # let the monitor drain its socket between blocks
+            del clock
+            monitor_rss = rss_mb(monitor.pid)
+            dropped = client.dropped_heartbeats
+        finally:
+            client.shutdown_workload_monitoring()
+            monitor.stop()
+
+    us = 1e-3
+    hb_summary = summarize(heartbeat, us)
+    raw_summary = summarize(raw, us)
+    emit({
+        "benchmark": "ipc_overhead",
+        "unit": "microseconds per call",
+        "timer_overhead_us": round(overhead * us, 3),
+        "send_heartbeat": hb_summary,
+        "raw_socket_send_same_bytes": raw_summary,
+        "heartbeat_vs_raw_median_ratio": round(hb_summary["median"] / raw_summary["median"], 2),
+        "start_plus_end_section": summarize(sections, us),
+        "dropped_heartbeats": dropped,
+        "monitor_rss_mb": monitor_rss,
+        "targets": {"heartbeat_median_us": 3, "heartbeat_vs_raw": 2.0, "section_pair_median_us": 8,
+                    "section_pair_p99_us": 30, "monitor_rss_mb": 30},
+    })
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,295 @@
+"""The node monitor and the rank client with real processes and real Unix sockets."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import struct
+
+import pytest
+from helpers import REPO_ROOT, kill_group, python_env, spawn_python, wait_for, wait_for_event
+
+from ft_core.client import RankMonitorClient, RankMonitorClientError
+from ft_core.config import FaultToleranceConfig
+from ft_core.monitor import RankMonitorServer, read_events
+from ft_core.protocol import FrameDecoder, Heartbeat, Hello, encode, recv_msg, send_msg
+
+RANK_SCRIPT = os.path.join(REPO_ROOT, "tests", "integration", "core_workers", "rank.py")
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def start_monitor(tmp_path):
+    monitors = []
+
+    def start(**cfg_kwargs):
+        cfg = FaultToleranceConfig.from_kwargs(**cfg_kwargs)
+        job_dir = tmp_path / f"job{len(monitors)}"
+        monitor = RankMonitorServer.run_in_subprocess(cfg, str(job_dir / "monitor.sock"), token="t0ken-" + "x" * 8)
+        monitors.append(monitor)
+        return monitor
+
+    yield start
+    for monitor in monitors:
+        monitor.stop()
+
+
+@pytest.fixture
+def ranks():
+    procs = []
+
+    def spawn(monitor, scenario, rank=0, restart_count=0, extra=(), **env):
+        proc = spawn_python(
+            [RANK_SCRIPT, scenario, *extra],
+            env=python_env(FT_RANK_MONITOR_IPC_SOCKET=monitor.socket_path, FT_MONITOR_TOKEN=monitor.token,
+                           RANK=str(rank), LOCAL_RANK=str(rank), TORCHELASTIC_RESTART_COUNT=str(restart_count),
+                           **env),
+            stdout=-1, stderr=-1, text=True,
+        )
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        kill_group(proc)
+        proc.stdout.close()
+        proc.stderr.close()
+
+
+def _killed(proc, timeout=60):
+    proc.wait(timeout=timeout)
+    return proc.returncode == -signal.SIGKILL
+
+
+def test_socket_dir_and_token_file_are_private(start_monitor):
+    monitor = start_monitor()
+    job_dir = os.path.dirname(monitor.socket_path)
+    assert stat.S_IMODE(os.stat(job_dir).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(monitor.socket_path).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(monitor.socket_path + ".token").st_mode) == 0o600
+    assert [e["event"] for e in monitor.events()] == ["monitor_started"]
+
+
+def test_missing_first_heartbeat_kills(start_monitor, ranks):
+    monitor = start_monitor(initial_rank_heartbeat_timeout=1.0, rank_heartbeat_timeout=None)
+    proc = ranks(monitor, "no_first_heartbeat")
+    assert _killed(proc)
+    event = wait_for_event(monitor.events_path, 10, event="hang_detected")
+    assert event["reason"] == "initial_heartbeat"
+    assert event["pid"] == proc.pid
+    assert event["elapsed"] >= 1.0
+
+
+def test_heartbeat_gap_kills_after_stack_dump_naming_the_function(start_monitor, ranks):
+    monitor = start_monitor(rank_heartbeat_timeout=1.0)
+    proc = ranks(monitor, "heartbeat_gap")
+    assert _killed(proc)
+    events = read_events(monitor.events_path)[0]
+    names = [e["event"] for e in events]
+    hang = next(e for e in events if e["event"] == "hang_detected")
+    assert hang["reason"] == "heartbeat"
+    assert hang["iteration"] == 4  # the last iteration the rank reported
+    # The dump was taken before the kill and shows where the rank was stuck.
+    assert names.index("hang_detected") < names.index("rank_terminated")
+    assert "hang_without_heartbeat" in hang["stack"]
+    with open(hang["stack_dump_file"]) as handle:
+        assert "hang_without_heartbeat" in handle.read()
+
+
+def test_step_section_timeout_kills_while_another_section_is_open(start_monitor, ranks):
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="outer:none,step:1.0")
+    proc = ranks(monitor, "step_in_other_section")
+    assert _killed(proc)
+    hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
+    assert (hang["reason"], hang["section"]) == ("section", "step")
+    assert hang["open_sections"] == ["outer", "step"]
+    assert "hang_in_step" in hang["stack"]
+
+
+def test_warmup_steps_are_not_timed(start_monitor, ranks):
+    # Three 0.3 s steps against a 0.2 s step timeout: only warm-up saves them.
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="outer:none,step:0.2",
+                            num_warmup_iterations=3)
+    proc = ranks(monitor, "step_in_other_section", extra=["--interval", "0.3"])
+    assert _killed(proc)
+    hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
+    # Killed in the fourth step (hang_in_step), not in one of the three slow warm-up steps.
+    assert "hang_in_step" in hang["stack"]
+
+
+def test_out_of_section_timeout_kills(start_monitor, ranks):
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:none",
+                            rank_out_of_section_timeout=1.0)
+    proc = ranks(monitor, "out_of_section")
+    assert _killed(proc)
+    hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
+    assert hang["reason"] == "out_of_section"
+
+
+def test_explicit_shutdown_is_never_killed(start_monitor, ranks):
+    monitor = start_monitor(initial_rank_heartbeat_timeout=0.5, rank_heartbeat_timeout=0.5)
+    proc = ranks(monitor, "shutdown_then_idle", IDLE_AFTER_SHUTDOWN="2")
+    proc.wait(timeout=60)
+    assert proc.returncode == 0, proc.stderr.read()
+    events = read_events(monitor.events_path)[0]
+    assert not [e for e in events if e["event"] == "hang_detected"]
+    assert [e["graceful"] for e in events if e["event"] == "rank_disconnected"] == [True]
+
+
+def test_ranks_reconnect_over_three_cycles(start_monitor, ranks):
+    monitor = start_monitor(rank_heartbeat_timeout=1.0)
+    for cycle in range(3):
+        healthy = ranks(monitor, "finish", rank=0, restart_count=cycle)
+        hung = ranks(monitor, "heartbeat_gap", rank=1, restart_count=cycle)
+        assert healthy.wait(timeout=60) == 0
+        assert _killed(hung)
+    events = read_events(monitor.events_path)[0]
+    connected = [(e["rank"], e["restart_count"]) for e in events if e["event"] == "rank_connected"]
+    assert sorted(connected) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    hangs = [e for e in events if e["event"] == "hang_detected"]
+    assert [e["rank"] for e in hangs] == [1, 1, 1]
+
+
+def _raw_connection(path):
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    sock.settimeout(10)
+    return sock
+
+
+def _closed_by_peer(sock) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+
+
+def test_bad_peers_are_dropped_and_healthy_rank_still_watched(start_monitor, ranks, tmp_path):
+    monitor = start_monitor(rank_heartbeat_timeout=1.0)
+    ready = tmp_path / "ready"
+    healthy = ranks(monitor, "heartbeat_gap", extra=["--ready-file", str(ready), "--beats", "40"])
+    wait_for(ready.exists, 60, "the healthy rank to connect")
+
+    wrong_token = _raw_connection(monitor.socket_path)
+    send_msg(wrong_token, Hello(token="wrong", rank=7))
+    garbage = _raw_connection(monitor.socket_path)
+    garbage.sendall(os.urandom(64) + b"\x00" * 8)
+    oversized = _raw_connection(monitor.socket_path)
+    oversized.sendall(struct.pack(">I", 1 << 30))
+    no_hello = _raw_connection(monitor.socket_path)
+    send_msg(no_hello, Heartbeat())
+    half_frame = _raw_connection(monitor.socket_path)
+    half_frame.sendall(encode(Hello(token=monitor.token, rank=8))[:5])
+    half_frame.close()  # abrupt disconnect mid-frame
+
+    for sock in (wrong_token, garbage, oversized, no_hello):
+        assert _closed_by_peer(sock)
+        sock.close()
+    reasons = [e["reason"] for e in read_events(monitor.events_path)[0] if e["event"] == "connection_rejected"]
+    assert any("token" in r for r in reasons)
+    assert any("exceeds the limit" in r for r in reasons)
+
+    # The monitor survived all of that and still catches the healthy rank's hang.
+    assert _killed(healthy)
+    assert wait_for_event(monitor.events_path, 10, event="hang_detected")["rank"] == 0
+    assert monitor.is_alive()
+
+
+def test_valid_handshake_gets_the_config(start_monitor):
+    monitor = start_monitor(rank_heartbeat_timeout=7.0)
+    sock = _raw_connection(monitor.socket_path)
+    decoder = FrameDecoder()
+    send_msg(sock, Hello(token=monitor.token, rank=3))
+    reply = recv_msg(sock, decoder, 10)
+    assert reply.config["rank_heartbeat_timeout"] == 7.0
+    sock.close()
+
+
+def test_client_calls_before_init_raise():
+    client = RankMonitorClient()
+    for call in (client.send_heartbeat, lambda: client.start_section("step"), lambda: client.end_section("step"),
+                 client.end_all_sections, client.calculate_and_set_hb_timeouts,
+                 client.calculate_and_set_section_timeouts, lambda: client.report_checkpoint(3)):
+        with pytest.raises(RankMonitorClientError, match="init_workload_monitoring"):
+            call()
+
+
+def test_client_init_without_monitor_says_what_to_do(monkeypatch):
+    monkeypatch.delenv("FT_RANK_MONITOR_IPC_SOCKET", raising=False)
+    with pytest.raises(RankMonitorClientError, match="ft_launcher"):
+        RankMonitorClient().init_workload_monitoring()
+
+
+def test_client_in_process_sections_state_and_timeouts(start_monitor, monkeypatch):
+    monitor = start_monitor(rank_heartbeat_timeout=60, rank_section_timeouts="step:60,checkpointing:none",
+                            safety_factor=2.0)
+    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
+    monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
+    client = RankMonitorClient()
+    # Loaded before init: calculated values override the config ones.
+    client.load_state_dict({"current_timeouts": {
+        "heartbeat": {"initial": 11.0, "subsequent": 12.0, "were_calculated": True},
+        "section": {"section": {"step": 13.0}, "out_of_section": None, "calculated_sections": ["step"],
+                    "is_out_of_section_calculated": False}}})
+    client.init_workload_monitoring()
+    try:
+        assert (client.hb_timeouts.initial, client.hb_timeouts.subsequent) == (11.0, 12.0)
+        assert client.section_timeouts.section == {"step": 13.0, "checkpointing": None}
+        client.start_section("step")
+        with pytest.raises(RankMonitorClientError, match="already open"):
+            client.start_section("step")
+        client.start_section("untracked")  # no timeout configured: no IPC, but still checked
+        client.end_section("untracked")
+        with pytest.raises(RankMonitorClientError, match="not open"):
+            client.end_section("untracked")
+        client.end_section("step")
+        client.start_section("step")
+        client.start_section("checkpointing")
+        client.end_all_sections()
+        client.report_checkpoint(42)
+        assert client.calculate_and_set_section_timeouts(selected_sections=["step"], calc_out_of_section=False)
+        # The calculated value (tiny observed step * 2) merges with the loaded one by max.
+        assert client.section_timeouts.section["step"] == 13.0
+        with pytest.raises(RankMonitorClientError, match="not tracked"):
+            client.calculate_and_set_section_timeouts(selected_sections=["nope"])
+        assert not client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
+        with pytest.raises(RankMonitorClientError, match="two heartbeats"):
+            client.calculate_and_set_hb_timeouts()
+    finally:
+        client.shutdown_workload_monitoring()
+    events = wait_for(lambda: [e for e in read_events(monitor.events_path)[0]
+                               if e["event"] == "rank_disconnected"] and read_events(monitor.events_path)[0],
+                      10, "disconnect")
+    assert any(e["event"] == "checkpoint_reported" and e["iteration"] == 42 for e in events)
+    updated = [e for e in events if e["event"] == "timeouts_updated"]
+    assert updated and updated[-1]["timeouts"]["current_timeouts"]["section"]["section"]["step"] == 13.0
+    assert not [e for e in events if e["event"] == "hang_detected"]
+
+
+def test_monitor_dies_with_its_parent(tmp_path):
+    code = (
+        "import os, sys\n"
+        "from ft_core.config import FaultToleranceConfig\n"
+        "from ft_core.monitor import RankMonitorServer\n"
+        f"m = RankMonitorServer.run_in_subprocess(FaultToleranceConfig(), {str(tmp_path / 'm.sock')!r})\n"
+        "print(m.pid, flush=True)\n"
+        "os._exit(0)\n"
+    )
+    parent = spawn_python(["-c", code], env=python_env(), stdout=-1, text=True)
+    try:
+        monitor_pid = int(parent.stdout.readline())
+        parent.wait(timeout=30)
+        wait_for(lambda: not _pid_alive(monitor_pid), 30, "the orphaned monitor to exit")
+    finally:
+        kill_group(parent)
+        parent.stdout.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
