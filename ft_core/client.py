@@ -114,8 +114,15 @@ class RankMonitorClient:
         self.dropped_heartbeats = 0
 
     # -- lifecycle --------------------------------------------------------
-    def init_workload_monitoring(self) -> None:
-        """Connect to the node monitor named by ``FT_RANK_MONITOR_IPC_SOCKET`` and start being watched."""
+    def init_workload_monitoring(self, fallback_config: Optional[dict[str, Any]] = None) -> None:
+        """Connect to the node monitor named by ``FT_RANK_MONITOR_IPC_SOCKET`` and start being watched.
+
+        Args:
+            fallback_config: timeout settings (``FaultToleranceConfig`` keys such as
+                ``rank_section_timeouts``) for this rank where the launcher left
+                the defaults, so a training config can drive a launcher started
+                without ``--ft-cfg-path``. Values set at launch always win.
+        """
         if self.is_initialized:
             raise RankMonitorClientError("init_workload_monitoring() was already called; call "
                                          "shutdown_workload_monitoring() before initializing again")
@@ -137,6 +144,7 @@ class RankMonitorClient:
                 world_size=int(os.environ.get("WORLD_SIZE", -1)),
                 restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                 timeouts=self._loaded_state, dump_path=dump_path,
+                fallback_config=dict(fallback_config) if fallback_config else None,
             )
             reply = request(sock, self._decoder, hello, REQUEST_TIMEOUT)
         except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
@@ -149,7 +157,8 @@ class RankMonitorClient:
         if not isinstance(reply, HelloAck):
             sock.close()
             self._close_dump_file()
-            raise RankMonitorClientError(f"rank monitor refused the handshake: {reply!r}")
+            reason = reply.error if isinstance(reply, Ack) else repr(reply)
+            raise RankMonitorClientError(f"rank monitor refused the handshake: {reason}")
         self.cfg = FaultToleranceConfig.from_mapping(reply.config)
         self.hb_timeouts = HeartbeatTimeouts(self.cfg.initial_rank_heartbeat_timeout, self.cfg.rank_heartbeat_timeout)
         self.section_timeouts = SectionTimeouts(dict(self.cfg.rank_section_timeouts),

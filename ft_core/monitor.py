@@ -70,6 +70,35 @@ _DUMP_POLL = 0.005
 _PEERCRED = struct.Struct("3i")
 
 
+#: Fields a rank's integration may fill in when the launcher left them at their defaults.
+FALLBACK_FIELDS = (
+    "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "rank_section_timeouts",
+    "rank_out_of_section_timeout", "safety_factor", "num_warmup_iterations", "skip_section_response",
+)
+
+
+def with_fallback(cfg: FaultToleranceConfig, fallback: dict[str, Any]) -> FaultToleranceConfig:
+    """``cfg`` completed by a rank's ``fallback`` values: whatever was set at launch wins.
+
+    This lets one training config (e.g. a Hydra recipe's ``fault_tolerance``
+    block) drive a launcher started without ``--ft-cfg-path``. A field counts
+    as "set at launch" when it differs from the dataclass default; sections
+    merge per name, the launch-time entry winning.
+    """
+    unknown = sorted(set(fallback) - set(FALLBACK_FIELDS))
+    if unknown:
+        raise ValueError(f"fallback config: keys {unknown} cannot come from a rank; allowed: {list(FALLBACK_FIELDS)}")
+    defaults = FaultToleranceConfig()
+    merged = cfg.to_dict()
+    for key, value in fallback.items():
+        if key == "rank_section_timeouts":
+            requested = FaultToleranceConfig.from_kwargs(rank_section_timeouts=value).rank_section_timeouts
+            merged[key] = {**requested, **cfg.rank_section_timeouts}
+        elif getattr(cfg, key) == getattr(defaults, key):
+            merged[key] = value
+    return FaultToleranceConfig.from_mapping(merged)
+
+
 def stack_dump_dir(socket_path: str) -> str:
     """Where ranks write their faulthandler dumps: ``<socket dir>/stacks`` (a shared convention)."""
     return os.path.join(os.path.dirname(os.path.abspath(socket_path)), "stacks")
@@ -110,6 +139,7 @@ class _Rank:
     rank: int
     local_rank: int
     pid: int
+    cfg: FaultToleranceConfig  # the monitor's config, completed by the rank's fallback values
     restart_count: int
     connected_at: float
     hb: HeartbeatTimeouts
@@ -412,12 +442,12 @@ class RankMonitorServer:
         timed = True
         if msg.name == "step":
             rank.steps_seen += 1
-            timed = rank.steps_seen > self.cfg.num_warmup_iterations
+            timed = rank.steps_seen > rank.cfg.num_warmup_iterations
         rank.open_sections[msg.name] = _OpenSection(now, timed)
         rank.out_of_section_since = None
 
     def _ack_section(self, conn: _Connection) -> None:
-        if not self.cfg.skip_section_response:
+        if conn.rank is not None and not conn.rank.cfg.skip_section_response:
             self._reply(conn, Ack())
 
     def _handshake(self, conn: _Connection, msg: Message, now: float) -> None:
@@ -427,8 +457,14 @@ class RankMonitorServer:
             raise ProtocolError("wrong job token")
         if msg.role != "rank":
             raise ProtocolError(f"role {msg.role!r} is not served by the rank monitor")
-        hb = HeartbeatTimeouts(self.cfg.initial_rank_heartbeat_timeout, self.cfg.rank_heartbeat_timeout)
-        sections = SectionTimeouts(dict(self.cfg.rank_section_timeouts), self.cfg.rank_out_of_section_timeout)
+        try:
+            cfg = with_fallback(self.cfg, msg.fallback_config) if msg.fallback_config else self.cfg
+        except ValueError as exc:
+            # Tell the rank why before closing: its integration was configured wrongly.
+            self._reply(conn, Ack(ok=False, error=str(exc)))
+            raise ProtocolError(f"invalid fallback config from rank {msg.rank}: {exc}") from None
+        hb = HeartbeatTimeouts(cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout)
+        sections = SectionTimeouts(dict(cfg.rank_section_timeouts), cfg.rank_out_of_section_timeout)
         if msg.timeouts:
             try:
                 hb, sections = apply_calculated(hb, sections, msg.timeouts)
@@ -436,10 +472,10 @@ class RankMonitorServer:
                 raise ProtocolError(str(exc)) from None
         pid = conn.peer_pid if conn.peer_pid > 0 else -1
         conn.rank = _Rank(
-            rank=msg.rank, local_rank=msg.local_rank, pid=pid, restart_count=msg.restart_count,
+            rank=msg.rank, local_rank=msg.local_rank, pid=pid, cfg=cfg, restart_count=msg.restart_count,
             connected_at=now, hb=hb, sections=sections, dump_path=msg.dump_path, out_of_section_since=now,
         )
-        self._reply(conn, HelloAck(config=self.cfg.to_dict()))
+        self._reply(conn, HelloAck(config=cfg.to_dict()))
         self._record("rank_connected", rank=msg.rank, local_rank=msg.local_rank, pid=pid,
                      restart_count=msg.restart_count)
         log.debug("rank %d (pid %d) connected", msg.rank, pid)

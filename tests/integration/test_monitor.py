@@ -293,3 +293,27 @@ def _pid_alive(pid: int) -> bool:
             return handle.read().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_fallback_config_fills_only_what_the_launcher_left_at_defaults(start_monitor, monkeypatch):
+    monitor = start_monitor(rank_heartbeat_timeout=50.0, rank_section_timeouts="step:9")
+    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
+    monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
+    client = RankMonitorClient()
+    client.init_workload_monitoring(fallback_config={
+        "rank_heartbeat_timeout": 5.0,  # set at launch: ignored
+        "initial_rank_heartbeat_timeout": 6.0,  # default at launch: taken
+        "rank_section_timeouts": {"step": 1.0, "checkpointing": 30.0},  # merged, launch wins for "step"
+    })
+    try:
+        assert client.cfg.rank_heartbeat_timeout == 50.0
+        assert client.cfg.initial_rank_heartbeat_timeout == 6.0
+        assert client.section_timeouts.section == {"step": 9.0, "checkpointing": 30.0}
+    finally:
+        client.shutdown_workload_monitoring()
+    bad = RankMonitorClient()
+    with pytest.raises(RankMonitorClientError, match="rank_section_timeouts.step.*-1"):
+        bad.init_workload_monitoring(fallback_config={"rank_section_timeouts": {"step": -1}})
+    with pytest.raises(RankMonitorClientError, match="cannot come from a rank"):
+        bad.init_workload_monitoring(fallback_config={"rank_termination_signal": "SIGTERM"})
+    assert monitor.is_alive()
