@@ -1,0 +1,1 @@
+"""Building blocks of the Hydra recipes: a small model, synthetic data, the config schema."""
