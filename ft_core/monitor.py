@@ -414,8 +414,9 @@ class RankMonitorServer:
                 self._reply(conn, Ack(ok=False, error=str(exc)))
                 return
             self._record("timeouts_updated", rank=rank.rank, timeouts=msg.state)
-            log.info("rank %d timeouts updated: heartbeat %s, sections %s", rank.rank,
-                     rank.hb.to_dict(), rank.sections.to_dict())
+            # All ranks send the same synchronized values: log them once, for rank 0.
+            log.log(logging.INFO if rank.rank == 0 else logging.DEBUG,
+                    "timeouts updated: heartbeat %s, sections %s", rank.hb.to_dict(), rank.sections.to_dict())
             self._reply(conn, Ack())
         elif isinstance(msg, ReportCheckpoint):
             self._record("checkpoint_reported", rank=rank.rank, iteration=msg.iteration)

@@ -49,8 +49,13 @@ def _fault_tolerance_callback(cfg: DictConfig):
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    logging.basicConfig(level=cfg.log_level, format="[%(asctime)s rank " + os.environ.get("RANK", "0")
-                        + "] %(name)s %(levelname)s: %(message)s")
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(f"[%(asctime)s rank {os.environ.get('RANK', '0')}] %(name)s "
+                                           "%(levelname)s: %(message)s"))
+    # Our loggers only: Lightning already prints its own messages once.
+    for name in ("recipes", "ft_core", "ft_integrations"):
+        logging.getLogger(name).addHandler(handler)
+        logging.getLogger(name).setLevel(cfg.log_level)
     import lightning.pytorch as pl
 
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
