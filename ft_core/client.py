@@ -134,6 +134,9 @@ class RankMonitorClient:
             )
         token = _read_token(socket_path)
         self.rank = _env_rank()
+        # Learned values travel to the monitor in the handshake: loaded ones, or,
+        # when re-initializing after a shutdown, the ones this client learned.
+        carried = self._loaded_state if self._loaded_state is not None else self._calculated_state()
         dump_path = self._open_dump_file(socket_path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -143,7 +146,7 @@ class RankMonitorClient:
                 token=token, rank=self.rank, local_rank=int(os.environ.get("LOCAL_RANK", -1)),
                 world_size=int(os.environ.get("WORLD_SIZE", -1)),
                 restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                timeouts=self._loaded_state, dump_path=dump_path,
+                timeouts=carried, dump_path=dump_path,
                 fallback_config=dict(fallback_config) if fallback_config else None,
             )
             reply = request(sock, self._decoder, hello, REQUEST_TIMEOUT)
@@ -163,11 +166,12 @@ class RankMonitorClient:
         self.hb_timeouts = HeartbeatTimeouts(self.cfg.initial_rank_heartbeat_timeout, self.cfg.rank_heartbeat_timeout)
         self.section_timeouts = SectionTimeouts(dict(self.cfg.rank_section_timeouts),
                                                 self.cfg.rank_out_of_section_timeout)
-        if self._loaded_state is not None:
-            self.hb_timeouts, self.section_timeouts = apply_calculated(
-                self.hb_timeouts, self.section_timeouts, self._loaded_state)
+        if carried is not None:
+            self.hb_timeouts, self.section_timeouts = apply_calculated(self.hb_timeouts, self.section_timeouts, carried)
+        self._loaded_state = None
         self._tracked = frozenset(self.section_timeouts.section)
-        self._calc = TimeoutsCalc(self.cfg.safety_factor, num_warmup_iterations=self.cfg.num_warmup_iterations)
+        self._calc = TimeoutsCalc(self.cfg.safety_factor, num_warmup_iterations=self.cfg.num_warmup_iterations,
+                                  min_timeout=self.cfg.min_calculated_timeout)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
         sock.setblocking(False)
         self._sock = sock
@@ -307,6 +311,12 @@ class RankMonitorClient:
         if not self.is_initialized and self._loaded_state is not None:
             return self._loaded_state
         return timeouts_state_dict(self.hb_timeouts, self.section_timeouts)
+
+    def _calculated_state(self) -> Optional[dict[str, Any]]:
+        sections = self.section_timeouts
+        if self.hb_timeouts.were_calculated or sections.calculated_sections or sections.is_out_of_section_calculated:
+            return self.state_dict()
+        return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore learned timeouts; before init they are sent with the handshake."""

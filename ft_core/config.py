@@ -162,6 +162,9 @@ class FaultToleranceConfig:
     rank_out_of_section_timeout: Optional[float] = None
     #: Calculated timeout = max observed interval * safety_factor.
     safety_factor: float = 5.0
+    #: Floor for calculated timeouts: a few fast steps must not yield a
+    #: deadline that a GC pause or a scheduler hiccup can miss.
+    min_calculated_timeout: float = 1.0
     #: Signal the monitor sends to a hung rank (after SIGCONT).
     rank_termination_signal: signal.Signals = signal.SIGKILL
     log_level: str = "INFO"
@@ -194,6 +197,7 @@ class FaultToleranceConfig:
         self.rank_section_timeouts = _parse_section_timeouts("rank_section_timeouts", self.rank_section_timeouts)
         self.rank_out_of_section_timeout = check("rank_out_of_section_timeout", self.rank_out_of_section_timeout)
         self.safety_factor = check("safety_factor", self.safety_factor, False)
+        self.min_calculated_timeout = check("min_calculated_timeout", self.min_calculated_timeout, False)
         self.rank_termination_signal = parse_signal(self.rank_termination_signal, "rank_termination_signal")
         self.log_level = _parse_log_level("log_level", self.log_level)
         self.skip_section_response = _parse_bool("skip_section_response", self.skip_section_response)
@@ -291,6 +295,7 @@ _FIELD_HELP = {
     "rank_section_timeouts": "tracked sections, e.g. 'setup:600,step:180,checkpointing:none'",
     "rank_out_of_section_timeout": "max seconds outside every tracked section, or none",
     "safety_factor": "calculated timeout = observed max * safety factor",
+    "min_calculated_timeout": "lower bound in seconds for calculated timeouts",
     "rank_termination_signal": "signal sent to a hung rank, e.g. SIGKILL",
     "log_level": "one of " + ", ".join(LOG_LEVELS),
     "skip_section_response": "one-way section messages (true/false)",

@@ -73,7 +73,8 @@ _PEERCRED = struct.Struct("3i")
 #: Fields a rank's integration may fill in when the launcher left them at their defaults.
 FALLBACK_FIELDS = (
     "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "rank_section_timeouts",
-    "rank_out_of_section_timeout", "safety_factor", "num_warmup_iterations", "skip_section_response",
+    "rank_out_of_section_timeout", "safety_factor", "min_calculated_timeout", "num_warmup_iterations",
+    "skip_section_response",
 )
 
 

@@ -164,8 +164,10 @@ class TimeoutsCalc:
         start_time: Optional[float] = None,
         num_warmup_iterations: int = 0,
         warmup_section: str = "step",
+        min_timeout: float = 0.0,
     ) -> None:
         self.safety_factor = safety_factor
+        self.min_timeout = min_timeout
         self.start_time = time.monotonic() if start_time is None else start_time
         self.num_warmup_iterations = num_warmup_iterations
         self.warmup_section = warmup_section
@@ -212,6 +214,9 @@ class TimeoutsCalc:
         return self._warmup_sections_seen <= self.num_warmup_iterations
 
     # -- calculation ------------------------------------------------------
+    def _scaled(self, observed: float) -> float:
+        return max(observed * self.safety_factor, self.min_timeout)
+
     def calculate_hb_timeouts(
         self, current: HeartbeatTimeouts, skip_if_not_ready: bool = False
     ) -> Optional[HeartbeatTimeouts]:
@@ -227,10 +232,9 @@ class TimeoutsCalc:
                 "cannot calculate heartbeat timeouts yet: every rank needs at least two heartbeats "
                 "(pass skip_if_not_ready=True to skip instead)"
             )
-        sf = self.safety_factor
         return HeartbeatTimeouts(
-            initial=_merge(current.initial, current.were_calculated, initial * sf),
-            subsequent=_merge(current.subsequent, current.were_calculated, subsequent * sf),
+            initial=_merge(current.initial, current.were_calculated, self._scaled(initial)),
+            subsequent=_merge(current.subsequent, current.were_calculated, self._scaled(subsequent)),
             were_calculated=True,
         )
 
@@ -261,18 +265,17 @@ class TimeoutsCalc:
             )
         result = SectionTimeouts.from_dict(current.to_dict())
         updated = False
-        sf = self.safety_factor
         for name, observed in zip(names, synced):
             if observed is None:
                 continue
             was = name in result.calculated_sections
-            result.section[name] = _merge(result.section.get(name), was, observed * sf)
+            result.section[name] = _merge(result.section.get(name), was, self._scaled(observed))
             if not was:
                 result.calculated_sections.append(name)
             updated = True
         if calc_out_of_section and synced[-1] is not None:
             result.out_of_section = _merge(
-                result.out_of_section, result.is_out_of_section_calculated, synced[-1] * sf
+                result.out_of_section, result.is_out_of_section_calculated, self._scaled(synced[-1])
             )
             result.is_out_of_section_calculated = True
             updated = True

@@ -317,3 +317,28 @@ def test_fallback_config_fills_only_what_the_launcher_left_at_defaults(start_mon
     with pytest.raises(RankMonitorClientError, match="cannot come from a rank"):
         bad.init_workload_monitoring(fallback_config={"rank_termination_signal": "SIGTERM"})
     assert monitor.is_alive()
+
+
+def test_state_dict_after_shutdown_and_reinit_keeps_learned_values(start_monitor, monkeypatch):
+    monitor = start_monitor(rank_section_timeouts="step:60", safety_factor=2.0)
+    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
+    monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
+    client = RankMonitorClient()
+    client.load_state_dict({"current_timeouts": {
+        "heartbeat": {"initial": None, "subsequent": None, "were_calculated": False},
+        "section": {"section": {"step": 0.001}, "out_of_section": None, "calculated_sections": ["step"],
+                    "is_out_of_section_calculated": False}}})
+    assert client.state_dict()["current_timeouts"]["section"]["section"]["step"] == 0.001
+    client.init_workload_monitoring()
+    client.start_section("step")
+    client.end_section("step")
+    client.calculate_and_set_section_timeouts(calc_out_of_section=False)
+    learned = client.section_timeouts.section["step"]
+    assert learned == 1.0  # a tiny observed step is raised to min_calculated_timeout
+    client.shutdown_workload_monitoring()
+    assert client.state_dict()["current_timeouts"]["section"]["section"]["step"] == learned
+    client.init_workload_monitoring()  # a new cycle: the learned value goes with the handshake
+    try:
+        assert client.section_timeouts.section["step"] == learned
+    finally:
+        client.shutdown_workload_monitoring()

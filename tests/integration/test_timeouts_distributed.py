@@ -16,7 +16,7 @@ SCRIPT = os.path.join(REPO_ROOT, "tests", "integration", "core_workers", "learn_
 
 @pytest.mark.timeout(180)
 def test_two_ranks_learn_identical_timeouts_from_the_slowest(tmp_path):
-    cfg = FaultToleranceConfig(rank_section_timeouts={"step": 600}, safety_factor=3.0)
+    cfg = FaultToleranceConfig(rank_section_timeouts={"step": 600}, safety_factor=10.0)
     monitor = RankMonitorServer.run_in_subprocess(cfg, str(tmp_path / "job" / "monitor.sock"), token="tok" * 6)
     port = free_port()
     procs = []
@@ -37,9 +37,9 @@ def test_two_ranks_learn_identical_timeouts_from_the_slowest(tmp_path):
     current = results[0]["state"]["current_timeouts"]
     slowest_step = max(r["observed"]["step"] for r in results)
     slowest_gap = max(r["observed"]["hb_interval"] for r in results)
-    assert current["section"]["section"]["step"] == pytest.approx(slowest_step * 3.0)
+    assert current["section"]["section"]["step"] == pytest.approx(slowest_step * 10.0)
     assert current["section"]["calculated_sections"] == ["step"]
-    assert current["heartbeat"]["subsequent"] == pytest.approx(slowest_gap * 3.0)
+    assert current["heartbeat"]["subsequent"] == pytest.approx(slowest_gap * 10.0)
     assert current["heartbeat"]["were_calculated"] is True
     # Rank 1 slept 0.2 s per step, so the value cannot have come from rank 0.
     assert slowest_step >= 0.2

@@ -64,6 +64,18 @@ def test_section_formula_and_selected_sections():
     assert sorted(both.calculated_sections) == ["setup", "step"]
 
 
+def test_calculated_timeouts_never_go_below_the_floor():
+    calc = TimeoutsCalc(safety_factor=2.0, start_time=0.0, min_timeout=1.5)
+    calc.update_on_heartbeat(now=0.1)
+    calc.update_on_heartbeat(now=0.2)
+    calc.update_on_section_start("step", now=0.3)
+    calc.update_on_section_end("step", now=0.4)
+    hb = calc.calculate_hb_timeouts(HeartbeatTimeouts())
+    assert (hb.initial, hb.subsequent) == (1.5, 1.5)
+    sections = calc.calculate_section_timeouts(SectionTimeouts({"step": None}), ["step"])
+    assert sections.section["step"] == 1.5 and sections.out_of_section == 1.5
+
+
 def test_section_not_ready_keeps_current_value_when_skipping():
     calc = _calc()
     calc.update_on_section_start("step", now=1.0)
