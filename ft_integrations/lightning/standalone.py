@@ -13,15 +13,15 @@ import atexit
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 import time
-from typing import Optional
 
 from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
 from ft_core.monitor import MonitorProcess, RankMonitorServer, read_events
 
-__all__ = ["connect_standalone", "standalone_socket_path"]
+__all__ = ["connect_standalone", "standalone_socket_path", "stop_standalone_monitors"]
 
 log = logging.getLogger("ft_integrations.lightning")
 
@@ -29,9 +29,10 @@ log = logging.getLogger("ft_integrations.lightning")
 CONNECT_TIMEOUT = 120.0
 #: At exit, how long local rank 0 waits for the other ranks to disconnect before stopping the monitor.
 DRAIN_TIMEOUT = 5.0
-_MAX_SOCKET_PATH = 100  # AF_UNIX paths are limited to 108 bytes
+_MAX_SOCKET_PATH = 107  # AF_UNIX paths are limited to 108 bytes, NUL included
 
-_monitors: dict[str, MonitorProcess] = {}
+#: socket path -> (monitor, offset of its first event in the events file)
+_monitors: dict[str, tuple[MonitorProcess, int]] = {}
 
 
 def standalone_socket_path() -> str:
@@ -42,10 +43,9 @@ def standalone_socket_path() -> str:
     if not identity.strip("/"):
         identity = f"pid{os.getpid()}"  # a single process: nobody else needs to find it
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
-    base = tempfile.gettempdir()
-    if len(base) > _MAX_SOCKET_PATH - 40:
-        base = "/tmp"
-    return os.path.join(base, f"ft-{os.getuid()}-{digest}", "monitor.sock")
+    name = os.path.join(f"ft-{os.getuid()}-{digest}", "monitor.sock")
+    path = os.path.join(tempfile.gettempdir(), name)
+    return path if len(path.encode()) <= _MAX_SOCKET_PATH else os.path.join("/tmp", name)
 
 
 def connect_standalone(client: RankMonitorClient, cfg: FaultToleranceConfig) -> str:
@@ -55,10 +55,12 @@ def connect_standalone(client: RankMonitorClient, cfg: FaultToleranceConfig) -> 
     """
     path = standalone_socket_path()
     local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
-    if local_rank == 0 and not (path in _monitors and _monitors[path].is_alive()):
-        _monitors[path] = RankMonitorServer.run_in_subprocess(cfg, path)
+    if local_rank == 0 and not (path in _monitors and _monitors[path][0].is_alive()):
+        events_path = os.path.join(os.path.dirname(path), "monitor_events.jsonl")
+        offset = os.path.getsize(events_path) if os.path.exists(events_path) else 0
+        _monitors[path] = (RankMonitorServer.run_in_subprocess(cfg, path, events_path=events_path), offset)
         if len(_monitors) == 1:
-            atexit.register(_stop_monitors)
+            atexit.register(stop_standalone_monitors)
     os.environ[MONITOR_SOCKET_ENV] = path
     deadline = time.monotonic() + CONNECT_TIMEOUT
     while True:
@@ -72,9 +74,9 @@ def connect_standalone(client: RankMonitorClient, cfg: FaultToleranceConfig) -> 
             time.sleep(0.2)
 
 
-def _connected_ranks(monitor: MonitorProcess) -> int:
+def _connected_ranks(monitor: MonitorProcess, offset: int) -> int:
     connected = 0
-    for event in read_events(monitor.events_path)[0]:
+    for event in read_events(monitor.events_path, offset)[0]:
         if event["event"] == "rank_connected":
             connected += 1
         elif event["event"] == "rank_disconnected":
@@ -82,16 +84,14 @@ def _connected_ranks(monitor: MonitorProcess) -> int:
     return connected
 
 
-def _stop_monitors() -> None:
-    for monitor in _monitors.values():
+def stop_standalone_monitors() -> None:
+    """Stop the monitors this process started (at exit; also usable by tests)."""
+    for monitor, offset in _monitors.values():
         # Let slower local ranks say goodbye first, so they do not log a lost monitor.
         deadline = time.monotonic() + DRAIN_TIMEOUT
-        while monitor.is_alive() and _connected_ranks(monitor) > 0 and time.monotonic() < deadline:
+        while monitor.is_alive() and _connected_ranks(monitor, offset) > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
         monitor.stop()
+        # A clean stop leaves nothing behind; after a hang the directory stays (events, stack dumps).
+        shutil.rmtree(os.path.dirname(monitor.socket_path), ignore_errors=True)
     _monitors.clear()
-
-
-def find_standalone_monitor(path: str) -> Optional[MonitorProcess]:
-    """The monitor this process started for ``path``, if any (for tests and diagnostics)."""
-    return _monitors.get(path)

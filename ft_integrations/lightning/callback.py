@@ -1,0 +1,529 @@
+"""``FaultToleranceCallback``: hang detection, timeout learning and auto-resume for a Lightning ``Trainer``."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any, Optional, Union
+
+from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
+from ft_core.config import ConfigError, FaultToleranceConfig
+from ft_core.data import WorkloadControlRequest
+from ft_core.fileutil import atomic_write_json, read_json
+from ft_core.monitor import FALLBACK_FIELDS
+from ft_integrations.lightning._pl import (
+    Callback,
+    MisconfigurationException,
+    pl,
+    rank_zero_info,
+    rank_zero_warn,
+)
+from ft_integrations.lightning.checkpoint_io import FaultToleranceCheckpointIO
+from ft_integrations.lightning.fault_injection import FaultInjector, SimulatedFault
+from ft_integrations.lightning.standalone import connect_standalone
+
+__all__ = ["FaultToleranceCallback"]
+
+log = logging.getLogger("ft_integrations.lightning")
+
+MODES = ("heartbeats", "sections")
+STANDALONE_CHOICES = ("monitor", "off", "error")
+#: The sections this callback opens in ``mode="sections"``.
+SECTIONS = ("setup", "step", "validation", "checkpointing")
+FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
+#: Timeouts of the node monitor the callback starts itself in ``mode="sections"`` (no ``config=``):
+#: the heartbeat defaults, moved onto the sections. Learning shrinks them in the first run.
+DEFAULT_SECTION_CONFIG: dict[str, Any] = {
+    "rank_section_timeouts": {"setup": 3600.0, "step": 2700.0, "validation": 2700.0, "checkpointing": 2700.0},
+    "rank_out_of_section_timeout": 2700.0,
+    "initial_rank_heartbeat_timeout": None,
+    "rank_heartbeat_timeout": None,
+}
+
+ExceptionPolicy = Callable[[BaseException], Optional[WorkloadControlRequest]]
+
+
+class FaultToleranceCallback(Callback):
+    r"""Detects hung or dead ranks, learns their timeouts and stops SLURM requeue loops when training is done.
+
+    Every rank reports to the node's rank monitor: heartbeats, or the sections it is in
+    (``setup``, ``step``, ``validation``, ``checkpointing``). A rank that misses its
+    deadline is killed by the monitor and ``ft_launcher`` restarts all workers, which resume
+    from the last checkpoint. Timeouts are learned in the first run from observed step,
+    validation and checkpoint times and are saved in the Lightning checkpoint.
+
+    Args:
+        mode: ``"heartbeats"`` (a heartbeat at train start, after every training batch, around
+            validation and checkpoint saves; watched by ``rank_heartbeat_timeout``) or ``"sections"``
+            (watched by ``rank_section_timeouts`` for the sections above and
+            ``rank_out_of_section_timeout`` for everything else). The monitor's config decides
+            which sections have deadlines; ``step`` must be among them.
+        calculate_timeouts: learn timeouts after ``calculate_timeouts_after_steps`` training steps,
+            again after the first checkpoint save, and at the end of training. Learned values
+            only grow afterwards (max over all ranks times ``safety_factor``).
+        calculate_timeouts_after_steps: the training step of the first calculation. In heartbeats
+            mode a checkpoint save is one long gap between heartbeats: if saves take much longer
+            than ``safety_factor`` steps, use ``mode="sections"`` or pick a number past your
+            first save.
+        state_file: optional JSON file: learned timeouts are also written there (atomically, by
+            rank 0) and read at start, for runs that do not resume from a checkpoint.
+        autoresume: when training is complete (``max_steps``/``max_epochs`` reached, also by a
+            resumed run with nothing left to do) global rank 0 creates the file named by
+            ``FAULT_TOL_FINISHED_FLAG_FILE``, so a requeue loop stops.
+        simulated_fault: a :class:`~ft_integrations.lightning.SimulatedFault` (or a mapping of
+            its fields) to inject for drills.
+        exc_handling_policy: called with the exception when training fails; a returned
+            :class:`~ft_core.data.WorkloadControlRequest` (e.g. ``ShutdownWorkload``) is sent to
+            ``ft_launcher``. ``SystemExit(0)`` is a graceful stop and is not passed to it.
+        standalone: what to do when not launched by ``ft_launcher`` (``FT_RANK_MONITOR_IPC_SOCKET``
+            unset): ``"monitor"`` starts a monitor for this node (hangs are still detected and the
+            rank killed, but nothing restarts it), ``"off"`` disables hang detection, ``"error"`` raises.
+        config: timeouts for this training script: a :class:`~ft_core.config.FaultToleranceConfig`,
+            a mapping, or a YAML path (its ``fault_tolerance:`` block). The monitor started with
+            ``standalone="monitor"`` uses it; under ``ft_launcher`` its timeouts fill in whatever
+            the launcher left at the defaults (``--ft-*`` settings win). Default: the core
+            defaults in heartbeats mode; in sections mode the same limits moved onto the
+            sections (:data:`DEFAULT_SECTION_CONFIG`), so ``mode="sections"`` works with a plain
+            ``ft_launcher`` command line.
+
+    Raises:
+        MisconfigurationException: if an argument has an unsupported value, or the monitor's
+            config cannot work with ``mode``.
+
+    Example::
+
+        # torchrun-compatible: ft_launcher --nproc-per-node=2 --max-restarts=3 \
+        #     --ft-rank-section-timeouts=setup:600,step:180,validation:600,checkpointing:600 train.py
+        import torch
+        from lightning.pytorch import Trainer
+        from lightning.pytorch.demos.boring_classes import BoringModel
+        from ft_integrations.lightning import FaultToleranceCallback
+
+        trainer = Trainer(max_steps=20, accelerator="cpu", logger=False,
+                          callbacks=[FaultToleranceCallback(mode="sections")])
+        trainer.fit(BoringModel(), ckpt_path="last")
+    """
+
+    def __init__(
+        self,
+        mode: str = "heartbeats",
+        calculate_timeouts: bool = True,
+        calculate_timeouts_after_steps: int = 100,
+        state_file: Optional[Union[str, os.PathLike[str]]] = None,
+        autoresume: bool = False,
+        simulated_fault: Optional[Union[SimulatedFault, Mapping[str, Any]]] = None,
+        exc_handling_policy: Optional[ExceptionPolicy] = None,
+        standalone: str = "monitor",
+        config: Optional[Union[FaultToleranceConfig, Mapping[str, Any], str, os.PathLike[str]]] = None,
+    ) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise MisconfigurationException(
+                f"Unsupported parameter value `FaultToleranceCallback(mode={mode!r})`. "
+                f"Possible choices are: {', '.join(MODES)}")
+        if standalone not in STANDALONE_CHOICES:
+            raise MisconfigurationException(
+                f"Unsupported parameter value `FaultToleranceCallback(standalone={standalone!r})`. "
+                f"Possible choices are: {', '.join(STANDALONE_CHOICES)}")
+        for name, value in (("calculate_timeouts", calculate_timeouts), ("autoresume", autoresume)):
+            if not isinstance(value, bool):
+                raise MisconfigurationException(
+                    f"Unsupported parameter value `FaultToleranceCallback({name}={value!r})`. "
+                    "Possible choices are: True, False")
+        steps = calculate_timeouts_after_steps
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise MisconfigurationException(
+                f"`FaultToleranceCallback(calculate_timeouts_after_steps={steps!r})` must be an integer >= 1")
+        if state_file is not None and not isinstance(state_file, (str, os.PathLike)):
+            raise MisconfigurationException(
+                f"`FaultToleranceCallback(state_file={state_file!r})` must be a path or None")
+        if exc_handling_policy is not None and not callable(exc_handling_policy):
+            raise MisconfigurationException(
+                f"`FaultToleranceCallback(exc_handling_policy={exc_handling_policy!r})` must be a callable "
+                "(exception -> WorkloadControlRequest or None) or None")
+        try:
+            fault = None if simulated_fault is None else SimulatedFault.coerce(simulated_fault)
+        except (TypeError, ValueError) as exc:
+            raise MisconfigurationException(f"`FaultToleranceCallback(simulated_fault=...)`: {exc}") from None
+        self.mode = mode
+        self.calculate_timeouts = calculate_timeouts
+        self.calculate_timeouts_after_steps = steps
+        self.state_file = os.fspath(state_file) if state_file is not None else None
+        self.autoresume = autoresume
+        self.simulated_fault = fault
+        self.exc_handling_policy = exc_handling_policy
+        self.standalone = standalone
+        self.config = _coerce_config(config, mode)
+        #: The rank's monitor client; ``client.cfg`` is the monitor's config once training started.
+        self.client = RankMonitorClient()
+        self._has_state = False  # connected or loaded: there are timeouts worth saving
+        self._trainer: Optional[pl.Trainer] = None
+        self._checkpoint_io: Optional[FaultToleranceCheckpointIO] = None
+        self._injector: Optional[FaultInjector] = None
+        self._reset_run_state()
+
+    def _reset_run_state(self) -> None:
+        self._save_pending = False  # a checkpoint save started whose end this rank has not seen yet
+        self._saves_seen = 0
+        self._learned_after_steps = False
+        self._learned_after_save = False
+        self._first_epoch: Optional[int] = None
+        self._crossed_epoch = False  # out-of-section gaps at an epoch boundary were observed
+        self._in_setup = False
+        self._checkpointing_open = False
+        self._last_reported: Optional[int] = None
+
+    @property
+    def state_key(self) -> str:
+        # One key whatever the arguments: changing ``mode`` must not orphan learned timeouts.
+        return type(self).__qualname__
+
+    @property
+    def active(self) -> bool:
+        """True while this rank is connected to a rank monitor."""
+        return self.client.is_initialized
+
+    # -- lifecycle --------------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._reset_run_state()
+        self._trainer = trainer
+        if self.autoresume and not os.environ.get(FINISHED_FLAG_ENV):
+            rank_zero_warn(f"FaultToleranceCallback(autoresume=True) but {FINISHED_FLAG_ENV} is not set: "
+                           "no finished flag will be written")
+        if not self._connect():
+            return
+        self._check_config(self.client.cfg)
+        # Lightning's public plugin point for checkpoint writes: wrap it to time the write itself.
+        self._checkpoint_io = FaultToleranceCheckpointIO(trainer.strategy.checkpoint_io, self)
+        trainer.strategy.checkpoint_io = self._checkpoint_io
+        if self.simulated_fault is not None:
+            self._injector = FaultInjector(self.simulated_fault, trainer.global_rank, trainer.world_size)
+        if self.mode == "sections":
+            self.client.start_section("setup")
+            self._in_setup = True
+
+    def _connect(self) -> bool:
+        """Connect to ft_launcher's monitor, or handle ``standalone``; False if fault tolerance is off."""
+        if self.state_file and os.path.exists(self.state_file):
+            self._load_client_state(read_json(self.state_file), f"state_file {self.state_file}")
+        if os.environ.get(MONITOR_SOCKET_ENV):
+            # Settings given at launch (--ft-*) win; ours fill in what the launcher left at defaults.
+            cfg = self.config if self.config is not None else _coerce_config(None, self.mode, default=True)
+            assert cfg is not None
+            fallback = {key: value for key, value in cfg.to_dict().items() if key in FALLBACK_FIELDS}
+            self.client.init_workload_monitoring(fallback_config=fallback)
+            self._has_state = True
+            return True
+        if self.standalone == "error":
+            raise MisconfigurationException(
+                f"FaultToleranceCallback(standalone='error'): {MONITOR_SOCKET_ENV} is not set, so this run was "
+                "not launched by ft_launcher. Launch it with `ft_launcher` (a drop-in for torchrun), or pass "
+                "standalone='monitor' or 'off'")
+        if self.standalone == "off":
+            rank_zero_info("FaultToleranceCallback: not launched by ft_launcher and standalone='off': "
+                           "hang detection is disabled")
+            return False
+        cfg = self.config if self.config is not None else _coerce_config(None, self.mode, default=True)
+        assert cfg is not None
+        path = connect_standalone(self.client, cfg)
+        self._has_state = True
+        rank_zero_info(f"FaultToleranceCallback: not launched by ft_launcher; started a rank monitor for this "
+                       f"node ({path}). Hung ranks are detected and killed, but restarts need ft_launcher.")
+        return True
+
+    def _check_config(self, cfg: Optional[FaultToleranceConfig]) -> None:
+        """Reject monitor configs that cannot work with ``mode``; say what to change."""
+        assert cfg is not None
+        problem = None
+        sections = cfg.rank_section_timeouts
+        if self.mode == "heartbeats":
+            if cfg.rank_out_of_section_timeout is not None:
+                problem = (f"rank_out_of_section_timeout={cfg.rank_out_of_section_timeout} is set, but "
+                           "mode='heartbeats' opens no sections, so every rank would be killed that long after "
+                           "it starts. Use mode='sections', or set --ft-rank-out-of-section-timeout=none")
+            elif (cfg.initial_rank_heartbeat_timeout is None and cfg.rank_heartbeat_timeout is None
+                  and not self.calculate_timeouts):
+                problem = ("mode='heartbeats' but initial_rank_heartbeat_timeout and rank_heartbeat_timeout are "
+                           "both none and calculate_timeouts=False: nothing would be detected. Set "
+                           "--ft-rank-heartbeat-timeout, or enable calculate_timeouts")
+            elif sections:
+                rank_zero_warn(f"FaultToleranceCallback(mode='heartbeats') opens no sections; "
+                               f"rank_section_timeouts {sorted(sections)} have no effect")
+        else:
+            if "step" not in sections:
+                problem = (f"mode='sections' needs 'step' in rank_section_timeouts (got {dict(sections)}); "
+                           "e.g. --ft-rank-section-timeouts=setup:600,step:180,validation:600,checkpointing:600")
+            unknown = sorted(set(sections) - set(SECTIONS))
+            if unknown:
+                rank_zero_warn(f"FaultToleranceCallback(mode='sections') opens only {list(SECTIONS)}; "
+                               f"rank_section_timeouts {unknown} are never opened by it")
+        if problem is not None:
+            self.client.shutdown_workload_monitoring()
+            raise MisconfigurationException(f"FaultToleranceCallback: the monitor's config does not fit: {problem}")
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage == "fit":
+            self._disconnect(trainer)
+
+    def _disconnect(self, trainer: pl.Trainer) -> None:
+        """Leave the monitor (it stops watching this rank); local only, never a collective."""
+        if self._injector is not None:
+            self._injector.cancel()
+            self._injector = None
+        if self._checkpoint_io is not None:
+            if trainer.strategy.checkpoint_io is self._checkpoint_io:
+                trainer.strategy.checkpoint_io = self._checkpoint_io.checkpoint_io
+            self._checkpoint_io = None
+        if self.client.is_initialized:
+            self.client.end_all_sections()
+            self.client.shutdown_workload_monitoring()
+        self._save_pending = self._in_setup = self._checkpointing_open = False
+
+    # -- training ---------------------------------------------------------
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.active:
+            return
+        self._first_epoch = trainer.current_epoch
+        self.client.set_iteration(trainer.global_step)
+        if self.mode == "heartbeats":
+            self.client.send_heartbeat()
+        if self._injector is not None:
+            self._injector.on_train_start()
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
+                             batch_idx: int) -> None:
+        if not self.active:
+            return
+        self._finish_pending_save(trainer)
+        if self._in_setup:
+            self.client.end_section("setup")
+            self._in_setup = False
+        if batch_idx == 0 and trainer.current_epoch != self._first_epoch:
+            self._crossed_epoch = True
+        step = trainer.global_step
+        self.client.set_iteration(step)
+        if self.mode == "sections":
+            self.client.start_section("step")
+        if self._injector is not None:
+            self._injector.on_step_start(step)
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if not self.active:
+            return
+        if self.mode == "sections":
+            self.client.end_section("step")
+        else:
+            self.client.send_heartbeat()
+        if not self._learned_after_steps and trainer.global_step >= self.calculate_timeouts_after_steps:
+            self._learned_after_steps = True
+            self._learn(trainer, f"after {trainer.global_step} steps")
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.active:
+            self._finish_pending_save(trainer)
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.active:
+            return
+        self._finish_pending_save(trainer, learn=False)
+        self._crossed_epoch = True  # the last chance to learn: use every gap observed
+        self._learn(trainer, "at the end of training")
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.autoresume and trainer.is_global_zero and _training_complete(trainer):
+            flag = os.environ.get(FINISHED_FLAG_ENV)
+            if flag:
+                os.makedirs(os.path.dirname(os.path.abspath(flag)), exist_ok=True)
+                with open(flag, "a", encoding="utf-8"):
+                    pass
+                rank_zero_info(f"FaultToleranceCallback: training is complete; created {flag}")
+
+    # -- validation -------------------------------------------------------
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.active:
+            return
+        self._finish_pending_save(trainer, learn=False)
+        if self.mode == "sections":
+            self.client.start_section("validation")
+        elif not trainer.sanity_checking:  # before training, the initial heartbeat timeout applies
+            self.client.send_heartbeat()
+
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        if self.active and self.mode == "heartbeats" and not trainer.sanity_checking:
+            self.client.send_heartbeat()
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not self.active:
+            return
+        if self.mode == "sections":
+            self.client.end_section("validation")
+        elif not trainer.sanity_checking:
+            self.client.send_heartbeat()
+
+    # -- checkpointing ----------------------------------------------------
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        # Called on every rank right before the write. Only some ranks write (rank 0 under DDP);
+        # the others wait for it in a barrier, so for them the save also lasts until the write
+        # ends: the section stays open until this rank's next hook.
+        if not self.active:
+            return
+        self._saves_seen += 1
+        self._save_pending = True
+        self._open_checkpointing()
+
+    def on_checkpoint_write_start(self, path: str) -> None:
+        """From :class:`FaultToleranceCheckpointIO`, on a rank that writes."""
+        if not self.active:
+            return
+        self._open_checkpointing()
+        if self._injector is not None and self._trainer is not None:
+            self._injector.on_checkpoint_write(self._trainer.global_step)
+
+    def on_checkpoint_write_end(self, checkpoint: dict[str, Any], path: str) -> None:
+        """From :class:`FaultToleranceCheckpointIO` after a successful write."""
+        if not self.active:
+            return
+        iteration = checkpoint.get("global_step")
+        if iteration is None and self._trainer is not None:
+            iteration = self._trainer.global_step
+        # ModelCheckpoint may write several files per step (top-k and last): report each step once.
+        if iteration is not None and int(iteration) != self._last_reported:
+            self._last_reported = int(iteration)
+            self.client.report_checkpoint(int(iteration))
+        self._close_checkpointing()
+
+    def _open_checkpointing(self) -> None:
+        if self.mode == "heartbeats":
+            self.client.send_heartbeat()
+        elif not self._checkpointing_open:
+            self.client.start_section("checkpointing")
+            self._checkpointing_open = True
+
+    def _close_checkpointing(self) -> None:
+        if self.mode == "heartbeats":
+            self.client.send_heartbeat()
+        elif self._checkpointing_open:
+            self.client.end_section("checkpointing")
+            self._checkpointing_open = False
+
+    def _finish_pending_save(self, trainer: pl.Trainer, learn: bool = True) -> None:
+        """At the first hook after a save: close its section; learn once after the first save.
+
+        Callers are hooks every rank reaches in the same order, so the learning collective is safe.
+        """
+        if not self._save_pending:
+            return
+        self._save_pending = False
+        self._close_checkpointing()
+        if learn and not self._learned_after_save and self._saves_seen > 0:
+            self._learned_after_save = True
+            self._learn(trainer, "after the first checkpoint save")
+
+    # -- timeouts ---------------------------------------------------------
+    def _learn(self, trainer: pl.Trainer, when: str) -> None:
+        """Calculate timeouts (a collective: call only where all ranks are in lockstep)."""
+        if not self.calculate_timeouts:
+            return
+        try:
+            if self.mode == "heartbeats":
+                changed = self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
+            else:
+                # Out-of-section gaps grow at epoch boundaries (data loader restarts): learn them
+                # only once one was observed, so a quiet first epoch cannot set a deadline the next
+                # epoch's start would miss.
+                changed = self.client.calculate_and_set_section_timeouts(
+                    calc_out_of_section=self._crossed_epoch, skip_if_not_ready=True)
+        except RankMonitorClientError as exc:
+            # Never fail training because timeouts could not be learned.
+            rank_zero_warn(f"FaultToleranceCallback: timeouts not updated {when}: {exc}")
+            return
+        if not changed:
+            log.debug("timeouts not calculated %s: not enough data yet", when)
+            return
+        current = self.client.state_dict()["current_timeouts"]
+        shown = current["heartbeat"] if self.mode == "heartbeats" else current["section"]
+        rank_zero_info(f"FaultToleranceCallback: learned timeouts {when}: {shown}")
+        if self.state_file and trainer.is_global_zero:
+            atomic_write_json(self.state_file, self.client.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The learned timeouts (``{"current_timeouts": ...}``), saved in the Lightning checkpoint."""
+        if not self._has_state:
+            return {}
+        return self.client.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore learned timeouts; works before and after the rank connected to its monitor."""
+        if state_dict:
+            self._load_client_state(state_dict, "the checkpoint")
+
+    def _load_client_state(self, state: Any, source: str) -> None:
+        try:
+            self.client.load_state_dict(state)
+            self._has_state = True
+        except RankMonitorClientError as exc:
+            rank_zero_warn(f"FaultToleranceCallback: ignoring the timeouts in {source}: {exc}")
+
+    # -- failures ---------------------------------------------------------
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        graceful = isinstance(exception, SystemExit) and exception.code in (0, None)
+        if not graceful and self.exc_handling_policy is not None:
+            self._apply_policy(exception)
+        # No collectives here: other ranks may be anywhere, or dead.
+        self._disconnect(trainer)
+
+    def _apply_policy(self, exception: BaseException) -> None:
+        try:
+            request = self.exc_handling_policy(exception)  # type: ignore[misc]
+        except Exception:
+            log.exception("FaultToleranceCallback: exc_handling_policy raised; no request sent")
+            return
+        if request is None:
+            return
+        if not isinstance(request, WorkloadControlRequest):
+            log.error("FaultToleranceCallback: exc_handling_policy returned %r, not a WorkloadControlRequest; "
+                      "ignored", request)
+            return
+        try:
+            self.client.send_workload_control_request(request)
+            log.warning("FaultToleranceCallback: sent %s to ft_launcher (%s)", request.action.name,
+                        request.description or type(exception).__name__)
+        except RankMonitorClientError as exc:
+            log.error("FaultToleranceCallback: could not send %s: %s", request.action.name, exc)
+
+
+def _training_complete(trainer: pl.Trainer) -> bool:
+    """max_steps or max_epochs reached (``should_stop`` alone is not: a time limit also sets it)."""
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    if max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps:
+        return True
+    return max_epochs is not None and max_epochs >= 0 and trainer.current_epoch >= max_epochs
+
+
+def _coerce_config(
+    config: Optional[Union[FaultToleranceConfig, Mapping[str, Any], str, os.PathLike[str]]],
+    mode: str,
+    default: bool = False,
+) -> Optional[FaultToleranceConfig]:
+    """``config=`` as a FaultToleranceConfig; with ``default``, the mode's default for a missing one."""
+    try:
+        if isinstance(config, FaultToleranceConfig):
+            return config
+        if isinstance(config, Mapping):
+            return FaultToleranceConfig.from_mapping(config)
+        if isinstance(config, (str, os.PathLike)):
+            return FaultToleranceConfig.from_yaml_file(config)
+        if config is not None:
+            raise ConfigError("expected a FaultToleranceConfig, a mapping, a YAML path or None")
+    except ConfigError as exc:
+        raise MisconfigurationException(f"`FaultToleranceCallback(config={config!r})`: {exc}") from None
+    if not default:
+        return None
+    return FaultToleranceConfig.from_mapping(DEFAULT_SECTION_CONFIG) if mode == "sections" \
+        else FaultToleranceConfig()

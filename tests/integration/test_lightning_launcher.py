@@ -1,0 +1,114 @@
+"""End to end: a 2-process Lightning DDP job (gloo, CPU) under the real ``ft_launcher``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+
+import torch  # noqa: E402
+from lightning_scripts.harness import REPO, SCRIPTS, base_env, free_port, reports, run_job  # noqa: E402
+
+from ft_core.monitor import read_events  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not (REPO / "ft_core" / "launcher" / "cli.py").exists(),
+                                reason="ft_core.launcher (ft_launcher) is not available")
+
+MAX_STEPS = 8
+#: Launch-time settings; safety factor 50 keeps learned timeouts far from a busy machine's jitter.
+FT_FLAGS = {
+    "heartbeats": ["--ft-initial-rank-heartbeat-timeout=120", "--ft-rank-heartbeat-timeout=60"],
+    "sections": ["--ft-rank-section-timeouts=setup:120,step:60,checkpointing:60",
+                 "--ft-rank-out-of-section-timeout=120", "--ft-rank-heartbeat-timeout=none",
+                 "--ft-initial-rank-heartbeat-timeout=none"],
+}
+
+
+def launch(tmp_path: Path, mode: str, fault: dict, *extra: str, max_restarts: int = 2):
+    events_file = tmp_path / "ft_events.jsonl"
+    cmd = [sys.executable, "-m", "ft_core.launcher", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--ft-events-file={events_file}",
+           "--ft-safety-factor=50", *FT_FLAGS[mode],
+           str(SCRIPTS / "train.py"), f"--mode={mode}", f"--max-steps={MAX_STEPS}", "--every-n-steps=2",
+           f"--ckpt-dir={tmp_path / 'ckpt'}", f"--out-dir={tmp_path}", f"--fault={json.dumps(fault)}", *extra]
+    result = run_job(cmd, base_env(tmp_path), timeout=400, log_path=tmp_path / "launcher.log")
+    assert not result.timed_out, result.output[-6000:]
+    return result, read_events(str(events_file))[0]
+
+
+def of(events: list[dict], name: str) -> list[dict]:
+    return [e for e in events if e["event"] == name]
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("mode", ["heartbeats", "sections"])
+def test_hang_in_step_restarts_and_resumes_with_learned_timeouts(tmp_path, mode):
+    result, events = launch(tmp_path, mode, {"kind": "hang_step", "rank": 1, "step": 5})
+    assert result.returncode == 0, result.output[-6000:]
+
+    # Rank 1 hangs; rank 0 then waits for it in a collective and is caught as well.
+    hang = {e["rank"]: e for e in of(events, "hang_detected")}[1]
+    assert hang["iteration"] in (4, 5)  # the last iteration rank 1 reported
+    assert hang["reason"] == ("heartbeat" if mode == "heartbeats" else "section")
+    assert [e["cycle"] for e in of(events, "cycle_start")] == [0, 1]
+
+    runs = reports(tmp_path)
+    assert {key: r["start_step"] for key, r in runs.items()} == {(0, 0): 0, (1, 0): 0, (0, 1): 4, (1, 1): 4}
+    assert runs[0, 1]["end_step"] == runs[1, 1]["end_step"] == MAX_STEPS
+    assert "end_step" not in runs[0, 0]
+
+    # The checkpoint the second cycle resumed from carries the first cycle's learned timeouts,
+    # and the resumed ranks start with exactly those.
+    checkpoint = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == MAX_STEPS
+    resumed_from = runs[0, 1]["start_timeouts"]
+    assert runs[1, 1]["start_timeouts"] == resumed_from
+    learned = resumed_from["current_timeouts"]
+    if mode == "heartbeats":
+        assert learned["heartbeat"]["were_calculated"] is True
+        assert learned["heartbeat"]["subsequent"] < 60
+    else:
+        assert {"setup", "step", "checkpointing"} <= set(learned["section"]["calculated_sections"])
+        assert learned["section"]["section"]["step"] < 60
+        assert hang["timeout"] == pytest.approx(learned["section"]["section"]["step"])
+    step4 = _checkpoint_state_at_step(tmp_path, 4)
+    assert step4 == resumed_from
+
+    flag = tmp_path / "finished.flag"
+    assert flag.exists()
+    assert flag.stat().st_mtime >= of(events, "cycle_start")[-1]["time"]  # written by the finishing cycle
+
+
+def _checkpoint_state_at_step(tmp_path: Path, step: int) -> dict:
+    """The callback state in the checkpoint ModelCheckpoint kept for ``step`` (save_top_k=-1)."""
+    checkpoint = torch.load(tmp_path / "ckpt" / f"epoch=0-step={step}.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == step
+    return checkpoint["callbacks"]["FaultToleranceCallback"]
+
+
+@pytest.mark.timeout(480)
+def test_hang_in_checkpoint_save_is_caught_by_checkpointing_section(tmp_path):
+    result, events = launch(tmp_path, "sections", {"kind": "hang_checkpoint", "rank": 0, "step": 4})
+    assert result.returncode == 0, result.output[-6000:]
+    hang = {e["rank"]: e for e in of(events, "hang_detected")}[0]  # rank 1 waits in the save's barrier
+    assert (hang["reason"], hang["section"]) == ("section", "checkpointing")
+    runs = reports(tmp_path)
+    assert runs[0, 1]["start_step"] == 2  # the hung save at step 4 wrote nothing
+    assert runs[0, 1]["end_step"] == MAX_STEPS
+    assert (tmp_path / "finished.flag").exists()
+
+
+@pytest.mark.timeout(480)
+def test_crash_with_shutdown_policy_stops_without_restart(tmp_path):
+    result, events = launch(tmp_path, "heartbeats", {"kind": "exception", "rank": 1, "step": 3},
+                            "--policy=shutdown")
+    assert result.returncode != 0
+    control = of(events, "workload_control")
+    assert control and control[0]["action"] == "ShutdownWorkload" and control[0]["rank"] == 1
+    assert [e["cycle"] for e in of(events, "cycle_start")] == [0]
+    assert {cycle for _rank, cycle in reports(tmp_path)} == {0}
+    assert not (tmp_path / "finished.flag").exists()

@@ -1,0 +1,69 @@
+"""Argument validation of the Lightning integration (no processes, no training)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("lightning")
+
+from lightning.pytorch.utilities.exceptions import MisconfigurationException  # noqa: E402
+
+from ft_integrations.lightning import FaultToleranceCallback, SimulatedFault  # noqa: E402
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"mode": "beats"}, r"mode='beats'.*heartbeats, sections"),
+        ({"standalone": "yes"}, r"standalone='yes'.*monitor, off, error"),
+        ({"calculate_timeouts": "yes"}, r"calculate_timeouts='yes'.*True, False"),
+        ({"autoresume": 1}, r"autoresume=1.*True, False"),
+        ({"calculate_timeouts_after_steps": 0}, r"calculate_timeouts_after_steps=0.*>= 1"),
+        ({"calculate_timeouts_after_steps": True}, r"calculate_timeouts_after_steps=True"),
+        ({"state_file": 3}, r"state_file=3.*path or None"),
+        ({"exc_handling_policy": "shutdown"}, r"exc_handling_policy='shutdown'.*callable"),
+        ({"simulated_fault": {"kind": "explode", "step": 1}}, r"simulated_fault.*'explode'.*kill, hang_step"),
+        ({"simulated_fault": {"kind": "kill", "step": 1, "when": 2}}, r"simulated_fault.*unknown key.*'when'"),
+        ({"simulated_fault": "kill"}, r"simulated_fault.*SimulatedFault, a mapping"),
+        ({"config": {"rank_heartbeat_timeout": -1}}, r"config=.*rank_heartbeat_timeout.*positive"),
+        ({"config": {"no_such_key": 1}}, r"config=.*no_such_key"),
+        ({"config": 5}, r"config=5.*FaultToleranceConfig, a mapping, a YAML path"),
+    ],
+)
+def test_invalid_arguments_name_the_argument_and_allowed_values(kwargs, message):
+    with pytest.raises(MisconfigurationException, match=message):
+        FaultToleranceCallback(**kwargs)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"kind": "kill"}, "exactly one of step= or delay="),
+        ({"kind": "kill", "step": 1, "delay": 1.0}, "exactly one of step= or delay="),
+        ({"kind": "hang_checkpoint", "delay": 1.0}, "use step="),
+        ({"kind": "kill", "step": -1}, r"step=-1"),
+        ({"kind": "kill", "delay": -2}, r"delay=-2"),
+        ({"kind": "kill", "step": 1, "rank": -1}, r"rank=-1"),
+    ],
+)
+def test_simulated_fault_validation(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SimulatedFault(**kwargs)
+
+
+@pytest.mark.timeout(30)
+def test_valid_arguments_are_kept(tmp_path):
+    policy = lambda exc: None  # noqa: E731
+    callback = FaultToleranceCallback(
+        mode="sections", calculate_timeouts=False, calculate_timeouts_after_steps=7, state_file=tmp_path / "t.json",
+        autoresume=True, simulated_fault={"kind": "sigstop", "rank": None, "delay": 3, "seed": 1},
+        exc_handling_policy=policy, standalone="off", config={"rank_section_timeouts": "step:30"},
+    )
+    assert callback.mode == "sections" and callback.calculate_timeouts_after_steps == 7
+    assert callback.state_file == str(tmp_path / "t.json")
+    assert callback.simulated_fault == SimulatedFault("sigstop", rank=None, delay=3, seed=1)
+    assert callback.config is not None and callback.config.rank_section_timeouts == {"step": 30.0}
+    assert callback.state_key == "FaultToleranceCallback"
+    assert callback.state_dict() == {}  # nothing learned or loaded yet: nothing to checkpoint
