@@ -23,7 +23,7 @@ test: lint
 	$(PY) -m pytest -q -rs
 
 demo: setup
-	$(PY) examples/core_demo.py
+	$(PY) examples/demo.py
 
 bench: setup
 	$(PY) benchmarks/ipc_overhead.py
