@@ -1,0 +1,29 @@
+"""Built-in ``health_check`` hooks."""
+
+from __future__ import annotations
+
+from .exceptions import HealthCheckError
+from .state import State
+from .validation import check_int
+
+__all__ = ["FaultCounter"]
+
+
+class FaultCounter:
+    """Retire a rank after ``max_rank_faults`` faults were blamed on it.
+
+    A fault is blamed on a rank when its function raised first in an
+    iteration or when it hit the soft timeout; ranks that only failed because
+    another rank's fault broke their collectives are not blamed. A retired rank
+    stays alive but never runs the function again.
+    """
+
+    def __init__(self, max_rank_faults: int) -> None:
+        self.max_rank_faults = check_int("FaultCounter", "max_rank_faults", max_rank_faults, 1)
+
+    def __call__(self, state: State) -> None:
+        if state.fault_count >= self.max_rank_faults:
+            raise HealthCheckError(
+                f"rank {state.initial_rank} had {state.fault_count} faults "
+                f"(FaultCounter max_rank_faults={self.max_rank_faults})"
+            )

@@ -1,0 +1,288 @@
+"""The monitor process: one per rank, outside the rank's interpreter.
+
+It keeps working when the rank cannot (a main thread stuck in C code while
+holding the GIL stops every thread of the rank). Its jobs:
+
+* heartbeat to the coordination store, so other ranks can tell that this
+  rank (with its monitor) is alive;
+* notice peers whose heartbeat stopped (a lost node) and record them as
+  terminated; if one of them runs the function in the current iteration,
+  decide that the iteration restarts;
+* notice that its own rank process is gone and record it at once, so the
+  others need not wait for a heartbeat timeout;
+* enforce the hard timeout: when the rank's main thread made no progress
+  for ``hard_timeout`` seconds while running the function, record the rank as
+  terminated and kill it (SIGTERM, then SIGKILL after
+  ``termination_grace_time``).
+
+It never outlives its rank: ``PR_SET_PDEATHSIG``, end of file on its stdin
+and a parent-pid check each detect the rank's death, and an alarm bounds the
+time it may spend reporting it.
+
+The rank talks to it through stdin (a pickled ``MonitorConfig`` at start, a
+stop byte at the end; the pipe is private to the two processes) and through
+``SharedState`` (progress, iteration, phase).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import pickle
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Optional
+
+from .exceptions import RestartAbort
+from .shared_state import Phase, SharedState
+from .store import CoordinationStore, StoreFactory
+
+__all__ = ["MonitorConfig", "MonitorProcess"]
+
+log = logging.getLogger("ft_core.inprocess")
+
+_STOP = b"S"
+_LENGTH = struct.Struct("!I")
+_ENTRY = "from ft_core.inprocess.monitor_process import main; main()"
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass(frozen=True)
+class MonitorConfig:
+    store_factory: StoreFactory
+    rank: int  # initial rank
+    world_size: int  # initial world size
+    parent_pid: int
+    interval: float
+    heartbeat_timeout: float
+    hard_timeout: float
+    termination_grace_time: float
+    log_level: int
+
+
+class MonitorProcess:
+    """The rank's handle on its monitor process."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self._proc = proc
+
+    @classmethod
+    def start(cls, config: MonitorConfig, shared: SharedState) -> MonitorProcess:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _ENTRY, str(shared.fd)],
+            stdin=subprocess.PIPE,
+            pass_fds=(shared.fd,),
+            env=env,
+        )
+        assert proc.stdin is not None
+        payload = pickle.dumps(config)
+        proc.stdin.write(_LENGTH.pack(len(payload)) + payload)
+        proc.stdin.flush()
+        return cls(proc)
+
+    def wait_ready(self, shared: SharedState, timeout: float) -> None:
+        """Wait until the monitor is connected to the store, so it can report this rank's death."""
+        deadline = time.monotonic() + timeout
+        while not shared.monitor_ready:
+            if self._proc.poll() is not None:
+                raise RestartAbort(f"the monitor process exited with code {self._proc.returncode}")
+            if time.monotonic() > deadline:
+                raise RestartAbort(f"the monitor process did not connect to the store within {timeout} s")
+            time.sleep(0.01)
+
+    def stop(self, timeout: float) -> None:
+        """Ask the monitor to exit without reporting anything; kill it after ``timeout``."""
+        stdin = self._proc.stdin
+        assert stdin is not None
+        if not stdin.closed:
+            with contextlib.suppress(OSError):  # it may be gone already
+                stdin.write(_STOP)
+                stdin.flush()
+            with contextlib.suppress(OSError):
+                stdin.close()
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside the monitor process
+
+
+class _RankMonitor:
+    def __init__(self, config: MonitorConfig, shared: SharedState) -> None:
+        self.cfg = config
+        self.shared = shared
+        self.stopped = threading.Event()  # the rank asked us to exit
+        self.rank_gone = threading.Event()  # the rank process is gone
+        self.wake = threading.Event()
+        self.store: Optional[CoordinationStore] = None
+        self._heartbeat_seen: dict[int, tuple[int, float]] = {}
+        self._active: dict[int, set[int]] = {}
+
+    # -- events from other threads and signals ----------------------------------------------
+
+    def on_rank_gone(self) -> None:
+        # Bound the time left to report the death, whatever blocks: SIGALRM's
+        # default action ends the process without needing the main thread.
+        signal.alarm(math.ceil(self.cfg.termination_grace_time) + 1)
+        self.rank_gone.set()
+        self.wake.set()
+
+    def watch_stdin(self, stdin: BinaryIO) -> None:
+        if stdin.read(1) == _STOP:
+            self.stopped.set()
+            self.wake.set()
+        else:  # end of file: the rank died (its end of the pipe closed)
+            self.on_rank_gone()
+
+    # -- main thread: local checks, never blocked by the store ----------------------------------
+
+    def run(self) -> None:
+        threading.Thread(target=self._store_loop, name="store", daemon=True).start()
+        while not self.stopped.is_set():
+            if self.rank_gone.is_set() or os.getppid() != self.cfg.parent_pid:
+                log.warning("rank %d: process exited; recording it as terminated", self.cfg.rank)
+                self._report_termination()
+                return
+            if self.shared.armed and time.monotonic() - self.shared.progress > self.cfg.hard_timeout:
+                self._terminate_rank()
+                return
+            self.wake.wait(self.cfg.interval)
+
+    def _terminate_rank(self) -> None:
+        idle = time.monotonic() - self.shared.progress
+        log.error(
+            "rank %d: no progress for %.1f s (hard_timeout=%s s); terminating it",
+            self.cfg.rank, idle, self.cfg.hard_timeout,
+        )
+        self._report_termination()
+        self._signal_rank(signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.termination_grace_time
+        while os.getppid() == self.cfg.parent_pid and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._signal_rank(signal.SIGKILL)
+
+    def _signal_rank(self, sig: int) -> None:
+        if os.getppid() == self.cfg.parent_pid:  # else it is gone and the pid may be reused
+            try:
+                os.kill(self.cfg.parent_pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def _report_termination(self) -> None:
+        """Record this rank as terminated (at most ``termination_grace_time`` s, best effort)."""
+        reporter = threading.Thread(target=self._record_own_termination, daemon=True)
+        reporter.start()
+        reporter.join(self.cfg.termination_grace_time)
+
+    # -- store thread ----------------------------------------------------------------------
+
+    def _store_loop(self) -> None:
+        failures = 0
+        while not self.stopped.is_set():
+            try:
+                if self.store is None:
+                    self.store = self._connect()
+                    self.shared.monitor_ready = True
+                self.store.heartbeat(self.cfg.rank)
+                self._check_peers(self.store)
+                failures = 0
+            except Exception as exc:  # keep monitoring locally; the rank sees store failures itself
+                failures += 1
+                if failures == 1:
+                    log.warning("rank %d: coordination store failed: %s", self.cfg.rank, exc)
+            self.stopped.wait(self.cfg.interval)
+
+    def _connect(self) -> CoordinationStore:
+        store = CoordinationStore(
+            self.cfg.store_factory(host=False, timeout=self.cfg.heartbeat_timeout),
+            self.cfg.world_size,
+            self.cfg.interval,
+        )
+        store.init_heartbeats()
+        return store
+
+    def _check_peers(self, store: CoordinationStore) -> None:
+        now = time.monotonic()
+        terminated = store.terminated()
+        peers = [r for r in range(self.cfg.world_size) if r != self.cfg.rank and r not in terminated]
+        stale = set()
+        for peer, count in zip(peers, store.heartbeats(peers)):
+            seen = self._heartbeat_seen.get(peer)
+            if seen is None or seen[0] != count:
+                self._heartbeat_seen[peer] = (count, now)
+            elif now - seen[1] > self.cfg.heartbeat_timeout:
+                log.warning("rank %d: no heartbeat for %.1f s; recording it as terminated", peer, now - seen[1])
+                stale.add(peer)
+        for peer in stale:
+            store.mark_terminated(peer)
+        self._restart_if_active(store, terminated | stale)
+
+    def _record_own_termination(self) -> None:
+        store = self.store
+        if store is not None:
+            store.mark_terminated(self.cfg.rank)
+            self._restart_if_active(store, {self.cfg.rank})
+
+    def _restart_if_active(self, store: CoordinationStore, terminated: set[int]) -> None:
+        """Restart the rank's current iteration if a terminated process runs the function in it."""
+        if not terminated or self.shared.phase != Phase.MEMBER:
+            return
+        iteration = self.shared.iteration
+        active = self._active.get(iteration)
+        if active is None:
+            active = store.active(iteration)
+            if active is None:
+                return
+            self._active[iteration] = active
+        lost = active & terminated
+        if lost and store.decision(iteration) is None:
+            store.report_restart(iteration, min(lost), f"rank(s) {sorted(lost)} terminated")
+
+
+def _read_config(stdin: BinaryIO) -> MonitorConfig:
+    header = stdin.read(_LENGTH.size)
+    if len(header) < _LENGTH.size:
+        raise SystemExit(0)  # the rank died before it could configure us
+    (length,) = _LENGTH.unpack(header)
+    config = pickle.loads(stdin.read(length))  # our parent wrote it; the pipe is private
+    if not isinstance(config, MonitorConfig):
+        raise SystemExit(f"ft_core.inprocess monitor: unexpected configuration {type(config).__name__}")
+    return config
+
+
+def main() -> None:
+    """Entry point of the monitor process (``python -c ...``, see ``MonitorProcess.start``)."""
+    from ft_core.procutil import die_with_parent
+
+    rank_gone = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: rank_gone.set())
+    die_with_parent(signal.SIGUSR1)
+    stdin = sys.stdin.buffer
+    config = _read_config(stdin)
+    logging.basicConfig(
+        level=config.log_level,
+        format=f"%(asctime)s ft_core.inprocess monitor[rank {config.rank}] %(levelname)s: %(message)s",
+    )
+    monitor = _RankMonitor(config, SharedState(int(sys.argv[1])))
+    signal.signal(signal.SIGUSR1, lambda *_: monitor.on_rank_gone())
+    if rank_gone.is_set():
+        monitor.on_rank_gone()
+    threading.Thread(target=monitor.watch_stdin, args=(stdin,), name="stdin", daemon=True).start()
+    monitor.run()
+    logging.shutdown()
+    # Do not wait for daemon threads that may sit in a store call or a torch import.
+    os._exit(0)

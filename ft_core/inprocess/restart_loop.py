@@ -1,0 +1,327 @@
+"""The restart loop run by one rank for one call of a wrapped function.
+
+``torch.distributed`` is imported where it is used: the monitor process
+imports this package too, and must start (and enforce the hard timeout)
+without waiting for a torch import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import gc
+import inspect
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from .blame import raised_in_torch_distributed
+from .call_wrapper import CallWrapper
+from .exceptions import RankShouldRestart, RestartAbort
+from .interruption import Interruptor
+from .monitor_process import MonitorConfig, MonitorProcess
+from .monitor_thread import MonitorThread
+from .progress_watchdog import Progress, ProgressWatchdog
+from .shared_state import Phase, SharedState
+from .state import RankAssignmentCtx, State
+from .store import CoordinationStore
+
+if TYPE_CHECKING:
+    from .wrapper import Hook, Wrapper
+
+__all__ = ["RestartLoop"]
+
+log = logging.getLogger("ft_core.inprocess")
+
+_EXPORTED_ENV = ("RANK", "WORLD_SIZE")
+
+
+@dataclass
+class _Outcome:
+    done: bool = False
+    result: Any = None
+    faulted: bool = False  # the iteration's fault is blamed on this rank
+
+
+class _AbortOnce:
+    """Runs the abort hook once per iteration, from whichever thread gets there first."""
+
+    def __init__(self, hook: Optional[Hook], state: State) -> None:
+        self._hook = hook
+        self._state = state
+        self._lock = threading.Lock()
+        self._done = False
+
+    def __call__(self) -> None:
+        with self._lock:  # a second caller waits until the abort finished
+            if self._done or self._hook is None:
+                return
+            self._done = True
+            try:
+                self._hook(self._state)
+            except Exception:
+                log.exception("rank %d: abort hook failed", self._state.initial_rank)
+
+
+def _read_identity() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("ft_core.inprocess.Wrapper: call the wrapped function from the main thread")
+    if dist.is_available() and dist.is_initialized():
+        raise RuntimeError(
+            "ft_core.inprocess.Wrapper: torch.distributed is already initialized; "
+            "initialize it inside the wrapped function (store=call_wrapper.store)"
+        )
+    values = {}
+    for name in ("RANK", "WORLD_SIZE"):
+        raw = os.environ.get(name)
+        try:
+            values[name] = int(raw or "")
+        except ValueError:
+            raise RuntimeError(
+                f"ft_core.inprocess.Wrapper: environment variable {name}={raw!r} is invalid; "
+                "allowed: an int (start the job with torchrun, ft_launcher or set it)"
+            ) from None
+    rank, world_size = values["RANK"], values["WORLD_SIZE"]
+    if not 0 <= rank < world_size:
+        raise RuntimeError(f"ft_core.inprocess.Wrapper: RANK={rank} is not in 0..WORLD_SIZE-1 ({world_size})")
+    return rank, world_size
+
+
+def _restore_env(saved: dict[str, Optional[str]]) -> None:
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+class RestartLoop:
+    """One rank's run of ``fn`` under ``options``: setup, iterations, teardown."""
+
+    def __init__(self, options: Wrapper, fn: Callable[..., Any]) -> None:
+        self.o = options
+        self.fn = fn
+        self.takes_call_wrapper = "call_wrapper" in inspect.signature(fn).parameters
+        self.iteration = 0
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        self.rank, self.world_size = _read_identity()
+        self.args, self.kwargs = args, kwargs
+        with contextlib.ExitStack() as cleanup:
+            saved_env = {name: os.environ.get(name) for name in _EXPORTED_ENV}
+            cleanup.callback(_restore_env, saved_env)
+            self.shared = SharedState.create()
+            cleanup.callback(self.shared.close)
+            self.progress = Progress(self.shared)
+            self.monitor = MonitorProcess.start(self._monitor_config(), self.shared)
+            cleanup.callback(self.monitor.stop, self.o.termination_grace_time)
+            if self.o.progress_watchdog_interval is not None:
+                watchdog = ProgressWatchdog(self.progress, self.o.progress_watchdog_interval).start()
+                cleanup.callback(watchdog.stop)
+            self.interruptor = Interruptor(self.o.interrupt_signal)
+            self.interruptor.install()
+            cleanup.callback(self.interruptor.uninstall)
+            return self._run_with_store()
+
+    def _monitor_config(self) -> MonitorConfig:
+        return MonitorConfig(
+            store_factory=self.o.store_factory,
+            rank=self.rank,
+            world_size=self.world_size,
+            parent_pid=os.getpid(),
+            interval=self.o.monitor_process_interval,
+            heartbeat_timeout=self.o.heartbeat_timeout,
+            hard_timeout=self.o.hard_timeout,
+            termination_grace_time=self.o.termination_grace_time,
+            log_level=log.getEffectiveLevel(),
+        )
+
+    def _run_with_store(self) -> Any:
+        import torch.distributed as dist
+
+        store: Optional[CoordinationStore] = None
+        try:
+            raw = self.o.store_factory(host=self.rank == 0, timeout=self.o.barrier_timeout)
+            store = CoordinationStore(raw, self.world_size, self.o.monitor_thread_interval)
+            # A second connection for the function, so its blocking store calls
+            # (rendezvous of init_process_group) never delay the monitor thread.
+            self.user_store = self.o.store_factory(host=False, timeout=self.o.soft_timeout)
+            result = self._loop(store)
+        except RestartAbort as exc:
+            self._give_up(store, exc)
+            raise
+        except dist.DistError as exc:
+            abort = RestartAbort(f"coordination store failed: {exc}")
+            self._give_up(store, abort)
+            raise abort from exc
+        self._leave(store)
+        return result
+
+    def _give_up(self, store: Optional[CoordinationStore], exc: RestartAbort) -> None:
+        import torch.distributed as dist
+
+        log.error("rank %d: in-process restart gives up: %s", self.rank, exc)
+        if store is None:
+            return
+        try:
+            store.abort(str(exc))
+            # Ranks still running this iteration must leave it to learn about the abort.
+            store.report_restart(self.iteration, None, f"in-process restart aborted: {exc}")
+            self._leave(store)
+        except dist.DistError as store_exc:
+            log.debug("rank %d: could not record the abort: %s", self.rank, store_exc)
+
+    def _leave(self, store: CoordinationStore) -> None:
+        """Final barrier: rank 0 may serve the store, so it leaves last."""
+        self.monitor.stop(self.o.termination_grace_time)  # before leaving, so it reports nothing
+        store.leave(self.rank)
+        if self.rank == 0:
+            missing = store.wait_left(self.o.barrier_timeout)
+            if missing:
+                log.warning("rank 0: ranks %s did not leave within %s s", sorted(missing), self.o.barrier_timeout)
+
+    # -- iterations ---------------------------------------------------------------------------
+
+    def _loop(self, store: CoordinationStore) -> Any:
+        previous: dict[int, int] = {}
+        faults = 0
+        healthy = True
+        self.monitor.wait_ready(self.shared, self.o.barrier_timeout)
+        while True:
+            self.shared.enter(self.iteration, Phase.BARRIER)
+            members = store.join(self.iteration, self.rank, self.o.barrier_timeout)
+            if self.rank not in members:
+                raise RestartAbort(f"rank {self.rank} was recorded as terminated by its peers")
+            ctx = self._assign(members, store.excluded(), previous)
+            store.publish_active(self.iteration, ctx.active)
+            self.shared.enter(self.iteration, Phase.MEMBER)
+            state = State(self.iteration, self.rank, self.world_size, ctx.ranks.get(self.rank), len(ctx.active), faults)
+            if state.active:
+                os.environ["RANK"], os.environ["WORLD_SIZE"] = str(state.rank), str(state.world_size)
+            if state.active:
+                log.info("rank %d: iteration %d, running as rank %d of %d", self.rank, self.iteration,
+                         state.rank, state.world_size)
+            else:
+                log.info("rank %d: iteration %d, inactive (%d ranks run the function)", self.rank,
+                         self.iteration, state.world_size)
+            outcome = self._run_iteration(store, state)
+            if outcome.done:
+                return outcome.result
+            faults += outcome.faulted
+            if healthy and not self._recover(dataclasses.replace(state, fault_count=faults)):
+                healthy = False
+                store.mark_excluded(self.rank)
+            previous = dict(ctx.ranks)
+            self.iteration += 1
+
+    def _assign(self, members: tuple[int, ...], excluded: set[int], previous: dict[int, int]) -> RankAssignmentCtx:
+        healthy = tuple(m for m in members if m not in excluded)
+        ctx = RankAssignmentCtx(self.iteration, healthy, healthy, previous)
+        if self.o.rank_filter is not None:
+            ctx = self.o.rank_filter(ctx)
+        ctx = self.o.rank_assignment(ctx)
+        if not ctx.active:
+            raise RestartAbort(f"iteration {self.iteration}: no healthy rank left to run the function")
+        if not (
+            set(ctx.active) <= set(healthy)
+            and set(ctx.ranks) == set(ctx.active)
+            and sorted(ctx.ranks.values()) == list(range(len(ctx.active)))
+        ):
+            raise RestartAbort(
+                f"iteration {self.iteration}: invalid rank assignment {dict(ctx.ranks)} for active ranks "
+                f"{ctx.active} (members {healthy}); ranks must be 0..{len(ctx.active) - 1}"
+            )
+        return ctx
+
+    def _run_iteration(self, store: CoordinationStore, state: State) -> _Outcome:
+        if self.o.initialize is not None:
+            try:
+                self.o.initialize(state)
+            except RestartAbort:
+                raise
+            except Exception as exc:
+                log.exception("rank %d: initialize failed", self.rank)
+                decision = store.report_restart(self.iteration, self.rank, f"initialize failed: {exc!r}")
+                return _Outcome(faulted=decision.rank == self.rank)
+        if not state.active:
+            return _Outcome(done=store.wait_decision(self.iteration).done)
+        return self._run_active(store, state)
+
+    def _run_active(self, store: CoordinationStore, state: State) -> _Outcome:
+        import torch.distributed as dist
+
+        abort = _AbortOnce(self.o.abort, state)
+        user_store = dist.PrefixStore(f"it/{self.iteration}/user", self.user_store)
+        call_wrapper = CallWrapper(state, user_store, self.progress, self.interruptor)
+        kwargs = dict(self.kwargs, call_wrapper=call_wrapper) if self.takes_call_wrapper else self.kwargs
+        monitor = MonitorThread(
+            store=store, iteration=self.iteration, rank=self.rank, progress=self.progress,
+            interruptor=self.interruptor, abort=abort, soft_timeout=self.o.soft_timeout,
+            hard_timeout=self.o.hard_timeout, interval=self.o.monitor_thread_interval,
+        )
+        self.interruptor.reset()
+        self.progress.stamp()
+        self.shared.armed = True  # from here the monitor process enforces the hard timeout
+        monitor.start()
+        completed, value = self.interruptor.call(self.fn, *self.args, **kwargs)
+        faulted = False
+        if completed:
+            monitor.stop()
+            self.shared.armed = False
+            store.complete(self.iteration, state.world_size)
+            if store.wait_decision(self.iteration).done:
+                return _Outcome(done=True, result=value)
+        elif not isinstance(value, RankShouldRestart):
+            faulted = self._report_failure(store, value, monitor, abort)
+        # Drop the exception now: its traceback pins the function's frames and
+        # with them the process group, whose open connections peers may be
+        # blocked on (gloo only notices a peer's abort when its sockets close).
+        value = None
+        monitor.stop()
+        abort()
+        gc.collect()  # the same for frames caught in reference cycles
+        self.shared.armed = False
+        store.record_interrupted(self.iteration, self.rank)
+        return _Outcome(faulted=faulted or monitor.blamed)
+
+    def _report_failure(
+        self, store: CoordinationStore, exc: BaseException, monitor: MonitorThread, abort: _AbortOnce
+    ) -> bool:
+        """Ask for a restart because the function raised ``exc``; True if the fault is this rank's."""
+        reason = f"{type(exc).__name__}: {exc}"[:300]
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: this process leaves
+            store.mark_terminated(self.rank)
+            store.report_restart(self.iteration, self.rank, f"rank {self.rank} exits ({reason})")
+            monitor.stop()
+            abort()
+            raise exc
+        decision = None
+        if raised_in_torch_distributed(exc):
+            # Probably a peer's fault broke the collective: let that peer (or
+            # the monitor process that saw it die) report first.
+            decision = store.decision_within(self.iteration, 2 * self.o.monitor_process_interval)
+        if decision is None:
+            decision = store.report_restart(self.iteration, self.rank, reason)
+        if decision.rank == self.rank:
+            log.error("rank %d: iteration %d failed; restarting all ranks", self.rank, self.iteration, exc_info=exc)
+            return True
+        log.info("rank %d: iteration %d ended by the restart: %s", self.rank, self.iteration, reason)
+        return False
+
+    def _recover(self, state: State) -> bool:
+        """Run ``finalize`` and ``health_check``; False if the rank must not run the function again."""
+        for name in ("finalize", "health_check"):
+            hook = getattr(self.o, name)
+            if hook is None:
+                continue
+            try:
+                hook(state)
+            except Exception as exc:
+                log.error("rank %d: %s failed (%s); excluded from further iterations", self.rank, name, exc)
+                return False
+        return True

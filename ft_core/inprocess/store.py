@@ -1,0 +1,290 @@
+"""The key-value store that coordinates ranks, and the records kept in it.
+
+Layout (below the factory's prefix, so every launcher cycle gets a fresh
+namespace). Per-process records are global; everything that belongs to one
+restart iteration lives under ``it/<k>/``, so keys left over from an earlier
+iteration can never be mistaken for the current one.
+
+=====================  ===========================================================
+``hb/<r>``             heartbeat counter of initial rank ``r`` (its monitor process)
+``terminated``         ``r,`` for each process known to be gone
+``excluded``           ``r,`` for each process that failed its health check
+``abort``              why in-process restart gave up (first writer wins)
+``left``               ``r,`` for each process that left the final barrier
+``it/<k>/arrived``     ``r,`` for each process that joined iteration ``k``
+``it/<k>/members``     the processes of iteration ``k`` (first writer wins)
+``it/<k>/active``      the processes that run the function in iteration ``k``
+``it/<k>/decision``    how iteration ``k`` ends: ``done`` or ``restart|r|reason``
+``it/<k>/completed``   counter of active processes whose function returned
+``it/<k>/interrupted`` ``r,`` for each active process that restarted
+``it/<k>/user/...``    the store handed to the function (``call_wrapper.store``)
+=====================  ===========================================================
+
+``compare_set`` against the empty value makes the first writer win, which
+turns ``members`` and ``decision`` into agreements that all ranks read back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Optional, Protocol
+
+from .exceptions import RestartAbort
+
+if TYPE_CHECKING:
+    import torch.distributed
+
+__all__ = ["CoordinationStore", "Decision", "StoreFactory", "TCPStoreFactory"]
+
+#: Environment variable naming the port of the coordination store.
+STORE_PORT_ENV = "FT_INPROCESS_STORE_PORT"
+
+
+class StoreFactory(Protocol):
+    """Connects to the coordination store (injectable through ``Wrapper(store_factory=...)``).
+
+    Called in every rank and in every monitor process; ``host`` is True only in
+    the process that should serve the store if anyone must (initial rank 0).
+    A factory must be picklable by reference (defined at module level in an
+    importable module): it is sent to the monitor processes.
+    """
+
+    def __call__(self, *, host: bool, timeout: float) -> torch.distributed.Store: ...
+
+
+@dataclass(frozen=True)
+class TCPStoreFactory:
+    """A ``torch.distributed.TCPStore`` at ``host_name:port``, keys below ``prefix``.
+
+    Defaults come from the environment when the factory is resolved:
+
+    * ``host_name``: ``MASTER_ADDR``;
+    * ``port``: ``FT_INPROCESS_STORE_PORT`` if set; else, under torchrun (or
+      ``ft_launcher``) with ``TORCHELASTIC_USE_AGENT_STORE=True``, the agent's
+      own store at ``MASTER_PORT`` (it outlives every worker, so losing rank 0
+      is recoverable too); else ``MASTER_PORT + 1``, served by initial rank 0
+      (``MASTER_PORT`` itself is left to ``init_process_group``);
+    * ``prefix``: ``ft_inprocess/<TORCHELASTIC_RUN_ID>/<TORCHELASTIC_RESTART_COUNT>``,
+      a fresh namespace for every launcher restart cycle;
+    * ``serve``: whether initial rank 0 serves the store; True unless the
+      agent's store is used (set False for a store you serve yourself).
+    """
+
+    host_name: Optional[str] = None
+    port: Optional[int] = None
+    prefix: Optional[str] = None
+    serve: Optional[bool] = None
+
+    def resolve(self) -> TCPStoreFactory:
+        """The same factory with every default read from the environment, ready to be pickled."""
+        env = os.environ
+        host_name = self.host_name or env.get("MASTER_ADDR")
+        if not host_name:
+            raise ValueError("TCPStoreFactory: host_name=None and MASTER_ADDR is not set; allowed: a host name")
+        port, serve = self.port, self.serve
+        if port is None and env.get(STORE_PORT_ENV):
+            port = _env_port(STORE_PORT_ENV, env[STORE_PORT_ENV])
+        elif port is None and env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            port = _env_port("MASTER_PORT", env.get("MASTER_PORT"))
+            serve = False if serve is None else serve
+        elif port is None:
+            port = _env_port("MASTER_PORT", env.get("MASTER_PORT")) + 1
+        prefix = self.prefix
+        if prefix is None:
+            run_id = env.get("TORCHELASTIC_RUN_ID", "none")
+            prefix = f"ft_inprocess/{run_id}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        return TCPStoreFactory(host_name, port, prefix, True if serve is None else serve)
+
+    def __call__(self, *, host: bool, timeout: float) -> torch.distributed.Store:
+        import torch.distributed as dist
+
+        resolved = self.resolve()
+        store = dist.TCPStore(
+            resolved.host_name,
+            resolved.port,
+            is_master=bool(host and resolved.serve),
+            timeout=timedelta(seconds=timeout),
+            wait_for_workers=False,
+        )
+        return dist.PrefixStore(resolved.prefix, store)
+
+
+def _env_port(name: str, value: Optional[str]) -> int:
+    try:
+        port = int(value or "")
+    except ValueError:
+        port = -1
+    if not 0 < port < 65535:
+        raise ValueError(f"TCPStoreFactory: {name}={value!r} is invalid; allowed: a TCP port 1..65534")
+    return port
+
+
+@dataclass(frozen=True)
+class Decision:
+    """How an iteration ends: all active ranks completed (``done``) or a restart."""
+
+    done: bool
+    rank: Optional[int] = None  # the rank blamed for the restart, if any
+    reason: str = ""
+
+    def encode(self) -> str:
+        return "done" if self.done else f"restart|{'' if self.rank is None else self.rank}|{self.reason}"
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Decision:
+        text = raw.decode()
+        if text == "done":
+            return cls(True)
+        _, rank, reason = text.split("|", 2)
+        return cls(False, int(rank) if rank else None, reason)
+
+
+def _ids(raw: bytes) -> set[int]:
+    return {int(item) for item in raw.decode().split(",") if item}
+
+
+def _fmt(ids: Iterable[int]) -> str:
+    return ",".join(str(i) for i in sorted(ids))
+
+
+class CoordinationStore:
+    """Typed access to the records above, and the barriers built on them."""
+
+    def __init__(self, store: torch.distributed.Store, world_size: int, poll_interval: float) -> None:
+        self.store = store
+        self.world_size = world_size
+        self.poll_interval = poll_interval
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _get(self, key: str) -> Optional[bytes]:
+        # get() would block until the key exists; check() does not.
+        return self.store.get(key) if self.store.check([key]) else None
+
+    def _id_set(self, key: str) -> set[int]:
+        raw = self._get(key)
+        return _ids(raw) if raw else set()
+
+    def _first_wins(self, key: str, value: str) -> bytes:
+        return self.store.compare_set(key, "", value)
+
+    # -- per-process records ---------------------------------------------------------------
+
+    def init_heartbeats(self) -> None:
+        for rank in range(self.world_size):
+            self.store.add(f"hb/{rank}", 0)  # creates the key, so multi_get never blocks
+
+    def heartbeat(self, rank: int) -> None:
+        self.store.add(f"hb/{rank}", 1)
+
+    def heartbeats(self, ranks: list[int]) -> list[int]:
+        return [int(v) for v in self.store.multi_get([f"hb/{r}" for r in ranks])] if ranks else []
+
+    def mark_terminated(self, rank: int) -> None:
+        self.store.append("terminated", f"{rank},")
+
+    def terminated(self) -> set[int]:
+        return self._id_set("terminated")
+
+    def mark_excluded(self, rank: int) -> None:
+        self.store.append("excluded", f"{rank},")
+
+    def excluded(self) -> set[int]:
+        return self._id_set("excluded")
+
+    def abort(self, reason: str) -> str:
+        """Record that in-process restart gives up; returns the first recorded reason."""
+        return self._first_wins("abort", reason or "aborted").decode()
+
+    def abort_reason(self) -> Optional[str]:
+        raw = self._get("abort")
+        return raw.decode() if raw is not None else None
+
+    # -- iteration barrier -------------------------------------------------------------------
+
+    def join(self, iteration: int, rank: int, timeout: float) -> tuple[int, ...]:
+        """Wait until every process that is not terminated joined ``iteration``; return the members.
+
+        Raises ``RestartAbort`` when in-process restart was aborted or after ``timeout``.
+        """
+        key = f"it/{iteration}/"
+        self.store.append(key + "arrived", f"{rank},")
+        deadline = time.monotonic() + timeout
+        while True:
+            members = self._get(key + "members")
+            if members is not None:
+                return tuple(sorted(_ids(members)))
+            reason = self.abort_reason()
+            if reason is not None:
+                raise RestartAbort(reason)
+            arrived, terminated = self._id_set(key + "arrived"), self.terminated()
+            missing = set(range(self.world_size)) - arrived - terminated
+            if not missing:
+                self._first_wins(key + "members", _fmt(arrived - terminated))
+                continue
+            if time.monotonic() > deadline:
+                raise RestartAbort(
+                    f"iteration {iteration}: ranks {sorted(missing)} did not join within barrier_timeout={timeout} s"
+                )
+            time.sleep(self.poll_interval)
+
+    def publish_active(self, iteration: int, active: tuple[int, ...]) -> None:
+        self._first_wins(f"it/{iteration}/active", _fmt(active))
+
+    def active(self, iteration: int) -> Optional[set[int]]:
+        raw = self._get(f"it/{iteration}/active")
+        return _ids(raw) if raw is not None else None
+
+    # -- how an iteration ends ----------------------------------------------------------------
+
+    def report_restart(self, iteration: int, rank: Optional[int], reason: str) -> Decision:
+        """Ask for a restart of ``iteration``; returns the decision that stands (maybe an earlier one)."""
+        raw = self._first_wins(f"it/{iteration}/decision", Decision(False, rank, reason).encode())
+        return Decision.decode(raw)
+
+    def decision(self, iteration: int) -> Optional[Decision]:
+        raw = self._get(f"it/{iteration}/decision")
+        return Decision.decode(raw) if raw is not None else None
+
+    def complete(self, iteration: int, world_size: int) -> None:
+        """Count this rank's function as returned; the last one decides ``done``."""
+        if self.store.add(f"it/{iteration}/completed", 1) == world_size:
+            self._first_wins(f"it/{iteration}/decision", Decision(True).encode())
+
+    def decision_within(self, iteration: int, timeout: float) -> Optional[Decision]:
+        """The decision of ``iteration``, waiting for it at most ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            decision = self.decision(iteration)
+            if decision is not None or time.monotonic() > deadline:
+                return decision
+            time.sleep(self.poll_interval)
+
+    def wait_decision(self, iteration: int) -> Decision:
+        """The decision of ``iteration``, however long it takes: the ranks still running the
+        function are watched by their soft and hard timeouts, and lost ranks by their monitors."""
+        decision = self.decision_within(iteration, math.inf)
+        assert decision is not None
+        return decision
+
+    def record_interrupted(self, iteration: int, rank: int) -> None:
+        self.store.append(f"it/{iteration}/interrupted", f"{rank},")
+
+    # -- final barrier ----------------------------------------------------------------------
+
+    def leave(self, rank: int) -> None:
+        self.store.append("left", f"{rank},")
+
+    def wait_left(self, timeout: float) -> set[int]:
+        """Wait (at most ``timeout``) until every live process left; returns those still missing."""
+        deadline = time.monotonic() + timeout
+        while True:
+            missing = set(range(self.world_size)) - self._id_set("left") - self.terminated()
+            if not missing or time.monotonic() > deadline:
+                return missing
+            time.sleep(self.poll_interval)

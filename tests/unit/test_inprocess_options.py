@@ -1,0 +1,134 @@
+"""Validation of in-process restart options, with errors that name the argument, value and rule."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch.distributed as dist
+
+from ft_core.inprocess import (
+    ActiveWorldSize,
+    Compose,
+    FaultCounter,
+    HealthCheckError,
+    RestartAbort,
+    RetryController,
+    State,
+    TCPStoreFactory,
+    Wrapper,
+)
+
+FAST = dict(soft_timeout=1.0, hard_timeout=2.0, heartbeat_timeout=5.0, barrier_timeout=10.0,
+            monitor_process_interval=0.5, progress_watchdog_interval=0.5, termination_grace_time=1.0)
+
+
+def state(**changes) -> State:
+    fields = dict(iteration=0, initial_rank=0, initial_world_size=4, rank=0, world_size=4, fault_count=0)
+    return State(**{**fields, **changes})
+
+
+def test_defaults_are_valid():
+    Wrapper()
+    Wrapper(**FAST)
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        (dict(soft_timeout=3.0), "soft_timeout=3.0 is invalid; allowed: soft_timeout < hard_timeout < barrier_timeout"),
+        (dict(hard_timeout=10.0), "hard_timeout=10.0 is invalid; allowed: soft_timeout < hard_timeout < barrier"),
+        (dict(heartbeat_timeout=10.0), "heartbeat_timeout=10.0 is invalid; allowed: heartbeat_timeout < barrier"),
+        (dict(monitor_thread_interval=1.0), "monitor_thread_interval=1.0 is invalid"),
+        (dict(monitor_process_interval=1.5), "monitor_process_interval=1.5 is invalid"),
+        (dict(progress_watchdog_interval=1.0), "progress_watchdog_interval=1.0 is invalid"),
+        (dict(termination_grace_time=8.0), "hard_timeout + termination_grace_time < barrier_timeout"),
+        (dict(soft_timeout=-1.0), "soft_timeout=-1.0 is invalid; allowed: a finite number of seconds > 0"),
+        (dict(barrier_timeout=float("inf")), "barrier_timeout=inf is invalid"),
+        (dict(hard_timeout="2"), "hard_timeout='2' is invalid"),
+        (dict(soft_timeout=True), "soft_timeout=True is invalid"),
+        (dict(interrupt_signal=9), "interrupt_signal=9 is invalid; allowed: a catchable signal number"),
+    ],
+)
+def test_invalid_times_name_argument_value_and_rule(changes, expected):
+    with pytest.raises(ValueError, match="Wrapper: ") as info:
+        Wrapper(**{**FAST, **changes})
+    assert expected in str(info.value)
+
+
+def test_options_are_keyword_only_and_hooks_callable():
+    with pytest.raises(TypeError):
+        Wrapper(None)  # type: ignore[misc]
+    with pytest.raises(TypeError, match="health_check=3 is invalid; allowed: None or a callable"):
+        Wrapper(health_check=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="rank_assignment=None is invalid"):
+        Wrapper(rank_assignment=None)  # type: ignore[arg-type]
+    Wrapper(progress_watchdog_interval=None, abort=None)
+
+
+def test_retry_controller_limits_iterations_and_world_size():
+    controller = RetryController(max_iterations=2, min_world_size=3)
+    controller(state(iteration=1, world_size=3))
+    with pytest.raises(RestartAbort, match="2 iterations used"):
+        controller(state(iteration=2))
+    with pytest.raises(RestartAbort, match="2 active ranks left, min_world_size=3"):
+        controller(state(world_size=2))
+    with pytest.raises(ValueError, match="RetryController: max_iterations=0 is invalid; allowed: an int >= 1"):
+        RetryController(max_iterations=0)
+
+
+def test_fault_counter_and_compose():
+    check = Compose(FaultCounter(max_rank_faults=2), lambda s: None)
+    check(state(fault_count=1))
+    with pytest.raises(HealthCheckError, match="rank 0 had 2 faults"):
+        check(state(fault_count=2))
+    with pytest.raises(ValueError, match="FaultCounter: max_rank_faults=0"):
+        FaultCounter(0)
+    with pytest.raises(TypeError, match="hook #1"):
+        Compose(ActiveWorldSize(1), "nope")  # type: ignore[arg-type]
+
+
+def test_tcp_store_factory_reads_the_launcher_environment(monkeypatch):
+    for name in ("FT_INPROCESS_STORE_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
+                 "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert TCPStoreFactory().resolve() == TCPStoreFactory("node0", 29501, "ft_inprocess/none/0", True)
+    # Under torchrun the agent's store outlives every worker: use it, and a namespace per restart cycle.
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert TCPStoreFactory().resolve() == TCPStoreFactory("node0", 29500, "ft_inprocess/job7/2", False)
+    monkeypatch.setenv("FT_INPROCESS_STORE_PORT", "4000")
+    assert TCPStoreFactory().resolve().port == 4000
+    monkeypatch.setenv("FT_INPROCESS_STORE_PORT", "port")
+    with pytest.raises(ValueError, match="FT_INPROCESS_STORE_PORT='port' is invalid; allowed: a TCP port"):
+        TCPStoreFactory().resolve()
+    monkeypatch.delenv("MASTER_ADDR")
+    with pytest.raises(ValueError, match="MASTER_ADDR is not set"):
+        TCPStoreFactory().resolve()
+
+
+def test_call_checks_environment_thread_and_torch_distributed(monkeypatch):
+    train = Wrapper(**FAST)(lambda: 1)
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError, match="RANK=None is invalid"):
+        train()
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(RuntimeError, match=r"RANK=2 is not in 0..WORLD_SIZE-1 \(2\)"):
+        train()
+
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(pytest.raises(RuntimeError, train)))
+    thread.start()
+    thread.join()
+    assert "from the main thread" in str(errors[0].value)
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="torch.distributed is already initialized"):
+            train()
+    finally:
+        dist.destroy_process_group()
