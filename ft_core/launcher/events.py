@@ -44,11 +44,14 @@ class EventLog:
             self._file.flush()
         return record
 
-    def fault(self, kind: str, fault_time: float) -> None:
-        """Count a fault; the time until the next cycle starts is counted as lost."""
+    def fault(self, kind: str) -> None:
+        """Count a fault seen on this node, for the summary."""
         self.faults[kind] += 1
+
+    def interrupted(self, at: float) -> None:
+        """The running cycle ended at ``at``: the time until the next cycle starts is lost."""
         if self._pending_fault_time is None:
-            self._pending_fault_time = fault_time
+            self._pending_fault_time = at
 
     def cycle_started(self, start_time: float) -> None:
         self.cycles += 1

@@ -1,0 +1,7 @@
+"""``python -m ft_core.launcher``: the same as the ``ft_launcher`` console script."""
+
+import sys
+
+from ft_core.launcher.cli import main
+
+sys.exit(main())

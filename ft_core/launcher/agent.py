@@ -1,0 +1,413 @@
+"""FtElasticAgent: torch's ``LocalElasticAgent`` with fault-tolerance policy added at its seams.
+
+What it changes, and where:
+
+* ``_rendezvous``: after torch's rendezvous, agree on the job-wide cycle and
+  point the workers at that cycle's fresh store (see :mod:`.coordination`).
+* ``_set_local_rank_env``: every worker gets the monitor and control sockets,
+  the job token, and ``TORCHELASTIC_RESTART_COUNT`` = the job-wide cycle.
+* ``_start_workers``: workers die with the launcher; the cycle is logged.
+* ``_stop_workers`` / ``_monitor_workers``: survivors of a failure are stopped
+  with ``--workers-stop-timeout`` (torch hard-codes 30 s inside its poll).
+* ``_invoke_run``: the monitoring loop, which also reads the node monitor's
+  events (hangs, checkpoints), respawns a dead monitor, serves workload-control
+  requests, follows decisions taken by other nodes, and forwards SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import signal
+import time
+from typing import Any, Optional
+
+from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousGracefulExitError
+
+from ft_core.client import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV
+from ft_core.data import WorkloadAction
+from ft_core.launcher.control import WorkloadControlServer
+from ft_core.launcher.coordination import (
+    CycleInfo,
+    Decision,
+    JobCoordinator,
+    leave_rendezvous,
+    spares_waiting,
+)
+from ft_core.launcher.events import EventLog
+from ft_core.launcher.node_monitor import NodeMonitor
+from ft_core.launcher.options import LauncherOptions
+from ft_core.launcher.process import workers_die_with_agent
+from ft_core.launcher.progress import ProgressTracker
+from ft_core.monitor import TOKEN_ENV
+
+__all__ = ["FtElasticAgent", "Outcome", "Services"]
+
+log = logging.getLogger("ft_core.launcher")
+
+#: How long a node that ends the job keeps the rendezvous store up for hot spares to see the end.
+SPARE_RELEASE_TIMEOUT = 10.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How this launcher ends: its exit code, why, and what to do with the rendezvous."""
+
+    exit_code: int
+    reason: str
+    #: "close" ends the rendezvous for every node (and releases hot spares), "leave" removes
+    #: only this node, "keep" leaves it alone (signal: the other nodes decide for themselves).
+    rendezvous: str = "close"
+
+
+@dataclasses.dataclass
+class Services:
+    """Per-node helpers the launcher starts before the agent and stops after it."""
+
+    monitor: NodeMonitor
+    control: WorkloadControlServer
+    events: EventLog
+    token: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Trigger:
+    """Why the current cycle must end."""
+
+    kind: str  # a FAULT_KINDS member, or excluded, shutdown, peer (another node decided), membership
+    reason: str
+    time: float
+
+    @property
+    def is_fault(self) -> bool:
+        return self.kind in FAULT_KINDS
+
+
+#: Triggers that spend the restart budget and count for the no-progress rule.
+FAULT_KINDS = frozenset({"crash", "hang", "monitor", "unhealthy"})
+
+
+class FtElasticAgent(LocalElasticAgent):
+    """See the module docstring. ``agent.outcome`` holds the result after ``run()``."""
+
+    def __init__(self, spec: Any, logs_specs: Any, *, services: Services, options: LauncherOptions,
+                 **kwargs: Any) -> None:
+        super().__init__(spec, logs_specs, **kwargs)
+        self._svc = services
+        self._opts = options
+        self._coord = JobCoordinator(spec.rdzv_handler.get_run_id(), services.events.node, spec.max_restarts,
+                                     options.max_no_progress_cycles, options.no_restart_exit_code)
+        self._progress = ProgressTracker(options.checkpoint_iteration_file)
+        self._cycle: Optional[CycleInfo] = None
+        #: hang_detected events of this cycle's workers, by pid.
+        self._hangs: dict[int, dict[str, Any]] = {}
+        #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
+        self._failed: dict[int, tuple[int, int]] = {}
+        self._failed_at = 0.0
+        self.outcome = Outcome(1, "the launcher stopped before the job ended")
+
+    # -- seams: rendezvous, environment, start, stop, monitor ---------------
+    def _rendezvous(self, worker_group: WorkerGroup) -> None:
+        super()._rendezvous(worker_group)
+        spec = worker_group.spec
+        self._cycle = self._coord.begin_cycle(
+            worker_group.store, worker_group.group_rank, worker_group.master_addr,
+            static=spec.rdzv_handler.get_backend() == "static")
+        worker_group.master_addr = self._cycle.store_addr
+        worker_group.master_port = self._cycle.store_port
+        # Torch derives its logs and TORCHELASTIC_RESTART_COUNT from this; keep it job-wide.
+        self._remaining_restarts = spec.max_restarts - self._cycle.restarts
+
+    def _set_local_rank_env(self, worker_env: dict[str, Any], local_rank: int, spec: Any) -> None:
+        super()._set_local_rank_env(worker_env, local_rank, spec)
+        assert self._cycle is not None
+        worker_env.update({
+            "TORCHELASTIC_RESTART_COUNT": str(self._cycle.cycle),
+            # The cycle's store is served by an agent: workers must connect, never bind.
+            "TORCHELASTIC_USE_AGENT_STORE": str(True),
+            MONITOR_SOCKET_ENV: self._svc.monitor.socket_path,
+            LAUNCHER_SOCKET_ENV: self._svc.control.socket_path,
+            TOKEN_ENV: self._svc.token,
+        })
+
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        assert self._cycle is not None
+        self._hangs.clear()
+        self._failed.clear()
+        with workers_die_with_agent():
+            pids = super()._start_workers(worker_group)
+        started = time.time()
+        self._svc.events.cycle_started(started)
+        self._svc.events.record(
+            "cycle_start", time=started, cycle=self._cycle.cycle, restarts=self._cycle.restarts,
+            group_rank=worker_group.group_rank, group_world_size=worker_group.group_world_size,
+            world_size=worker_group.workers[0].world_size if worker_group.workers else 0,
+            workers={str(w.global_rank): pids[w.local_rank] for w in worker_group.workers},
+            monitor_pid=self._svc.monitor.pid)
+        log.info("cycle %d: started %d worker(s) (ranks %s), %d restart(s) used so far", self._cycle.cycle,
+                 len(pids), [w.global_rank for w in worker_group.workers], self._cycle.restarts)
+        return pids
+
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._shutdown(timeout=self._opts.workers_stop_timeout)  # type: ignore[arg-type]
+        self._svc.events.record("workers_stopped", cycle=self._cycle_number())
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        pcontext = self._pcontext
+        handlers = getattr(pcontext, "subprocess_handlers", None) or {}
+        failed = {rank: (h.proc.pid, h.proc.returncode) for rank, h in handlers.items()
+                  if h.proc.poll() not in (None, 0)}
+        if failed and not self._failed:
+            self._failed = failed
+            self._failed_at = time.time()
+            # Torch's poll would stop the survivors with a fixed 30 s grace period; use ours.
+            pcontext.close(signal.SIGTERM, self._opts.workers_stop_timeout)  # type: ignore[union-attr,arg-type]
+        return super()._monitor_workers(worker_group)
+
+    # -- the monitoring loop -----------------------------------------------
+    def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
+        try:
+            self._initialize_workers(self._worker_group)
+            while True:
+                time.sleep(self._worker_group.spec.monitor_interval)
+                result = self._step()
+                if result is not None:
+                    return result
+        except SignalException as exc:
+            return self._on_signal(exc.sigval)
+        except RendezvousGracefulExitError:
+            # A hot spare that was never needed: the job ended (or stopped) without it.
+            stop = self._stop_decision()
+            self._coord.spare_released()
+            if stop is not None:
+                return self._finish(Outcome(stop.exit_code, f"spare released: {stop.reason}", "keep"))
+            return self._finish(Outcome(0, "spare released: the job finished without it", "keep"))
+        except RendezvousClosedError:
+            stop = self._stop_decision()
+            if stop is not None:
+                return self._finish(Outcome(stop.exit_code, stop.reason, "keep"))
+            return self._finish(Outcome(1, "the rendezvous was closed by another node", "keep"))
+
+    def _step(self) -> Optional[RunResult]:
+        """One monitoring pass; returns a result when this launcher is done."""
+        wg = self._worker_group
+        result = self._monitor_workers(wg)
+        self._read_monitor_events()
+        self._read_progress_file()
+        if result.state == WorkerState.SUCCEEDED:
+            self._svc.events.record("workers_succeeded", cycle=self._cycle.cycle if self._cycle else None)
+            self._exit_barrier()
+            return self._finish(Outcome(0, "all workers finished successfully"), result)
+
+        trigger = self._local_trigger(result) or self._control_trigger()
+        if trigger is not None and trigger.kind == "shutdown":
+            decision = self._coord.request_stop(trigger.reason, self._opts.no_restart_exit_code)
+        elif trigger is not None:
+            decision = self._coord.end_cycle(self._cycle_number(), trigger.reason, fault=trigger.is_fault,
+                                             progress_active=self._progress.active)
+        else:
+            decision = self._coord.poll(self._cycle_number())
+            if decision is not None:
+                trigger = _Trigger("peer", f"{decision.node}: {decision.reason}", time.time())
+            elif wg.spec.rdzv_handler.num_nodes_waiting() > 0:
+                # Torch's scale-up rule: new nodes are waiting; not a fault, not budgeted.
+                trigger = _Trigger("membership", "new nodes are waiting to join", time.time())
+        if trigger is None:
+            return None
+        return self._end_cycle(trigger, decision, result)
+
+    def _end_cycle(self, trigger: _Trigger, decision: Optional[Decision], result: RunResult) -> Optional[RunResult]:
+        cycle = self._cycle_number()
+        if trigger.is_fault:
+            self._svc.events.fault(trigger.kind)
+        self._svc.events.interrupted(trigger.time)
+        if trigger.kind == "excluded":
+            self._stop_workers(self._worker_group)
+            return self._finish(Outcome(0, trigger.reason, "leave"), result)
+        if decision is not None and decision.action == "stop":
+            log.error("stopping the job: %s", decision.reason)
+            self._stop_workers(self._worker_group)
+            return self._finish(Outcome(decision.exit_code, decision.reason), result)
+        restarts = decision.restarts if decision is not None else self._cycle.restarts if self._cycle else 0
+        self._svc.events.record("restart", cycle=cycle, kind=trigger.kind, reason=trigger.reason,
+                                restarts=restarts, max_restarts=self._worker_group.spec.max_restarts)
+        log.warning("cycle %d ended (%s: %s); restarting all workers (%d/%d restarts used)", cycle,
+                    trigger.kind, trigger.reason, restarts, self._worker_group.spec.max_restarts)
+        self._restart_workers(self._worker_group)
+        return None
+
+    # -- what ends a cycle --------------------------------------------------
+    def _local_trigger(self, result: RunResult) -> Optional[_Trigger]:
+        now = time.time()
+        if not self._svc.monitor.is_alive():
+            code = self._svc.monitor.exit_code()
+            log.error("the rank monitor died (exit code %s); starting a new one and restarting the cycle", code)
+            self._svc.events.record("monitor_died", exit_code=code)
+            self._svc.monitor.respawn()
+            self._svc.events.record("monitor_started", pid=self._svc.monitor.pid)
+            return _Trigger("monitor", f"rank monitor died (exit code {code})", now)
+        if result.state == WorkerState.FAILED:
+            return self._failure_trigger(result, now)
+        if result.state == WorkerState.UNHEALTHY:
+            return _Trigger("unhealthy", "a worker is stuck in uninterruptible sleep", now)
+        if result.state != WorkerState.HEALTHY:
+            return _Trigger("crash", f"worker group in state {result.state.name}", now)
+        # A hung rank the monitor could not kill (e.g. a catchable termination signal).
+        for hang in self._hangs.values():
+            return _Trigger("hang", _hang_text(hang), hang.get("detected_time", now))
+        return None
+
+    def _failure_trigger(self, result: RunResult, now: float) -> _Trigger:
+        workers = {w.local_rank: w.global_rank for w in self._worker_group.workers}
+        reasons, kind = [], "crash"
+        for local_rank, (pid, code) in sorted(self._failed.items()):
+            hang = self._hangs.get(pid)
+            kind = "hang" if hang else kind
+            status = {"exit_code": code} if code >= 0 else {"signal": signal.Signals(-code).name}
+            self._svc.events.record("worker_exit", time=self._failed_at, cycle=self._cycle_number(),
+                                    rank=workers.get(local_rank),
+                                    local_rank=local_rank, pid=pid, cause="hang" if hang else "crash", **status)
+            reasons.append(_hang_text(hang) if hang else
+                           f"rank {workers.get(local_rank)} (pid {pid}) " +
+                           (f"exited with code {code}" if code >= 0 else f"killed by {status['signal']}"))
+        if not reasons:  # failure seen by torch only (e.g. pids mismatch)
+            reasons = [f"rank {rank} failed (exit code {f.exitcode})" for rank, f in result.failures.items()]
+        return _Trigger(kind, "; ".join(reasons), self._failed_at or now)
+
+    def _control_trigger(self) -> Optional[_Trigger]:
+        request = self._svc.control.pop()
+        if request is None:
+            return None
+        self._svc.events.record("workload_control", action=request.action.name, rank=request.rank,
+                                description=request.description)
+        why = f"rank {request.rank} requested {request.action.name}" + (
+            f": {request.description}" if request.description else "")
+        if request.action == WorkloadAction.ExcludeThisNode:
+            return _Trigger("excluded", why, request.time)
+        if request.action == WorkloadAction.ShutdownWorkload:
+            return _Trigger("shutdown", why, request.time)
+        return None  # Continue: nothing to do
+
+    def _read_monitor_events(self) -> None:
+        events = self._svc.events
+        for ev in self._svc.monitor.poll_events():
+            name = ev.get("event")
+            if name == "rank_connected":
+                events.record("rank_connected", time=ev["time"], rank=ev["rank"], local_rank=ev.get("local_rank"),
+                              pid=ev["pid"], restart_count=ev.get("restart_count"))
+            elif name == "rank_disconnected":
+                events.record("rank_disconnected", time=ev["time"], rank=ev["rank"], pid=ev["pid"],
+                              graceful=ev.get("graceful"))
+            elif name == "hang_detected":
+                if self._is_current_worker(ev["pid"]):
+                    self._hangs[ev["pid"]] = ev
+                events.record("hang_detected", time=ev.get("detected_time", ev["time"]), rank=ev["rank"],
+                              pid=ev["pid"], reason=ev["reason"], section=ev.get("section"),
+                              elapsed=ev.get("elapsed"), timeout=ev.get("timeout"), iteration=ev.get("iteration"),
+                              deadline_time=ev.get("deadline_time"), stack_dump_file=self._save_stack(ev))
+            elif name == "rank_terminated":
+                events.record("rank_terminated", time=ev["time"], rank=ev["rank"], pid=ev["pid"],
+                              signal=ev.get("signal"))
+            elif name == "checkpoint_reported":
+                self._on_progress(int(ev["iteration"]), f"rank {ev['rank']}")
+            elif name == "connection_rejected":
+                events.record("monitor_connection_rejected", time=ev["time"], reason=ev.get("reason"))
+
+    def _read_progress_file(self) -> None:
+        iteration = self._progress.poll_file()
+        if iteration is not None:
+            self._announce_progress(iteration, "checkpoint iteration file")
+
+    def _on_progress(self, iteration: int, source: str) -> None:
+        if self._progress.observe(iteration):
+            self._announce_progress(iteration, source)
+
+    def _announce_progress(self, iteration: int, source: str) -> None:
+        self._svc.events.record("progress", iteration=iteration, source=source, cycle=self._cycle_number())
+        self._coord.publish_progress(iteration)
+
+    def _save_stack(self, hang: dict[str, Any]) -> Optional[str]:
+        """Keep the hung rank's stack next to the event log (the job dir is removed at exit)."""
+        if not hang.get("stack"):
+            return hang.get("stack_dump_file")
+        directory = os.path.join(os.path.dirname(self._svc.events.path), "ft_stacks")
+        path = os.path.join(directory, f"cycle{self._cycle_number()}_rank{hang['rank']}_pid{hang['pid']}.txt")
+        try:
+            os.makedirs(directory, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(hang["stack"])
+        except OSError as exc:
+            log.warning("could not save the stack dump of rank %s: %s", hang["rank"], exc)
+            return hang.get("stack_dump_file")
+        return path
+
+    # -- endings ----------------------------------------------------------
+    def _on_signal(self, sig: signal.Signals) -> RunResult:
+        """Forward SIGTERM/SIGINT to the workers, SIGKILL them after ``--term-timeout``."""
+        # A second signal must not cut the workers' grace period short.
+        for name in os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT").split(","):
+            sig_to_ignore = getattr(signal, name.strip(), None)
+            if sig_to_ignore is not None:
+                signal.signal(sig_to_ignore, signal.SIG_IGN)
+        handlers = list((getattr(self._pcontext, "subprocess_handlers", None) or {}).values())
+        running = [h for h in handlers if h.proc.poll() is None]
+        self._svc.events.record("signal", signal=sig.name, running_workers=len(running))
+        log.warning("received %s: forwarding it to %d worker(s), SIGKILL after %.1f s", sig.name, len(running),
+                    self._opts.term_timeout)
+        self._shutdown(sig, timeout=self._opts.term_timeout)  # type: ignore[arg-type]
+        codes = [h.proc.returncode for h in handlers]
+        clean = bool(codes) and all(code == 0 for code in codes)
+        for handler in running:
+            code = handler.proc.returncode
+            self._svc.events.record("worker_exit", cycle=self._cycle_number(), local_rank=handler.local_rank_id,
+                                    pid=handler.proc.pid, cause=f"launcher {sig.name}",
+                                    **({"exit_code": code} if code >= 0 else {"signal": signal.Signals(-code).name}))
+        if clean:
+            return self._finish(Outcome(0, f"{sig.name} received; workers exited cleanly", "keep"))
+        return self._finish(Outcome(128 + sig.value, f"{sig.name} received; workers exit codes {codes}", "keep"))
+
+    def release_rendezvous(self, how: str) -> None:
+        """After ``run()``: "close" the rendezvous for every node, "leave" it, or "keep" it (see Outcome)."""
+        handler = self._worker_group.spec.rdzv_handler
+        if how == "leave":
+            leave_rendezvous(handler)
+        elif how == "close":
+            spares = spares_waiting(handler)
+            handler.shutdown()
+            if spares:
+                log.info("rendezvous closed; waiting for %d hot spare(s) to see the end of the job", spares)
+            if spares and not self._coord.wait_spares_released(spares, SPARE_RELEASE_TIMEOUT):
+                log.warning("%d hot spare(s) did not confirm the end of the job", spares)
+
+    def _finish(self, outcome: Outcome, result: Optional[RunResult] = None) -> RunResult:
+        self.outcome = outcome
+        if result is not None and result.state == WorkerState.SUCCEEDED:
+            return result
+        # Torch's run() accounts every worker of a non-successful result as failed or terminated.
+        return RunResult(state=WorkerState.FAILED, failures=result.failures if result is not None else {})
+
+    def _stop_decision(self) -> Optional[Decision]:
+        """The job-wide stop, also for a spare that never joined (it has not seen the job store yet)."""
+        base = getattr(self._worker_group.spec.rdzv_handler, "_store", None)
+        if base is not None:
+            self._coord.attach(base)
+        try:
+            return self._coord.stop_decision()
+        except Exception:  # noqa: BLE001 - the store host may be gone already; then nobody left a decision
+            return None
+
+    def _is_current_worker(self, pid: int) -> bool:
+        return self._pcontext is not None and pid in self._pcontext.pids().values()
+
+    def _cycle_number(self) -> int:
+        return self._cycle.cycle if self._cycle is not None else -1
+
+
+def _hang_text(hang: dict[str, Any]) -> str:
+    where = f" in section {hang['section']!r}" if hang.get("section") else ""
+    return (f"rank {hang['rank']} (pid {hang['pid']}) hung: {hang['reason']} timeout{where}, "
+            f"{hang.get('elapsed')} s > {hang.get('timeout')} s, iteration {hang.get('iteration')}")

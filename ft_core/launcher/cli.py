@@ -1,0 +1,87 @@
+"""``ft_launcher``: torchrun's command line plus fault tolerance.
+
+Every ``torchrun`` argument works the same; see ``ft_launcher --help`` and
+docs/launcher.md for the additional flags and the exit codes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import uuid
+from typing import Optional
+
+from torch.distributed.run import config_from_args, get_args_parser, parse_min_max_nnodes
+
+from ft_core.config import ConfigError, FaultToleranceConfig
+from ft_core.launcher.launch import launch
+from ft_core.launcher.options import LauncherOptions, add_launcher_args
+
+__all__ = ["build_parser", "main"]
+
+log = logging.getLogger("ft_core.launcher")
+
+_EPILOG = """\
+exit codes:
+  0    all workers finished successfully; or SIGTERM/SIGINT was forwarded and every worker exited 0;
+       or this node was excluded (ExcludeThisNode) / was a hot spare that was not needed
+  1    the restart budget (--max-restarts, counted for the whole job) is spent, or the launcher failed
+  93   do not requeue: no progress (--ft-max-no-progress-cycles) or a rank requested ShutdownWorkload
+       (the code is --ft-no-restart-exit-code)
+  128+N  signal N was forwarded and some worker did not exit 0 (e.g. 143 for SIGTERM)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """torchrun's parser with the ``--ft-*`` config flags and the launcher's own flags."""
+    parser = get_args_parser()
+    parser.prog = "ft_launcher"
+    parser.description = ("torchrun with fault tolerance: hang and crash detection, in-job restart of all "
+                          "workers of the job, workload control, progress tracking and an event log.")
+    parser.epilog = _EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    if "PET_MONITOR_INTERVAL" not in os.environ:
+        parser.set_defaults(monitor_interval=0.1)  # older torch defaults to 5 s: far too slow to restart
+    FaultToleranceConfig.add_argparse_args(parser)
+    add_launcher_args(parser)
+    return parser
+
+
+def _normalize_rendezvous(args: argparse.Namespace) -> None:
+    """Apply torchrun's rendezvous defaults (``torch.distributed.run.run`` does this inline before launching)."""
+    _, max_nodes = parse_min_max_nnodes(args.nnodes)
+    single_node_default = (args.rdzv_backend == "static" and not args.rdzv_endpoint
+                           and args.master_port is None and max_nodes == 1)
+    if args.standalone or single_node_default:
+        args.rdzv_backend = "c10d"
+        args.rdzv_endpoint = "localhost:0"
+        args.rdzv_id = str(uuid.uuid4())
+    if args.master_port is None:
+        args.master_port = 29500
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Entry point of the ``ft_launcher`` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = FaultToleranceConfig.from_args(args)
+        options = LauncherOptions.from_args(args)
+        try:
+            _normalize_rendezvous(args)
+        except (ValueError, RuntimeError) as exc:
+            raise ConfigError(f"--nnodes: invalid value {args.nnodes!r}: {exc}") from None
+        config, entrypoint, cmd_args = config_from_args(args)
+    except ConfigError as exc:
+        parser.error(str(exc))
+    except (ValueError, RuntimeError, AssertionError) as exc:
+        parser.error(f"invalid arguments: {exc}")
+    logging.basicConfig(format="[%(asctime)s %(name)s] %(levelname)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("ft_core").setLevel(cfg.log_level)
+    return launch(config, entrypoint, cmd_args, cfg, options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""Run one node of a job: start the per-node services, run the agent, tear everything down."""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+from collections.abc import Callable
+from typing import Any, Union
+
+from torch.distributed.elastic import metrics
+from torch.distributed.elastic.agent.server.api import WorkerSpec
+from torch.distributed.elastic.multiprocessing import SignalException
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
+
+from ft_core import procutil
+from ft_core.config import FaultToleranceConfig
+from ft_core.launcher.agent import FtElasticAgent, Outcome, Services
+from ft_core.launcher.control import WorkloadControlServer
+from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
+from ft_core.launcher.node_monitor import NodeMonitor
+from ft_core.launcher.options import LauncherOptions
+
+__all__ = ["launch"]
+
+log = logging.getLogger("ft_core.launcher")
+
+
+def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[Any],
+           cfg: FaultToleranceConfig, options: LauncherOptions) -> int:
+    """Run this node's part of the job; returns the launcher's exit code (see docs/launcher.md)."""
+    events = EventLog(options.events_file or _default_events_path(config))
+    log.info("fault tolerance event log: %s", events.path)
+    job_dir = tempfile.mkdtemp(prefix="ft-")  # mode 0700: sockets and the token live here
+    procutil.make_private_dir(job_dir)
+    token = secrets.token_hex(16)
+    monitor = NodeMonitor(cfg, job_dir, token)
+    control = None
+    agent = None
+    outcome = Outcome(1, "the launcher failed before the job started")
+    # Workers get a fresh store per cycle from FtElasticAgent, so torch's shared rendezvous store
+    # server is not needed; with it, a node that joins later (a hot spare) waits forever for
+    # MASTER_ADDR, which torch publishes only in the first round of the group rank 0 node.
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # Until the first workers exist, SIGTERM/SIGINT must still end us through SignalException.
+    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    _install_signal_handlers(config.signals_to_handle)
+    try:
+        monitor.start()
+        control = WorkloadControlServer(os.path.join(job_dir, "launcher.sock"), token, cfg.max_frame_bytes)
+        events.record("launcher_started", run_id=config.run_id, min_nodes=config.min_nodes,
+                      max_nodes=config.max_nodes, nproc_per_node=config.nproc_per_node,
+                      max_restarts=config.max_restarts, rdzv_backend=config.rdzv_backend,
+                      monitor_pid=monitor.pid, config=cfg.to_dict())
+        services = Services(monitor, control, events, token)
+        agent = FtElasticAgent(
+            _worker_spec(config, entrypoint, args), config.logs_specs, services=services, options=options,
+            start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,
+            shutdown_timeout=config.shutdown_timeout)
+        metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
+        agent.run()
+        outcome = agent.outcome
+    except SignalException as exc:
+        outcome = Outcome(128 + exc.sigval.value, f"{exc.sigval.name} received", "keep")
+    except Exception as exc:  # noqa: BLE001 - every failure must still tear down and report
+        log.exception("ft_launcher failed: %s", exc)
+        outcome = Outcome(1, f"launcher error: {type(exc).__name__}: {exc}")
+    finally:
+        _ignore_signals(config.signals_to_handle)  # teardown must finish
+        if agent is not None:
+            _release_rendezvous(agent, outcome.rendezvous)
+        if control is not None:
+            control.close()
+        monitor.stop()
+        shutil.rmtree(job_dir, ignore_errors=True)
+        events.record("exit", exit_code=outcome.exit_code, reason=outcome.reason)
+        print(events.summary(outcome.exit_code, outcome.reason), file=sys.stderr, flush=True)
+        events.close()
+    return outcome.exit_code
+
+
+def _worker_spec(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[Any]) -> WorkerSpec:
+    """The WorkerSpec torch's ``launch_agent`` builds for the same LaunchConfig."""
+    rdzv_parameters = RendezvousParameters(
+        backend=config.rdzv_backend, endpoint=config.rdzv_endpoint, run_id=config.run_id,
+        min_nodes=config.min_nodes, max_nodes=config.max_nodes, local_addr=config.local_addr,
+        **config.rdzv_configs)
+    master_addr, master_port = _get_addr_and_port(rdzv_parameters)
+    return WorkerSpec(
+        role=config.role, local_world_size=config.nproc_per_node, entrypoint=entrypoint, args=tuple(args),
+        rdzv_handler=rdzv_registry.get_rendezvous_handler(rdzv_parameters), max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval, master_addr=master_addr, master_port=master_port,
+        local_addr=config.local_addr, event_log_handler=config.event_log_handler,
+        numa_options=config.numa_options, duplicate_stdout_filters=config.duplicate_stdout_filters,
+        duplicate_stderr_filters=config.duplicate_stderr_filters, virtual_local_rank=config.virtual_local_rank)
+
+
+def _default_events_path(config: LaunchConfig) -> str:
+    root = config.logs_specs.root_log_dir if config.logs_specs is not None else os.devnull
+    if root == os.devnull:
+        root = tempfile.mkdtemp(prefix="ft_launcher_")
+    return os.path.join(root, EVENTS_FILE_NAME)
+
+
+def _release_rendezvous(agent: FtElasticAgent, how: str) -> None:
+    try:
+        agent.release_rendezvous(how)
+    except Exception as exc:  # noqa: BLE001 - the store host may already be gone at the end of a job
+        log.warning("could not release the rendezvous: %s", exc)
+
+
+def _signals(names: str) -> list[signal.Signals]:
+    return [sig for sig in (getattr(signal, name.strip(), None) for name in names.split(",")) if sig is not None]
+
+
+def _raise_signal_exception(signum: int, _frame: Any) -> None:
+    sig = signal.Signals(signum)
+    raise SignalException(f"ft_launcher (pid {os.getpid()}) got {sig.name}", sigval=sig)
+
+
+def _install_signal_handlers(names: str) -> None:
+    for sig in _signals(names):
+        signal.signal(sig, _raise_signal_exception)
+
+
+def _ignore_signals(names: str) -> None:
+    for sig in _signals(names):
+        signal.signal(sig, signal.SIG_IGN)

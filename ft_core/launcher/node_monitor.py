@@ -1,0 +1,61 @@
+"""The node's rank monitor as the launcher sees it: started once, watched, respawned if it dies."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Optional
+
+from ft_core.config import FaultToleranceConfig
+from ft_core.monitor import MonitorProcess, RankMonitorServer, read_events
+
+__all__ = ["NodeMonitor"]
+
+log = logging.getLogger("ft_core.launcher")
+
+
+class NodeMonitor:
+    """Owns the ``RankMonitorServer`` subprocess of this node and tails its event file.
+
+    The socket path, token and events file stay the same across respawns, so
+    workers started after a respawn find it where they expect it.
+    """
+
+    def __init__(self, cfg: FaultToleranceConfig, job_dir: str, token: str) -> None:
+        self.cfg = cfg
+        self.socket_path = os.path.join(job_dir, "monitor.sock")
+        self.events_path = os.path.join(job_dir, "monitor_events.jsonl")
+        self._token = token
+        self._proc: Optional[MonitorProcess] = None
+        self._offset = 0
+
+    @property
+    def pid(self) -> Optional[int]:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
+        self._proc = RankMonitorServer.run_in_subprocess(
+            self.cfg, self.socket_path, token=self._token, events_path=self.events_path)
+        log.debug("rank monitor started (pid %d)", self._proc.pid)
+
+    def is_alive(self) -> bool:
+        return self._proc is not None and self._proc.is_alive()
+
+    def exit_code(self) -> Optional[int]:
+        return self._proc.proc.poll() if self._proc is not None else None
+
+    def respawn(self) -> None:
+        """Reap the dead monitor and start a new one on the same socket."""
+        if self._proc is not None:
+            self._proc.kill()
+        self.start()
+
+    def poll_events(self) -> list[dict[str, Any]]:
+        """Events the monitor recorded since the previous call."""
+        events, self._offset = read_events(self.events_path, self._offset)
+        return events
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop(timeout=5.0)
+            self._proc = None

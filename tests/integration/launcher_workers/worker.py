@@ -1,0 +1,150 @@
+"""A tiny distributed training worker for ft_launcher tests, with fault injection.
+
+Each step all-reduces one number over gloo and sends a heartbeat. Faults are
+chosen by environment variables and happen only in the selected cycles
+(``TORCHELASTIC_RESTART_COUNT``) on the selected global rank:
+
+FT_TEST_FAULT         exception | exit3 | sigkill | sigsegv | hang | exclude | shutdown | forever | none
+                      | early_exit (exit 5 at start, before importing torch: the fastest possible cycle);
+                      a comma-separated list gives one kind per cycle (cycle 0 first, "none" after the list)
+FT_TEST_FAULT_CYCLES  for a single kind: "0,2" | "all" | "<50" (cycles below 50); default "0"
+FT_TEST_FAULT_RANK    global rank that faults (default 0); "local0" = local rank 0 of every node
+                      ("forever" applies to every rank: all step until they are stopped)
+FT_TEST_FAULT_STEP    step at which the fault happens (default 1)
+FT_TEST_FAULT_AFTER   path: the fault waits until this file exists; cycles that start before it
+                      exists step until they are stopped
+FT_TEST_STEPS         steps per cycle (default 5); "forever" runs until signalled
+FT_TEST_STEP_TIME     seconds slept per step (default 0.05)
+FT_TEST_CHECKPOINT    report this checkpointed iteration at step 0 (default: none)
+FT_TEST_ON_SIGTERM    "exit0" (exit 0 on SIGTERM) | "ignore"; default: Python's default
+FT_TEST_RECORD        JSON-lines file: pid, rank, cycle and timestamps of each worker
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+
+STARTED = time.time()
+RANK = int(os.environ["RANK"])
+LOCAL_RANK = int(os.environ["LOCAL_RANK"])
+CYCLE = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+
+
+def record(**fields) -> None:
+    path = os.environ.get("FT_TEST_RECORD")
+    if path:
+        line = json.dumps({"pid": os.getpid(), "rank": RANK, "cycle": CYCLE, **fields}) + "\n"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())  # one write: lines of concurrent workers never interleave
+        finally:
+            os.close(fd)
+
+
+def fault_kind() -> str:
+    """The fault this worker injects in this cycle, or "none"."""
+    kinds = os.environ.get("FT_TEST_FAULT", "none").split(",")
+    if len(kinds) > 1:
+        kind = kinds[CYCLE] if CYCLE < len(kinds) else "none"
+    else:
+        kind = kinds[0] if cycle_selected() else "none"
+    who = os.environ.get("FT_TEST_FAULT_RANK", "0")
+    selected = LOCAL_RANK == 0 if who == "local0" else RANK == int(who)
+    return kind if selected or kind == "forever" else "none"
+
+
+def cycle_selected() -> bool:
+    cycles = os.environ.get("FT_TEST_FAULT_CYCLES", "0")
+    if cycles != "all":
+        if cycles.startswith("<"):
+            if CYCLE >= int(cycles[1:]):
+                return False
+        elif CYCLE not in {int(c) for c in cycles.split(",")}:
+            return False
+    return True
+
+
+def inject(kind: str, client) -> None:
+    from ft_core.client import WorkloadAction, WorkloadControlRequest
+
+    record(event="fault", kind=kind, time=time.time())
+    if kind == "exception":
+        raise RuntimeError("injected failure")
+    if kind == "exit3":
+        os._exit(3)
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "sigsegv":
+        import ctypes
+
+        ctypes.string_at(0)  # a real segmentation fault
+    if kind in ("exclude", "shutdown"):
+        action = WorkloadAction.ExcludeThisNode if kind == "exclude" else WorkloadAction.ShutdownWorkload
+        client.send_workload_control_request(WorkloadControlRequest(action, f"test {kind}"))
+    # hang, exclude, shutdown: stop heartbeating and wait to be stopped
+    while True:
+        time.sleep(3600)
+
+
+class NoMonitor:
+    """Stands in for RankMonitorClient when the worker runs without ft_launcher."""
+
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
+
+
+def main() -> int:
+    on_sigterm = os.environ.get("FT_TEST_ON_SIGTERM")
+    if on_sigterm == "exit0":
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    elif on_sigterm == "ignore":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    record(event="started", time=STARTED)
+    kind = fault_kind()
+    if kind == "early_exit":
+        os._exit(5)
+
+    import torch
+    import torch.distributed as dist
+
+    from ft_core.client import RankMonitorClient
+
+    imported = time.time()
+    dist.init_process_group("gloo")
+    # Under plain torchrun (the benchmark's baseline) there is no monitor to talk to.
+    client = RankMonitorClient() if os.environ.get("FT_RANK_MONITOR_IPC_SOCKET") else NoMonitor()
+    client.init_workload_monitoring()
+    client.send_heartbeat()
+    record(event="first_heartbeat", time=time.time(), imported=imported)
+
+    fault_step = int(os.environ.get("FT_TEST_FAULT_STEP", "1"))
+    trigger_file = os.environ.get("FT_TEST_FAULT_AFTER")
+    # Cycles that start before the trigger file exists step until they are stopped.
+    waiting = trigger_file is not None and not os.path.exists(trigger_file)
+    steps = "forever" if kind == "forever" or waiting else os.environ.get("FT_TEST_STEPS", "5")
+    step_time = float(os.environ.get("FT_TEST_STEP_TIME", "0.05"))
+    checkpoint = os.environ.get("FT_TEST_CHECKPOINT")
+    step = 0
+    while steps == "forever" or step < int(steps):
+        if step == 0 and checkpoint is not None:
+            client.report_checkpoint(int(checkpoint))
+        if step >= fault_step and kind not in ("none", "forever"):
+            if not trigger_file or os.path.exists(trigger_file):
+                inject(kind, client)
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        client.send_heartbeat()
+        time.sleep(step_time)
+        step += 1
+    client.shutdown_workload_monitoring()
+    dist.destroy_process_group()
+    record(event="finished", time=time.time())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""ft_launcher on one node: restarts after crashes and hangs, stop rules, signals, monitor loss, no orphans."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+import pytest
+from helpers import wait_for
+from launcher_helpers import LauncherGroup, exit_event
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def launchers(tmp_path):
+    with LauncherGroup(tmp_path) as group:
+        yield group
+
+
+def test_crashes_of_every_kind_are_restarted(launchers):
+    # One job, one fault per cycle: exception, os._exit(3), SIGKILL, SIGSEGV; cycle 4 succeeds.
+    node = launchers.start("--max-restarts=4", FT_TEST_FAULT="exception,exit3,sigkill,sigsegv")
+    assert node.wait(180) == 0, node.output()[-3000:]
+    assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1, 2, 3, 4]
+    exits = {e["cycle"]: e for e in node.events("worker_exit") if e["rank"] == 0}
+    assert exits[0]["exit_code"] == 1 and exits[1]["exit_code"] == 3
+    assert exits[2]["signal"] == "SIGKILL" and exits[3]["signal"] == "SIGSEGV"
+    restarts = node.events("restart")
+    assert [r["kind"] for r in restarts] == ["crash"] * 4
+    assert [r["restarts"] for r in restarts] == [1, 2, 3, 4]
+    # Every cycle's workers saw the job-wide cycle number.
+    assert {r["cycle"] for r in launchers.worker_records("first_heartbeat")} == {0, 1, 2, 3, 4}
+    assert exit_event(node)["exit_code"] == 0
+    assert "faults     : 4 crash" in node.output()
+
+
+def test_hang_is_detected_and_restarted(launchers):
+    node = launchers.start("--max-restarts=2", FT_TEST_FAULT="hang")
+    assert node.wait(180) == 0, node.output()[-3000:]
+    hangs = [e for e in node.events("hang_detected") if e["rank"] == 0]
+    assert hangs and hangs[0]["reason"] == "heartbeat" and hangs[0]["elapsed"] >= 3
+    with open(hangs[0]["stack_dump_file"]) as handle:
+        assert "inject" in handle.read()  # the hung rank's Python stack
+    (restart,) = node.events("restart")
+    assert restart["kind"] == "hang" and "hung: heartbeat timeout" in restart["reason"]
+    assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1]
+
+
+def test_budget_spent_exits_1(launchers):
+    node = launchers.start("--max-restarts=1", FT_TEST_FAULT="exit3", FT_TEST_FAULT_CYCLES="all")
+    assert node.wait(120) == 1, node.output()[-3000:]
+    assert len(node.events("cycle_start")) == 2
+    assert "restart budget spent" in exit_event(node)["reason"]
+
+
+def test_no_progress_exits_93(launchers):
+    # Every cycle resumes from iteration 10 and crashes: cycle 0 made progress, cycles 1 and 2 did not.
+    node = launchers.start("--max-restarts=10", "--ft-max-no-progress-cycles=2", FT_TEST_FAULT="exit3",
+                           FT_TEST_FAULT_CYCLES="all", FT_TEST_CHECKPOINT="10")
+    assert node.wait(180) == 93, node.output()[-3000:]
+    assert len(node.events("cycle_start")) == 3
+    assert [e["iteration"] for e in node.events("progress")] == [10]
+    assert "no progress" in exit_event(node)["reason"]
+
+
+def test_sigterm_is_forwarded_and_clean_exit_is_0(launchers):
+    node = launchers.start(FT_TEST_FAULT="forever", FT_TEST_ON_SIGTERM="exit0")
+    node.wait_event("rank_connected", 120, count=2)
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.wait(60) == 0, node.output()[-3000:]
+    (sig,) = node.events("signal")
+    assert sig["signal"] == "SIGTERM" and sig["running_workers"] == 2
+    assert {e.get("exit_code") for e in node.events("worker_exit")} == {0}
+
+
+def test_workers_ignoring_sigterm_are_killed_after_term_timeout(launchers):
+    node = launchers.start("--term-timeout=1", FT_TEST_FAULT="forever", FT_TEST_ON_SIGTERM="ignore")
+    node.wait_event("rank_connected", 120, count=2)
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.wait(60) == 128 + signal.SIGTERM, node.output()[-3000:]
+    (sig,) = node.events("signal")
+    exits = node.events("worker_exit")
+    # SIGKILL only after the grace period (the second worker may die of its peer's death first).
+    assert "SIGKILL" in {e.get("signal") for e in exits}
+    assert all(e["time"] - sig["time"] >= 1.0 for e in exits)
+
+
+def test_monitor_killed_mid_run_is_recovered(launchers):
+    node = launchers.start("--max-restarts=1", FT_TEST_FAULT="forever,none")
+    node.wait_event("rank_connected", 120, count=2)
+    monitor_pid = node.events("launcher_started")[0]["monitor_pid"]
+    os.kill(monitor_pid, signal.SIGKILL)
+    assert node.wait(120) == 0, node.output()[-3000:]
+    assert len(node.events("monitor_died")) == 1
+    (restart,) = node.events("restart")
+    assert restart["kind"] == "monitor"
+    (second,) = [e for e in node.events("cycle_start") if e["cycle"] == 1]
+    assert second["monitor_pid"] != monitor_pid
+    assert len(node.events("rank_connected")) == 4  # the new monitor serves the new workers
+
+
+def test_sigkilled_launcher_leaves_no_process_behind(launchers):
+    node = launchers.start(FT_TEST_FAULT="forever")
+    node.wait_event("rank_connected", 120, count=2)
+    tree = [node.proc.pid, *(p.pid for p in psutil.Process(node.proc.pid).children(recursive=True))]
+    assert len(tree) >= 4  # launcher, monitor, two workers
+    node.proc.kill()  # SIGKILL: no cleanup code runs in the launcher
+    node.proc.wait()
+
+    def all_gone() -> bool:
+        return not [pid for pid in tree if psutil.pid_exists(pid) and
+                    psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+
+    wait_for(all_gone, 20, "the monitor and the workers to die with their launcher")
