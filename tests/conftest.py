@@ -41,3 +41,27 @@ def no_orphan_processes():
             except ProcessLookupError:
                 pass
         pytest.fail(f"test left processes alive: {described}")
+
+
+@pytest.fixture
+def attach_monitor(tmp_path, monkeypatch):
+    """``attach_monitor(cfg, token)``: start a monitor subprocess and point this process's client at it.
+
+    Sets ``FT_MONITOR_TOKEN`` and ``FT_RANK_MONITOR_IPC_SOCKET`` for the test
+    (restored afterwards) and stops every monitor it started.
+    """
+    from ft_core.monitor import RankMonitorServer
+
+    started = []
+
+    def start(cfg, token: str = "test-token-0123456789"):
+        monkeypatch.setenv("FT_MONITOR_TOKEN", token)
+        socket_path = str(tmp_path / f"monitor{len(started)}" / "monitor.sock")
+        proc = RankMonitorServer.run_in_subprocess(cfg, socket_path, token=token)
+        started.append(proc)
+        monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", proc.socket_path)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()

@@ -34,7 +34,7 @@ log = logging.getLogger("ft_core.launcher")
 
 def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[Any],
            cfg: FaultToleranceConfig, options: LauncherOptions) -> int:
-    """Run this node's part of the job; returns the launcher's exit code (see docs/launcher.md)."""
+    """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in the README)."""
     events = EventLog(options.events_file or _default_events_path(config))
     log.info("fault tolerance event log: %s", events.path)
     job_dir = tempfile.mkdtemp(prefix="ft-")  # mode 0700: sockets and the token live here

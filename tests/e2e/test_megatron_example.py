@@ -9,7 +9,6 @@ timeout; the restarted workers resume from iteration 8 with the timeouts stored 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import os
 import re
@@ -20,9 +19,6 @@ from helpers import REPO_ROOT, python_env, spawn_python
 from integration.launcher_helpers import ProcessTracker
 
 from ft_core.monitor import read_events
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("megatron.core") is None,
-                                reason="the example needs megatron-core (pip install .[megatron])")
 
 TRAIN = os.path.join(REPO_ROOT, "examples", "megatron", "train.py")
 HANG_AT, RESUME_AT, TRAIN_ITERS = 12, 8, 20

@@ -7,9 +7,6 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("lightning")
-
 import torch  # noqa: E402
 from helpers import wait_for  # noqa: E402
 from lightning.pytorch import Callback, Trainer  # noqa: E402
@@ -21,7 +18,6 @@ from ft_core.config import FaultToleranceConfig  # noqa: E402
 from ft_core.data import WorkloadAction, WorkloadControlRequest  # noqa: E402
 from ft_core.fileutil import read_json  # noqa: E402
 from ft_core.launcher.control import WorkloadControlServer  # noqa: E402
-from ft_core.monitor import RankMonitorServer  # noqa: E402
 from ft_integrations.lightning import (  # noqa: E402
     FaultToleranceCallback,
     FaultToleranceCheckpointIO,
@@ -47,19 +43,8 @@ def clean_env(monkeypatch, tmp_path):
 
 
 @pytest.fixture
-def monitor(tmp_path, monkeypatch):
-    started = []
-
-    def start(cfg: FaultToleranceConfig):
-        monkeypatch.setenv("FT_MONITOR_TOKEN", TOKEN)  # restored after the test
-        proc = RankMonitorServer.run_in_subprocess(cfg, str(tmp_path / "m" / "monitor.sock"), token=TOKEN)
-        started.append(proc)
-        monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", proc.socket_path)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.stop()
+def monitor(attach_monitor):
+    return lambda cfg: attach_monitor(cfg, token=TOKEN)
 
 
 def fit(tmp_path: Path, callbacks: list, max_steps: int = 6, ckpt_path: str | None = "last") -> Trainer:
@@ -143,8 +128,8 @@ class RaiseAt(Callback):
 @pytest.mark.timeout(120)
 def test_exception_sends_policy_request_and_disconnects_without_flag(tmp_path, monitor, monkeypatch):
     proc = monitor(HEARTBEATS_CFG)
-    server = WorkloadControlServer(str(tmp_path / "m" / "launcher.sock"), TOKEN, 1 << 20)
-    monkeypatch.setenv("FT_LAUNCHER_IPC_SOCKET", str(tmp_path / "m" / "launcher.sock"))
+    server = WorkloadControlServer(str(tmp_path / "launcher.sock"), TOKEN, 1 << 20)
+    monkeypatch.setenv("FT_LAUNCHER_IPC_SOCKET", str(tmp_path / "launcher.sock"))
     seen = []
 
     def policy(exc: BaseException) -> WorkloadControlRequest:

@@ -7,16 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("lightning")
-
 import torch  # noqa: E402
-from lightning_scripts.harness import REPO, SCRIPTS, base_env, free_port, reports, run_job  # noqa: E402
+from helpers import free_port  # noqa: E402
+from lightning_scripts.harness import SCRIPTS, base_env, reports, run_job  # noqa: E402
 
 from ft_core.monitor import read_events  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not (REPO / "ft_core" / "launcher" / "cli.py").exists(),
-                                reason="ft_core.launcher (ft_launcher) is not available")
 
 MAX_STEPS = 8
 #: Launch-time settings; safety factor 50 keeps learned timeouts far from a busy machine's jitter.

@@ -6,10 +6,8 @@ import json
 import sys
 
 import pytest
-
-pytest.importorskip("lightning")
-
-from lightning_scripts.harness import SCRIPTS, base_env, free_port, reports, run_job  # noqa: E402
+from helpers import free_port  # noqa: E402
+from lightning_scripts.harness import SCRIPTS, base_env, reports, run_job  # noqa: E402
 
 from ft_core.monitor import read_events  # noqa: E402
 

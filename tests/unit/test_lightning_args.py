@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
-pytest.importorskip("lightning")
-
 from lightning.pytorch.utilities.exceptions import MisconfigurationException  # noqa: E402
 
 from ft_integrations.lightning import FaultToleranceCallback, SimulatedFault  # noqa: E402

@@ -11,7 +11,7 @@ from helpers import kill_group, python_env, spawn_python, wait_for, wait_for_eve
 
 from ft_core.client import RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
-from ft_core.monitor import RankMonitorServer, read_events
+from ft_core.monitor import read_events
 from ft_integrations import megatron as ft
 
 SECTIONS = {"setup": 60.0, "step": 60.0, "eval": 60.0, "checkpointing": 60.0}
@@ -34,25 +34,17 @@ def fresh_state(monkeypatch):
 
 
 @pytest.fixture
-def start_monitor(tmp_path, monkeypatch):
+def start_monitor(attach_monitor):
     """Start a monitor with ``FaultToleranceConfig(**overrides)`` and point this process at it."""
-    monitors = []
 
     def start(**overrides):
         # This process is the rank: a (learned, tiny) deadline it misses must not kill pytest.
         defaults = {"rank_section_timeouts": SECTIONS, "safety_factor": 2.0,
                     "min_calculated_timeout": 0.01,  # the tests compare learned values to sub-second steps
                     "rank_termination_signal": "SIGCONT"}
-        cfg = FaultToleranceConfig(**{**defaults, **overrides})
-        monkeypatch.setenv("FT_MONITOR_TOKEN", TOKEN)  # restored after the test
-        monitor = RankMonitorServer.run_in_subprocess(cfg, str(tmp_path / "job" / "monitor.sock"), token=TOKEN)
-        monitors.append(monitor)
-        monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
-        return monitor
+        return attach_monitor(FaultToleranceConfig(**{**defaults, **overrides}), token=TOKEN)
 
-    yield start
-    for monitor in monitors:
-        monitor.stop()
+    return start
 
 
 def make_args(tmp_path=None, **overrides) -> argparse.Namespace:

@@ -6,22 +6,14 @@ import dataclasses
 import json
 import os
 import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 from typing import Optional
 
-import psutil
+from launcher_helpers import ProcessTracker
 
 SCRIPTS = Path(__file__).resolve().parent
 REPO = SCRIPTS.parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclasses.dataclass
@@ -37,44 +29,24 @@ def run_job(cmd: list[str], env: dict[str, str], timeout: float, log_path: Path)
     Descendants are sampled while the job runs, so a process that was re-parented to
     init (an orphan) is still noticed at the end.
     """
-    seen: set[psutil.Process] = set()
+    tracker = ProcessTracker()
     timed_out = False
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
+        tracker.add_root(proc.pid)
         try:
-            deadline = time.monotonic() + timeout
-            while proc.poll() is None:
-                try:
-                    seen.update(psutil.Process(proc.pid).children(recursive=True))
-                except psutil.NoSuchProcess:
-                    pass
-                if time.monotonic() > deadline:
-                    timed_out = True
-                    break
-                time.sleep(0.2)
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            leftovers = _reap(seen)
+            leftovers = tracker.finish()
     output = log_path.read_text(encoding="utf-8", errors="replace")
     assert not leftovers, f"processes outlived the job: {leftovers}\n{output[-4000:]}"
     return JobResult(proc.returncode, output, timed_out)
-
-
-def _reap(seen: set[psutil.Process], grace: float = 15.0) -> list[str]:
-    """Wait for the job's descendants to exit; kill and report those still alive after ``grace``."""
-    _gone, alive = psutil.wait_procs(list(seen), timeout=grace)
-    leftovers = []
-    for proc in alive:
-        try:
-            leftovers.append(f"pid {proc.pid} {' '.join(proc.cmdline())[:200]}")
-            proc.kill()
-        except psutil.NoSuchProcess:
-            pass
-    psutil.wait_procs(alive, timeout=5)
-    return leftovers
 
 
 def base_env(tmp_path: Path) -> dict[str, str]:
