@@ -310,7 +310,9 @@ class RestartLoop:
         if decision.rank == self.rank:
             log.error("rank %d: iteration %d failed; restarting all ranks", self.rank, self.iteration, exc_info=exc)
             return True
-        log.info("rank %d: iteration %d ended by the restart: %s", self.rank, self.iteration, reason)
+        # Name the decision (who failed and why), not only what this rank saw of it.
+        log.info("rank %d: iteration %d restarts (rank %s: %s); here it ended with %s", self.rank,
+                 self.iteration, decision.rank, decision.reason, reason)
         return False
 
     def _recover(self, state: State) -> bool:
