@@ -137,7 +137,7 @@ class RankMonitorClient:
         # Learned values travel to the monitor in the handshake: loaded ones, or,
         # when re-initializing after a shutdown, the ones this client learned.
         carried = self._loaded_state if self._loaded_state is not None else self._calculated_state()
-        dump_path = self._open_dump_file(socket_path)
+        dump_path = self._open_dump_file(socket_path, self.rank)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             sock.settimeout(REQUEST_TIMEOUT)
@@ -342,13 +342,14 @@ class RankMonitorClient:
             raise RankMonitorClientError(
                 f"{LAUNCHER_SOCKET_ENV} is not set: workload control requests need ft_launcher")
         monitor_socket = os.environ.get(MONITOR_SOCKET_ENV, path)
+        rank = _env_rank()
         decoder = FrameDecoder()
         try:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(REQUEST_TIMEOUT)
                 sock.connect(path)
-                send_msg(sock, Hello(token=_read_token(monitor_socket), rank=_env_rank(), role="control"))
-                reply = request(sock, decoder, WorkloadControl(req.action.value, req.description, _env_rank()),
+                send_msg(sock, Hello(token=_read_token(monitor_socket), rank=rank, role="control"))
+                reply = request(sock, decoder, WorkloadControl(req.action.value, req.description, rank),
                                 REQUEST_TIMEOUT)
         except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
             raise RankMonitorClientError(f"cannot reach the launcher at {path}: {exc}") from exc
@@ -431,9 +432,9 @@ class RankMonitorClient:
         log.error("rank %s lost its rank monitor connection (%s); hang detection is off for this rank",
                   self.rank, exc)
 
-    def _open_dump_file(self, socket_path: str) -> Optional[str]:
+    def _open_dump_file(self, socket_path: str, rank: int) -> Optional[str]:
         directory = stack_dump_dir(socket_path)
-        path = os.path.join(directory, f"rank{_env_rank()}_pid{os.getpid()}.txt")
+        path = os.path.join(directory, f"rank{rank}_pid{os.getpid()}.txt")
         try:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             self._dump_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - faulthandler keeps the fd

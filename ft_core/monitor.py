@@ -388,11 +388,7 @@ class RankMonitorServer:
             self._handshake(conn, msg, now)
             return
         if isinstance(msg, Heartbeat):
-            rank.last_activity = now
-            if rank.first_activity is None:
-                rank.first_activity = now
-            if msg.iteration is not None:
-                rank.iteration = msg.iteration
+            self._touch(rank, now, msg.iteration)
         elif isinstance(msg, SectionStart):
             self._section_start(rank, msg, now)
             self._ack_section(conn)
@@ -431,16 +427,16 @@ class RankMonitorServer:
         else:
             raise ProtocolError(f"unexpected message {type(msg).__name__}")
 
-    def _touch(self, rank: _Rank, now: float) -> None:
-        # Any section event proves the rank alive, like a heartbeat.
+    def _touch(self, rank: _Rank, now: float, iteration: Optional[int] = None) -> None:
+        """Record a sign of life: heartbeats and every section event count alike."""
         rank.last_activity = now
         if rank.first_activity is None:
             rank.first_activity = now
+        if iteration is not None:
+            rank.iteration = iteration
 
     def _section_start(self, rank: _Rank, msg: SectionStart, now: float) -> None:
-        self._touch(rank, now)
-        if msg.iteration is not None:
-            rank.iteration = msg.iteration
+        self._touch(rank, now, msg.iteration)
         timed = True
         if msg.name == "step":
             rank.steps_seen += 1
