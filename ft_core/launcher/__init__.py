@@ -12,5 +12,6 @@ Entry points: the ``ft_launcher`` console script and ``python -m ft_core.launche
 * ``progress``     latest checkpointed iteration (progress rule)
 * ``events``       JSON-lines event log and exit summary
 * ``process``      workers that die with the launcher (PR_SET_PDEATHSIG)
+* ``rendezvous_records`` cheap names for torch's rendezvous event records (restart latency)
 * ``options``      the launcher's own flags
 """

@@ -26,6 +26,7 @@ from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
+from ft_core.launcher.rendezvous_records import use_cheap_method_names
 
 __all__ = ["launch"]
 
@@ -51,6 +52,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     # Until the first workers exist, SIGTERM/SIGINT must still end us through SignalException.
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     _install_signal_handlers(config.signals_to_handle)
+    use_cheap_method_names()  # a restart's rendezvous would spend most of its time naming its records
     try:
         monitor.start()
         control = WorkloadControlServer(os.path.join(job_dir, "launcher.sock"), token, cfg.max_frame_bytes)
