@@ -9,8 +9,10 @@ class RankShouldRestart(BaseException):
     """Raised inside the wrapped function to make it return control to the ``Wrapper``.
 
     It derives from ``BaseException`` so that ``except Exception`` in training
-    code does not swallow it. Code that must not be cut short belongs in
-    ``call_wrapper.atomic()``; cleanup belongs in ``finally``.
+    code does not swallow it. It is raised again until the function has
+    returned, so it can also land in ``except`` and ``finally`` blocks: code
+    that must not be cut short (cleanup included) belongs in
+    ``call_wrapper.atomic()``.
     """
 
 
