@@ -203,7 +203,9 @@ class FtElasticAgent(LocalElasticAgent):
             self._exit_barrier()
             return self._finish(Outcome(0, "all workers finished successfully"), result)
 
-        trigger = self._local_trigger(result) or self._control_trigger()
+        # A rank's request goes first: when the rank exits right after asking (an exception policy
+        # does), its exit and its peers' failures are the effect of the request, not a fault to restart.
+        trigger = self._control_trigger() or self._local_trigger(result)
         if trigger is not None and trigger.kind == "shutdown":
             decision = self._coord.request_stop(trigger.reason, self._opts.no_restart_exit_code)
         elif trigger is not None:

@@ -4,7 +4,8 @@ Each step all-reduces one number over gloo and sends a heartbeat. Faults are
 chosen by environment variables and happen only in the selected cycles
 (``TORCHELASTIC_RESTART_COUNT``) on the selected global rank:
 
-FT_TEST_FAULT         exception | exit3 | sigkill | sigsegv | hang | exclude | shutdown | forever | none
+FT_TEST_FAULT         exception | exit3 | sigkill | sigsegv | hang | exclude | shutdown | shutdown_exit
+                      | forever | none
                       | early_exit (exit 5 at start, before importing torch: the fastest possible cycle);
                       a comma-separated list gives one kind per cycle (cycle 0 first, "none" after the list)
 FT_TEST_FAULT_CYCLES  for a single kind: "0,2" | "all" | "<50" (cycles below 50); default "0"
@@ -82,9 +83,11 @@ def inject(kind: str, client) -> None:
         import ctypes
 
         ctypes.string_at(0)  # a real segmentation fault
-    if kind in ("exclude", "shutdown"):
+    if kind in ("exclude", "shutdown", "shutdown_exit"):
         action = WorkloadAction.ExcludeThisNode if kind == "exclude" else WorkloadAction.ShutdownWorkload
         client.send_workload_control_request(WorkloadControlRequest(action, f"test {kind}"))
+        if kind == "shutdown_exit":
+            os._exit(1)  # as an exception policy does: ask for the shutdown, then let the rank die
     # hang, exclude, shutdown: stop heartbeating and wait to be stopped
     while True:
         time.sleep(3600)
