@@ -1,0 +1,64 @@
+"""Fault tolerance for PyTorch training: the public API of the core.
+
+Example::
+
+    >>> from ft_core import FaultToleranceConfig, RankMonitorClient, WorkloadAction
+    >>> FaultToleranceConfig.from_dict({"rank_heartbeat_timeout": 5}).rank_heartbeat_timeout
+    5.0
+
+The names are resolved on first use (PEP 562), so ``import ft_core.client`` in
+a rank does not import the monitor server, and the monitor does not import the
+client. The submodule paths (``ft_core.client``, ``ft_core.config``, ...) stay
+valid.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ft_core.client import RankMonitorClient, RankMonitorClientError
+    from ft_core.config import ConfigError, FaultToleranceConfig
+    from ft_core.data import WorkloadAction, WorkloadControlRequest
+    from ft_core.monitor import RankMonitorServer
+    from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts
+
+#: public name -> the module that owns it
+_EXPORTS = {
+    "RankMonitorClient": "ft_core.client",
+    "RankMonitorClientError": "ft_core.client",
+    "FaultToleranceConfig": "ft_core.config",
+    "ConfigError": "ft_core.config",
+    "RankMonitorServer": "ft_core.monitor",
+    "WorkloadAction": "ft_core.data",
+    "WorkloadControlRequest": "ft_core.data",
+    "HeartbeatTimeouts": "ft_core.timeouts",
+    "SectionTimeouts": "ft_core.timeouts",
+}
+
+__all__ = [
+    "ConfigError",
+    "FaultToleranceConfig",
+    "HeartbeatTimeouts",
+    "RankMonitorClient",
+    "RankMonitorClientError",
+    "RankMonitorServer",
+    "SectionTimeouts",
+    "WorkloadAction",
+    "WorkloadControlRequest",
+]
+assert sorted(_EXPORTS) == __all__, "every export has one owning module"
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ft_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolve once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

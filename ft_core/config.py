@@ -22,7 +22,7 @@ from typing import Any, Optional
 
 import yaml
 
-__all__ = ["ConfigError", "FaultToleranceConfig", "parse_signal"]
+__all__ = ["FALLBACK_FIELDS", "ConfigError", "FaultToleranceConfig", "parse_signal", "with_fallback"]
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _NONE_WORDS = ("none", "null", "off", "")
@@ -340,3 +340,33 @@ def _load_yaml_section(path: str | os.PathLike[str]) -> dict[str, Any]:
     if section is None:
         raise ConfigError(f"--ft-cfg-path: {str(path)!r} has no 'fault_tolerance:' mapping")
     return dict(section)
+
+
+#: Fields a rank's integration may fill in when the launcher left them at their defaults.
+FALLBACK_FIELDS = (
+    "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "rank_section_timeouts",
+    "rank_out_of_section_timeout", "safety_factor", "min_calculated_timeout", "num_warmup_iterations",
+    "skip_section_response",
+)
+
+
+def with_fallback(cfg: FaultToleranceConfig, fallback: dict[str, Any]) -> FaultToleranceConfig:
+    """``cfg`` completed by a rank's ``fallback`` values: whatever was set at launch wins.
+
+    This lets one training config (e.g. a Hydra recipe's ``fault_tolerance``
+    block) drive a launcher started without ``--ft-cfg-path``. A field counts
+    as "set at launch" when it differs from the dataclass default; sections
+    merge per name, the launch-time entry winning.
+    """
+    unknown = sorted(set(fallback) - set(FALLBACK_FIELDS))
+    if unknown:
+        raise ValueError(f"fallback config: keys {unknown} cannot come from a rank; allowed: {list(FALLBACK_FIELDS)}")
+    defaults = FaultToleranceConfig()
+    merged = cfg.to_dict()
+    for key, value in fallback.items():
+        if key == "rank_section_timeouts":
+            requested = FaultToleranceConfig.from_kwargs(rank_section_timeouts=value).rank_section_timeouts
+            merged[key] = {**requested, **cfg.rank_section_timeouts}
+        elif getattr(cfg, key) == getattr(defaults, key):
+            merged[key] = value
+    return FaultToleranceConfig.from_mapping(merged)

@@ -57,7 +57,7 @@ class Hello(msgspec.Struct, tag="hello", forbid_unknown_fields=True):
     role: str = "rank"  # "rank" for training ranks, "control" for workload-control requests
     timeouts: Optional[dict[str, Any]] = None  # a loaded ``current_timeouts`` state dict
     dump_path: Optional[str] = None  # file the rank's faulthandler writes stack dumps to
-    fallback_config: Optional[dict[str, Any]] = None  # see ft_core.monitor.with_fallback
+    fallback_config: Optional[dict[str, Any]] = None  # see ft_core.config.with_fallback
     # A "control" connection sends Hello then WorkloadControl back to back and reads one Ack.
 
 

@@ -23,8 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from recipe_lib.schema import register  # noqa: E402
 
-from ft_core.config import FaultToleranceConfig  # noqa: E402
-from ft_core.monitor import FALLBACK_FIELDS  # noqa: E402
+from ft_core.config import (
+    FALLBACK_FIELDS,  # noqa: E402
+    FaultToleranceConfig,  # noqa: E402
+)
 
 register()
 log = logging.getLogger("recipes.train")

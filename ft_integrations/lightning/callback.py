@@ -8,10 +8,9 @@ from collections.abc import Callable, Mapping
 from typing import Any, Optional, Union
 
 from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
-from ft_core.config import ConfigError, FaultToleranceConfig
+from ft_core.config import FALLBACK_FIELDS, ConfigError, FaultToleranceConfig
 from ft_core.data import WorkloadControlRequest
 from ft_core.fileutil import atomic_write_json, read_json
-from ft_core.monitor import FALLBACK_FIELDS
 from ft_integrations.lightning._pl import (
     Callback,
     MisconfigurationException,
