@@ -44,6 +44,7 @@ from ft_core.protocol import (
     Message,
     ProtocolError,
     ReportCheckpoint,
+    Role,
     SectionEnd,
     SectionStart,
     UpdateTimeouts,
@@ -119,9 +120,11 @@ class RankMonitorClient:
 
         Args:
             fallback_config: timeout settings (``FaultToleranceConfig`` keys such as
-                ``rank_section_timeouts``) for this rank where the launcher left
-                the defaults, so a training config can drive a launcher started
-                without ``--ft-cfg-path``. Values set at launch always win.
+                ``rank_section_timeouts``) for the keys the launcher's user did
+                not set (no ``--ft-*`` flag, not in ``--ft-cfg-path``), so a
+                training config can drive a launcher started without
+                ``--ft-cfg-path``. Values set at launch always win, even when
+                they equal the defaults.
         """
         if self.is_initialized:
             raise RankMonitorClientError("init_workload_monitoring() was already called; call "
@@ -348,7 +351,7 @@ class RankMonitorClient:
             with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
                 sock.settimeout(REQUEST_TIMEOUT)
                 sock.connect(path)
-                send_msg(sock, Hello(token=_read_token(monitor_socket), rank=rank, role="control"))
+                send_msg(sock, Hello(token=_read_token(monitor_socket), rank=rank, role=Role.CONTROL))
                 reply = request(sock, decoder, WorkloadControl(req.action.value, req.description, rank),
                                 REQUEST_TIMEOUT)
         except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:

@@ -7,135 +7,122 @@ Example::
     ...                                         rank_section_timeouts="step:30,checkpointing:none")
     >>> cfg.rank_heartbeat_timeout is None, cfg.rank_section_timeouts
     (True, {'step': 30.0, 'checkpointing': None})
+    >>> sorted(cfg.explicit_keys)  # what the user set: it wins over a rank's fallback values
+    ['rank_heartbeat_timeout', 'rank_section_timeouts']
+
+Values are checked and converted by :mod:`ft_core.validation`; a bad one
+raises :class:`ConfigError` naming the key, the value and what is allowed.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
+import functools
+import json
 import logging
-import math
 import os
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Optional
 
 import yaml
 
-__all__ = ["FALLBACK_FIELDS", "ConfigError", "FaultToleranceConfig", "parse_signal", "with_fallback"]
+from ft_core.validation import (
+    ValidationError,
+    boolean,
+    enum_member,
+    int_in_range,
+    non_negative_int,
+    positive_seconds,
+    signal_or_none,
+)
 
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-_NONE_WORDS = ("none", "null", "off", "")
-_TRUE_WORDS = ("1", "true", "yes", "on")
-_FALSE_WORDS = ("0", "false", "no", "off")
+__all__ = [
+    "FALLBACK_FIELDS", "ConfigError", "FaultToleranceConfig", "LogLevel", "parse_signal", "with_fallback",
+]
 
 
-class ConfigError(ValueError):
+class LogLevel(str, enum.Enum):
+    """``log_level`` values (the names of the standard ``logging`` levels)."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+    CRITICAL = "CRITICAL"
+
+    def __str__(self) -> str:
+        # ``logging`` accepts a level name only if ``str(level) == level``.
+        return self.value
+
+
+LOG_LEVELS = tuple(level.value for level in LogLevel)
+
+
+class ConfigError(ValidationError):
     """A configuration value is invalid; the message names the key, the value and what is allowed."""
-
-
-def _bad(key: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"fault_tolerance.{key}: invalid value {value!r}; allowed: {allowed}")
 
 
 def parse_signal(value: Any, key: str = "rank_termination_signal") -> signal.Signals:
     """Turn ``"SIGKILL"``, ``"kill"``, ``9`` or ``signal.SIGKILL`` into ``signal.Signals``."""
-    if isinstance(value, signal.Signals):
-        return value
-    if isinstance(value, bool):
-        raise _bad(key, value, "a signal name like 'SIGKILL' or a signal number")
     try:
-        if isinstance(value, int) or (isinstance(value, str) and value.strip().isdigit()):
-            return signal.Signals(int(value))
-        if isinstance(value, str):
-            name = value.strip().upper()
-            return signal.Signals[name if name.startswith("SIG") else "SIG" + name]
-    except (KeyError, ValueError):
-        pass
-    raise _bad(key, value, "a signal name like 'SIGKILL' or 'SIGTERM', or a signal number")
+        return signal_or_none(f"fault_tolerance.{key}", value)
+    except ValidationError as exc:
+        raise _config_error(exc) from None
 
 
-def _parse_timeout(key: str, value: Any, allow_none: bool = True) -> Optional[float]:
-    """A timeout in seconds: a positive finite number, or ``None``/"none"/"null" (no timeout)."""
-    allowed = "a positive number of seconds" + (" or none/null (no timeout)" if allow_none else "")
-    if value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS):
-        if allow_none:
-            return None
-        raise _bad(key, value, allowed)
-    if isinstance(value, bool):
-        raise _bad(key, value, allowed)
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise _bad(key, value, allowed) from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise _bad(key, value, allowed)
-    return seconds
+def _config_error(exc: ValidationError) -> ConfigError:
+    return exc if isinstance(exc, ConfigError) else ConfigError(exc.name, exc.value, exc.allowed, exc.problem)
 
 
-def _parse_section_timeouts(key: str, value: Any) -> dict[str, Optional[float]]:
+def _section_timeouts(name: str, value: Any) -> dict[str, Optional[float]]:
     """``{"step": 30}`` or the CLI form ``"step:30,checkpointing:none"``."""
     if value is None:
         return {}
     if isinstance(value, str):
         parsed: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in value.split(","))):
-            name, sep, seconds = item.partition(":")
-            if not sep or not name.strip():
-                raise _bad(key, value, "a mapping or 'name:seconds,name:none' pairs")
-            parsed[name.strip()] = seconds.strip()
+            section, sep, seconds = item.partition(":")
+            if not sep or not section.strip():
+                raise ValidationError(name, value, "a mapping or 'name:seconds,name:none' pairs")
+            parsed[section.strip()] = seconds
         value = parsed
     if not isinstance(value, Mapping):
-        raise _bad(key, value, "a mapping of section name to seconds/none, or 'name:seconds,...'")
+        raise ValidationError(name, value, "a mapping of section name to seconds/none, or 'name:seconds,...'")
     result: dict[str, Optional[float]] = {}
-    for name, seconds in value.items():
-        if not isinstance(name, str) or not name:
-            raise _bad(key, name, "section names are non-empty strings")
-        result[name] = _parse_timeout(f"{key}.{name}", seconds)
+    for section, seconds in value.items():
+        if not isinstance(section, str) or not section:
+            raise ValidationError(name, section, "section names are non-empty strings")
+        result[section] = positive_seconds(f"{name}.{section}", seconds, allow_none=True, coerce=True)
     return result
 
 
-def _parse_bool(key: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE_WORDS + _FALSE_WORDS:
-        return value.strip().lower() in _TRUE_WORDS
-    raise _bad(key, value, "true or false")
-
-
-def _parse_non_negative_int(key: str, value: Any) -> int:
-    if isinstance(value, bool):
-        raise _bad(key, value, "an integer >= 0")
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        raise _bad(key, value, "an integer >= 0") from None
-    if number < 0 or (isinstance(value, float) and not value.is_integer()):
-        raise _bad(key, value, "an integer >= 0")
-    return number
-
-
-def _parse_log_level(key: str, value: Any) -> str:
+def _log_level(name: str, value: Any) -> LogLevel:
     if isinstance(value, int) and not isinstance(value, bool) and logging.getLevelName(value) in LOG_LEVELS:
-        return logging.getLevelName(value)
-    if isinstance(value, str) and value.strip().upper() in LOG_LEVELS:
-        return value.strip().upper()
-    raise _bad(key, value, "one of " + ", ".join(LOG_LEVELS))
+        return LogLevel(logging.getLevelName(value))  # logging.DEBUG and friends
+    return enum_member(name, value, LogLevel, coerce=True)
 
 
-def _parse_optional_signal(key: str, value: Any) -> Optional[signal.Signals]:
-    if value is None or (isinstance(value, str) and value.strip().lower() in _NONE_WORDS):
-        return None
-    return parse_signal(value, key)
-
-
-def _parse_frame_bytes(key: str, value: Any) -> int:
-    number = _parse_non_negative_int(key, value)
-    if number < 4096:
-        raise _bad(key, value, "an integer >= 4096 (bytes)")
-    return number
+#: How each field is checked and converted; values from YAML and the command line arrive as text.
+_CHECKS: dict[str, Callable[[str, Any], Any]] = {
+    "workload_check_interval": functools.partial(positive_seconds, coerce=True),
+    "initial_rank_heartbeat_timeout": functools.partial(positive_seconds, allow_none=True, coerce=True),
+    "rank_heartbeat_timeout": functools.partial(positive_seconds, allow_none=True, coerce=True),
+    "rank_section_timeouts": _section_timeouts,
+    "rank_out_of_section_timeout": functools.partial(positive_seconds, allow_none=True, coerce=True),
+    "safety_factor": functools.partial(positive_seconds, coerce=True),
+    "min_calculated_timeout": functools.partial(positive_seconds, coerce=True),
+    "rank_termination_signal": signal_or_none,
+    "log_level": _log_level,
+    "skip_section_response": functools.partial(boolean, coerce=True),
+    "install_exception_hook": functools.partial(boolean, coerce=True),
+    "num_warmup_iterations": functools.partial(non_negative_int, coerce=True),
+    "stack_dump_signal": functools.partial(signal_or_none, allow_none=True),
+    "stack_dump_timeout": functools.partial(positive_seconds, coerce=True),
+    "max_frame_bytes": functools.partial(int_in_range, minimum=4096, coerce=True),
+}
 
 
 @dataclasses.dataclass
@@ -146,7 +133,14 @@ class FaultToleranceConfig:
     lists the sections the monitor tracks: a name mapped to ``None`` is tracked
     (it counts as "in a section") without a deadline; a name that is absent is
     not tracked at all and costs no IPC.
+
+    :attr:`explicit_keys` records which fields were given (to the constructor
+    or a loader: YAML keys, ``--ft-*`` flags, keyword arguments), as opposed to
+    left at their defaults; :func:`with_fallback` lets exactly those win.
     """
+
+    # Not a dataclass field (no annotation): set per instance by ``__new__``.
+    _explicit_keys = frozenset[str]()
 
     #: Upper bound on the monitor's sleep between checks. Detection is
     #: deadline-driven (within ~0.1 s of a deadline), so this only matters for
@@ -167,7 +161,7 @@ class FaultToleranceConfig:
     min_calculated_timeout: float = 1.0
     #: Signal the monitor sends to a hung rank (after SIGCONT).
     rank_termination_signal: signal.Signals = signal.SIGKILL
-    log_level: str = "INFO"
+    log_level: LogLevel = LogLevel.INFO
     #: Section open/close are one-way messages (no round trip in the step).
     skip_section_response: bool = True
     #: Install a ``sys.excepthook`` that logs and hard-exits the rank, so an
@@ -183,59 +177,84 @@ class FaultToleranceConfig:
     #: Largest accepted IPC frame; bigger frames close the connection.
     max_frame_bytes: int = 1 << 20
 
-    def __post_init__(self) -> None:
-        self._validate()
+    def __new__(cls, *args: Any, **kwargs: Any) -> FaultToleranceConfig:
+        # The generated __init__ cannot tell a value that was given from a default that equals
+        # it; __new__ sees the same arguments, so it records which fields were given.
+        self = super().__new__(cls)
+        self._explicit_keys = frozenset(_FIELD_NAMES[: len(args)]) | frozenset(kwargs)
+        return self
 
-    # -- validation -------------------------------------------------------
-    def _validate(self) -> None:
-        check = _parse_timeout
-        self.workload_check_interval = check("workload_check_interval", self.workload_check_interval, False)
-        self.initial_rank_heartbeat_timeout = check(
-            "initial_rank_heartbeat_timeout", self.initial_rank_heartbeat_timeout
-        )
-        self.rank_heartbeat_timeout = check("rank_heartbeat_timeout", self.rank_heartbeat_timeout)
-        self.rank_section_timeouts = _parse_section_timeouts("rank_section_timeouts", self.rank_section_timeouts)
-        self.rank_out_of_section_timeout = check("rank_out_of_section_timeout", self.rank_out_of_section_timeout)
-        self.safety_factor = check("safety_factor", self.safety_factor, False)
-        self.min_calculated_timeout = check("min_calculated_timeout", self.min_calculated_timeout, False)
-        self.rank_termination_signal = parse_signal(self.rank_termination_signal, "rank_termination_signal")
-        self.log_level = _parse_log_level("log_level", self.log_level)
-        self.skip_section_response = _parse_bool("skip_section_response", self.skip_section_response)
-        self.install_exception_hook = _parse_bool("install_exception_hook", self.install_exception_hook)
-        self.num_warmup_iterations = _parse_non_negative_int("num_warmup_iterations", self.num_warmup_iterations)
-        self.stack_dump_signal = _parse_optional_signal("stack_dump_signal", self.stack_dump_signal)
-        self.stack_dump_timeout = check("stack_dump_timeout", self.stack_dump_timeout, False)
-        self.max_frame_bytes = _parse_frame_bytes("max_frame_bytes", self.max_frame_bytes)
+    def __post_init__(self) -> None:
+        try:
+            for name in _FIELD_NAMES:
+                setattr(self, name, _CHECKS[name](f"fault_tolerance.{name}", getattr(self, name)))
+        except ValidationError as exc:
+            raise _config_error(exc) from None
+
+    @property
+    def explicit_keys(self) -> frozenset[str]:
+        """The fields that were set (given to the constructor or a loader), not left at their defaults."""
+        return self._explicit_keys
 
     # -- constructors -----------------------------------------------------
     @classmethod
     def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+        return list(_FIELD_NAMES)
 
     @classmethod
     def from_kwargs(cls, ignore_not_recognized: bool = False, **kwargs: Any) -> FaultToleranceConfig:
         """Build from keyword arguments; unknown keys are an error unless ``ignore_not_recognized``."""
-        known = set(cls.field_names())
-        unknown = sorted(set(kwargs) - known)
+        return cls.from_dict(kwargs, ignore_not_recognized)
+
+    @classmethod
+    def from_dict(cls, mapping: Mapping[str, Any], ignore_not_recognized: bool = False) -> FaultToleranceConfig:
+        """Build from a mapping of field names to values; unknown keys are an error unless
+        ``ignore_not_recognized``. The keys given become :attr:`explicit_keys`."""
+        if not isinstance(mapping, Mapping):
+            raise ConfigError("fault_tolerance", mapping, "a mapping of config keys to values")
+        known = set(_FIELD_NAMES)
+        unknown = sorted(set(mapping) - known, key=str)
         if unknown and not ignore_not_recognized:
             raise ConfigError(
-                f"fault_tolerance: unknown key(s) {', '.join(map(repr, unknown))}; "
-                f"allowed keys: {', '.join(sorted(known))}"
+                "fault_tolerance", unknown, "keys " + ", ".join(sorted(known)),
+                problem=f"unknown key(s) {', '.join(map(repr, unknown))}",
             )
-        return cls(**{k: v for k, v in kwargs.items() if k in known})
-
-    from_dict = from_kwargs
+        return cls(**{key: value for key, value in mapping.items() if key in known})
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> FaultToleranceConfig:
-        return cls.from_kwargs(**dict(mapping))
+        """Build from a mapping of field names to values; unknown keys are an error."""
+        return cls.from_dict(mapping)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON/YAML-safe dict (signals as names) that ``from_mapping`` reads back."""
         data = dataclasses.asdict(self)
         for key in ("rank_termination_signal", "stack_dump_signal"):
             data[key] = data[key].name if data[key] is not None else None
+        data["log_level"] = self.log_level.value
         return data
+
+    def to_json(self) -> str:
+        """The values and :attr:`explicit_keys` as JSON, for :meth:`from_json` in another process."""
+        return json.dumps({"config": self.to_dict(), "explicit_keys": sorted(self._explicit_keys)})
+
+    @classmethod
+    def from_json(cls, text: str) -> FaultToleranceConfig:
+        """Read :meth:`to_json` back, :attr:`explicit_keys` included; a plain JSON object of
+        config keys is read like :meth:`from_mapping` (the keys it has are explicit)."""
+        allowed = "a JSON object of config keys, or the output of FaultToleranceConfig.to_json()"
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise ConfigError("fault_tolerance", text, allowed) from None
+        if not isinstance(data, dict) or "config" not in data:
+            return cls.from_mapping(data)
+        explicit = data.get("explicit_keys")
+        if not isinstance(explicit, list) or not set(explicit) <= set(_FIELD_NAMES):
+            raise ConfigError("fault_tolerance.explicit_keys", explicit, "a list of config keys")
+        cfg = cls.from_mapping(data["config"])
+        cfg._explicit_keys = frozenset(explicit)
+        return cfg
 
     @classmethod
     def from_yaml_file(cls, path: str | os.PathLike[str]) -> FaultToleranceConfig:
@@ -276,7 +295,10 @@ class FaultToleranceConfig:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FaultToleranceConfig:
-        """Merge defaults < YAML (``args.ft_cfg_path``) < ``--ft-<field>`` flags."""
+        """Merge defaults < YAML (``args.ft_cfg_path``) < ``--ft-<field>`` flags.
+
+        The YAML keys and the flags given become :attr:`explicit_keys`.
+        """
         values: dict[str, Any] = {}
         cfg_path = getattr(args, "ft_cfg_path", None)
         if cfg_path:
@@ -311,7 +333,7 @@ def _default_text(field: dataclasses.Field) -> str:
     if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
         return str(field.default_factory())  # type: ignore[misc]
     default = field.default
-    return default.name if isinstance(default, signal.Signals) else str(default)
+    return default.name if isinstance(default, enum.Enum) else str(default)
 
 
 def _find_section(node: Any, key: str = "fault_tolerance") -> Optional[Mapping[str, Any]]:
@@ -332,17 +354,23 @@ def _load_yaml_section(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as handle:
             document = yaml.safe_load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"--ft-cfg-path: config file {str(path)!r} does not exist") from None
+    except (FileNotFoundError, IsADirectoryError):
+        raise ConfigError("--ft-cfg-path", str(path), _YAML_ALLOWED,
+                          problem=f"config file {str(path)!r} does not exist") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"--ft-cfg-path: {str(path)!r} is not valid YAML: {exc}") from None
+        raise ConfigError("--ft-cfg-path", str(path), _YAML_ALLOWED,
+                          problem=f"{str(path)!r} is not valid YAML: {exc}") from None
     section = _find_section(document)
     if section is None:
-        raise ConfigError(f"--ft-cfg-path: {str(path)!r} has no 'fault_tolerance:' mapping")
+        raise ConfigError("--ft-cfg-path", str(path), _YAML_ALLOWED,
+                          problem=f"{str(path)!r} has no 'fault_tolerance:' mapping")
     return dict(section)
 
 
-#: Fields a rank's integration may fill in when the launcher left them at their defaults.
+_YAML_ALLOWED = "a YAML file with a 'fault_tolerance:' mapping (at any depth)"
+
+
+#: Fields a rank's integration may fill in when the launcher's user did not set them.
 FALLBACK_FIELDS = (
     "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "rank_section_timeouts",
     "rank_out_of_section_timeout", "safety_factor", "min_calculated_timeout", "num_warmup_iterations",
@@ -350,23 +378,34 @@ FALLBACK_FIELDS = (
 )
 
 
-def with_fallback(cfg: FaultToleranceConfig, fallback: dict[str, Any]) -> FaultToleranceConfig:
-    """``cfg`` completed by a rank's ``fallback`` values: whatever was set at launch wins.
+def with_fallback(
+    cfg: FaultToleranceConfig, fallback: Mapping[str, Any], explicit: Collection[str]
+) -> FaultToleranceConfig:
+    """``cfg`` completed by a rank's ``fallback`` values: the keys in ``explicit`` win.
 
-    This lets one training config (e.g. a Hydra recipe's ``fault_tolerance``
-    block) drive a launcher started without ``--ft-cfg-path``. A field counts
-    as "set at launch" when it differs from the dataclass default; sections
-    merge per name, the launch-time entry winning.
+    ``explicit`` are the keys the user set at launch (``cfg.explicit_keys``:
+    YAML keys, ``--ft-*`` flags, keyword arguments), whatever their values; a
+    flag that repeats the default still wins. Every other key of ``fallback``
+    is taken. Sections merge per name, the launch-time entry winning. This lets
+    one training config (e.g. a Hydra recipe's ``fault_tolerance`` block) drive
+    a launcher started without ``--ft-cfg-path``.
+
+    Raises:
+        ConfigError: for a key a rank may not set or an invalid value.
     """
     unknown = sorted(set(fallback) - set(FALLBACK_FIELDS))
     if unknown:
-        raise ValueError(f"fallback config: keys {unknown} cannot come from a rank; allowed: {list(FALLBACK_FIELDS)}")
-    defaults = FaultToleranceConfig()
+        raise ConfigError("fallback config", unknown, "keys " + ", ".join(FALLBACK_FIELDS),
+                          problem=f"keys {unknown} cannot come from a rank")
+    requested = FaultToleranceConfig.from_dict(fallback)
     merged = cfg.to_dict()
-    for key, value in fallback.items():
+    for key in fallback:
         if key == "rank_section_timeouts":
-            requested = FaultToleranceConfig.from_kwargs(rank_section_timeouts=value).rank_section_timeouts
-            merged[key] = {**requested, **cfg.rank_section_timeouts}
-        elif getattr(cfg, key) == getattr(defaults, key):
-            merged[key] = value
+            merged[key] = {**requested.rank_section_timeouts, **cfg.rank_section_timeouts}
+        elif key not in explicit:
+            merged[key] = getattr(requested, key)
     return FaultToleranceConfig.from_mapping(merged)
+
+
+_FIELD_NAMES = tuple(field.name for field in dataclasses.fields(FaultToleranceConfig))
+assert set(_CHECKS) == set(_FIELD_NAMES), "every field has exactly one check"

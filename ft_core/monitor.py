@@ -50,6 +50,7 @@ from ft_core.protocol import (
     Message,
     ProtocolError,
     ReportCheckpoint,
+    Role,
     SectionEnd,
     SectionStart,
     UpdateTimeouts,
@@ -423,10 +424,11 @@ class RankMonitorServer:
             raise ProtocolError(f"expected Hello first, got {type(msg).__name__}")
         if not hmac.compare_digest(msg.token.encode(), self._token):
             raise ProtocolError("wrong job token")
-        if msg.role != "rank":
+        if msg.role is not Role.RANK:
             raise ProtocolError(f"role {msg.role!r} is not served by the rank monitor")
         try:
-            cfg = with_fallback(self.cfg, msg.fallback_config) if msg.fallback_config else self.cfg
+            cfg = (with_fallback(self.cfg, msg.fallback_config, self.cfg.explicit_keys)
+                   if msg.fallback_config else self.cfg)
         except ValueError as exc:
             # Tell the rank why before closing: its integration was configured wrongly.
             self._reply(conn, Ack(ok=False, error=str(exc)))
@@ -539,7 +541,7 @@ class RankMonitorServer:
         child_env = dict(os.environ if env is None else env)
         child_env[TOKEN_ENV] = token  # via the environment: argv is visible to every user
         args = [sys.executable, "-m", "ft_core.monitor", "--socket", socket_path,
-                "--config-json", json.dumps(cfg.to_dict())]
+                "--config-json", cfg.to_json()]
         if events_path:
             args += ["--events", events_path]
         proc = subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE,
@@ -622,10 +624,10 @@ def _remove_stale_socket(path: str) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ft_core.monitor", description=__doc__.splitlines()[0])
     parser.add_argument("--socket", required=True, help="path of the Unix socket to serve")
-    parser.add_argument("--config-json", default="{}", help="FaultToleranceConfig as JSON")
+    parser.add_argument("--config-json", default="{}", help="FaultToleranceConfig.to_json(), or a JSON object")
     parser.add_argument("--events", default=None, help="JSON-lines event log path")
     args = parser.parse_args(argv)
-    cfg = FaultToleranceConfig.from_mapping(json.loads(args.config_json))
+    cfg = FaultToleranceConfig.from_json(args.config_json)
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format="[ft-monitor %(asctime)s] %(levelname)s: %(message)s")
     token = os.environ.pop(TOKEN_ENV, "")

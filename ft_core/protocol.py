@@ -11,6 +11,7 @@ This module must not import torch (the monitor imports it).
 
 from __future__ import annotations
 
+import enum
 import socket
 import struct
 import time
@@ -30,6 +31,7 @@ __all__ = [
     "Message",
     "ProtocolError",
     "ReportCheckpoint",
+    "Role",
     "SectionEnd",
     "SectionStart",
     "UpdateTimeouts",
@@ -48,13 +50,22 @@ class ProtocolError(Exception):
     """Malformed, oversized or unexpected data on a connection."""
 
 
+class Role(str, enum.Enum):
+    """Who opens a connection (``Hello.role``; the value is what goes on the wire)."""
+
+    #: A training rank, served by the node monitor.
+    RANK = "rank"
+    #: A one-shot workload-control request, served by the launcher.
+    CONTROL = "control"
+
+
 class Hello(msgspec.Struct, tag="hello", forbid_unknown_fields=True):
     token: str
     rank: int
     local_rank: int = -1
     world_size: int = -1
     restart_count: int = 0
-    role: str = "rank"  # "rank" for training ranks, "control" for workload-control requests
+    role: Role = Role.RANK
     timeouts: Optional[dict[str, Any]] = None  # a loaded ``current_timeouts`` state dict
     dump_path: Optional[str] = None  # file the rank's faulthandler writes stack dumps to
     fallback_config: Optional[dict[str, Any]] = None  # see ft_core.config.with_fallback

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ft_core.validation import callable_or_none
+
 __all__ = ["Compose"]
 
 
@@ -18,8 +20,7 @@ class Compose:
 
     def __init__(self, *hooks: Callable[[Any], Any]) -> None:
         for index, hook in enumerate(hooks):
-            if not callable(hook):
-                raise TypeError(f"Compose: hook #{index} ({hook!r}) is not callable")
+            callable_or_none(f"Compose hook #{index}", hook, allow_none=False)
         self.hooks = hooks
 
     def __call__(self, arg: Any) -> Any:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from ft_core.validation import int_in_range
+
 from .exceptions import HealthCheckError
 from .state import State
-from .validation import check_int
 
 __all__ = ["FaultCounter"]
 
@@ -19,7 +20,7 @@ class FaultCounter:
     """
 
     def __init__(self, max_rank_faults: int) -> None:
-        self.max_rank_faults = check_int("FaultCounter", "max_rank_faults", max_rank_faults, 1)
+        self.max_rank_faults = int_in_range("FaultCounter.max_rank_faults", max_rank_faults, 1)
 
     def __call__(self, state: State) -> None:
         if state.fault_count >= self.max_rank_faults:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ft_core.validation import int_in_range
+
 from .exceptions import RestartAbort
 from .state import State
-from .validation import check_int
 
 __all__ = ["RetryController"]
 
@@ -23,9 +24,9 @@ class RetryController:
 
     def __init__(self, max_iterations: Optional[int] = None, min_world_size: int = 1) -> None:
         if max_iterations is not None:
-            check_int("RetryController", "max_iterations", max_iterations, 1)
+            int_in_range("RetryController.max_iterations", max_iterations, 1)
         self.max_iterations = max_iterations
-        self.min_world_size = check_int("RetryController", "min_world_size", min_world_size, 1)
+        self.min_world_size = int_in_range("RetryController.min_world_size", min_world_size, 1)
 
     def __call__(self, state: State) -> None:
         if self.max_iterations is not None and state.iteration >= self.max_iterations:

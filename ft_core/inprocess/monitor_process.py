@@ -41,11 +41,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Optional
 
+from ft_core.deadline import wait_until
+
 from .exceptions import RestartAbort
 from .shared_state import Phase, SharedState
 from .store import CoordinationStore, StoreFactory
 
-__all__ = ["MonitorConfig", "MonitorProcess"]
+__all__ = ["MonitorConfig", "RankWatchdogProcess"]
 
 log = logging.getLogger("ft_core.inprocess")
 
@@ -68,14 +70,15 @@ class MonitorConfig:
     log_level: int
 
 
-class MonitorProcess:
-    """The rank's handle on its monitor process."""
+class RankWatchdogProcess:
+    """The rank's handle on its monitor process (the watchdog of one rank of in-process restart;
+    not to be confused with ``ft_core.monitor.MonitorProcess``, the handle on a node monitor)."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
         self._proc = proc
 
     @classmethod
-    def start(cls, config: MonitorConfig, shared: SharedState) -> MonitorProcess:
+    def start(cls, config: MonitorConfig, shared: SharedState) -> RankWatchdogProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen(
@@ -92,13 +95,16 @@ class MonitorProcess:
 
     def wait_ready(self, shared: SharedState, timeout: float) -> None:
         """Wait until the monitor is connected to the store, so it can report this rank's death."""
-        deadline = time.monotonic() + timeout
-        while not shared.monitor_ready:
+
+        def ready() -> bool:
+            if shared.monitor_ready:
+                return True
             if self._proc.poll() is not None:
                 raise RestartAbort(f"the monitor process exited with code {self._proc.returncode}")
-            if time.monotonic() > deadline:
-                raise RestartAbort(f"the monitor process did not connect to the store within {timeout} s")
-            time.sleep(0.01)
+            return False
+
+        if not wait_until(ready, timeout, interval=0.01):
+            raise RestartAbort(f"the monitor process did not connect to the store within {timeout} s")
 
     def stop(self, timeout: float) -> None:
         """Ask the monitor to exit without reporting anything; kill it after ``timeout``."""
@@ -170,9 +176,7 @@ class _RankMonitor:
         )
         self._report_termination()
         self._signal_rank(signal.SIGTERM)
-        deadline = time.monotonic() + self.cfg.termination_grace_time
-        while os.getppid() == self.cfg.parent_pid and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: os.getppid() != self.cfg.parent_pid, self.cfg.termination_grace_time)
         self._signal_rank(signal.SIGKILL)
 
     def _signal_rank(self, sig: int) -> None:
@@ -265,7 +269,7 @@ def _read_config(stdin: BinaryIO) -> MonitorConfig:
 
 
 def main() -> None:
-    """Entry point of the monitor process (``python -c ...``, see ``MonitorProcess.start``)."""
+    """Entry point of the monitor process (``python -c ...``, see ``RankWatchdogProcess.start``)."""
     from ft_core.procutil import die_with_parent
 
     rank_gone = threading.Event()

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from .blame import main_thread_in_torch_distributed
 from .interruption import Interruptor
 from .progress_watchdog import Progress
-from .store import CoordinationStore, Decision
+from .store import CoordinationStore, IterationDecision
 
 __all__ = ["MonitorThread"]
 
@@ -85,7 +85,7 @@ class MonitorThread:
             if self._stop.wait(self._interval):
                 return
 
-    def _poll(self) -> Decision | None:
+    def _poll(self) -> IterationDecision | None:
         try:
             decision = self._store.decision(self._iteration)
             if decision is None and self._soft_timeout_due():
@@ -98,7 +98,7 @@ class MonitorThread:
                     log.warning("rank %d: soft timeout, no progress for %.1f s; restarting", self._rank, age)
         except Exception as exc:  # the store is gone: nothing to coordinate with, restart (and give up there)
             log.warning("rank %d: coordination store failed (%s); restarting", self._rank, exc)
-            return Decision(False, None, f"coordination store failed: {exc}")
+            return IterationDecision(False, None, f"coordination store failed: {exc}")
         return decision
 
     def _soft_timeout_due(self) -> bool:

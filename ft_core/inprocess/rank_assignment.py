@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from ft_core.validation import int_in_range
+
 from .state import RankAssignmentCtx
-from .validation import check_int
 
 __all__ = ["ActiveWorldSize", "FillGaps", "ShiftRanks"]
 
@@ -50,7 +51,7 @@ class ActiveWorldSize:
     """
 
     def __init__(self, world_size: int) -> None:
-        self.world_size = check_int("ActiveWorldSize", "world_size", world_size, 1)
+        self.world_size = int_in_range("ActiveWorldSize.world_size", world_size, 1)
 
     def __call__(self, ctx: RankAssignmentCtx) -> RankAssignmentCtx:
         # Previously active ranks first (in their old rank order), then spares by initial rank.

@@ -22,7 +22,7 @@ from .blame import raised_in_torch_distributed
 from .call_wrapper import CallWrapper
 from .exceptions import RankShouldRestart, RestartAbort
 from .interruption import Interruptor
-from .monitor_process import MonitorConfig, MonitorProcess
+from .monitor_process import MonitorConfig, RankWatchdogProcess
 from .monitor_thread import MonitorThread
 from .progress_watchdog import Progress, ProgressWatchdog
 from .shared_state import Phase, SharedState
@@ -118,7 +118,7 @@ class RestartLoop:
             self.shared = SharedState.create()
             cleanup.callback(self.shared.close)
             self.progress = Progress(self.shared)
-            self.monitor = MonitorProcess.start(self._monitor_config(), self.shared)
+            self.monitor = RankWatchdogProcess.start(self._monitor_config(), self.shared)
             cleanup.callback(self.monitor.stop, self.o.termination_grace_time)
             if self.o.progress_watchdog_interval is not None:
                 watchdog = ProgressWatchdog(self.progress, self.o.progress_watchdog_interval).start()

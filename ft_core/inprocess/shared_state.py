@@ -9,6 +9,7 @@ holding the GIL) never blocks its monitor.
 
 from __future__ import annotations
 
+import enum
 import mmap
 import os
 import struct
@@ -21,8 +22,8 @@ _PROGRESS, _ARMED, _ITERATION, _PHASE, _MONITOR_READY = range(5)
 _SIZE = _DOUBLE.size * 5
 
 
-class Phase:
-    """Where the rank is in its restart loop (values of ``SharedState.phase``)."""
+class Phase(enum.IntEnum):
+    """Where the rank is in its restart loop (``SharedState.phase``; stored as its number)."""
 
     #: Waiting for the other ranks to join the iteration.
     BARRIER = 0
@@ -78,8 +79,8 @@ class SharedState:
         return int(self._get(_ITERATION))
 
     @property
-    def phase(self) -> int:
-        return int(self._get(_PHASE))
+    def phase(self) -> Phase:
+        return Phase(int(self._get(_PHASE)))
 
     @property
     def monitor_ready(self) -> bool:
@@ -89,7 +90,7 @@ class SharedState:
     def monitor_ready(self, value: bool) -> None:
         self._set(_MONITOR_READY, 1.0 if value else 0.0)
 
-    def enter(self, iteration: int, phase: int) -> None:
+    def enter(self, iteration: int, phase: Phase) -> None:
         # Phase last: a reader that sees MEMBER also sees the iteration it belongs to.
         self._set(_ITERATION, float(iteration))
         self._set(_PHASE, float(phase))

@@ -28,18 +28,20 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Optional, Protocol
+
+from ft_core.deadline import wait_until
+from ft_core.validation import ValidationError, int_in_range
 
 from .exceptions import RestartAbort
 
 if TYPE_CHECKING:
     import torch.distributed
 
-__all__ = ["CoordinationStore", "Decision", "StoreFactory", "TCPStoreFactory"]
+__all__ = ["CoordinationStore", "IterationDecision", "StoreFactory", "TCPStoreFactory"]
 
 #: Environment variable naming the port of the coordination store.
 STORE_PORT_ENV = "FT_INPROCESS_STORE_PORT"
@@ -85,7 +87,8 @@ class TCPStoreFactory:
         env = os.environ
         host_name = self.host_name or env.get("MASTER_ADDR")
         if not host_name:
-            raise ValueError("TCPStoreFactory: host_name=None and MASTER_ADDR is not set; allowed: a host name")
+            raise ValidationError("TCPStoreFactory.host_name", self.host_name, "a host name",
+                                  problem="host_name=None and MASTER_ADDR is not set")
         port, serve = self.port, self.serve
         if port is None and env.get(STORE_PORT_ENV):
             port = _env_port(STORE_PORT_ENV, env[STORE_PORT_ENV])
@@ -115,17 +118,12 @@ class TCPStoreFactory:
 
 
 def _env_port(name: str, value: Optional[str]) -> int:
-    try:
-        port = int(value or "")
-    except ValueError:
-        port = -1
-    if not 0 < port < 65535:
-        raise ValueError(f"TCPStoreFactory: {name}={value!r} is invalid; allowed: a TCP port 1..65534")
-    return port
+    # At most 65534: the store of the default layout listens on MASTER_PORT + 1.
+    return int_in_range(name, value, 1, 65534, coerce=True)
 
 
 @dataclass(frozen=True)
-class Decision:
+class IterationDecision:
     """How an iteration ends: all active ranks completed (``done``) or a restart."""
 
     done: bool
@@ -136,7 +134,7 @@ class Decision:
         return "done" if self.done else f"restart|{'' if self.rank is None else self.rank}|{self.reason}"
 
     @classmethod
-    def decode(cls, raw: bytes) -> Decision:
+    def decode(cls, raw: bytes) -> IterationDecision:
         text = raw.decode()
         if text == "done":
             return cls(True)
@@ -214,24 +212,27 @@ class CoordinationStore:
         """
         key = f"it/{iteration}/"
         self.store.append(key + "arrived", f"{rank},")
-        deadline = time.monotonic() + timeout
-        while True:
-            members = self._get(key + "members")
-            if members is not None:
-                return tuple(sorted(_ids(members)))
+        missing: set[int] = set()
+
+        def members_recorded() -> bool:
+            if self.store.check([key + "members"]):
+                return True
             reason = self.abort_reason()
             if reason is not None:
                 raise RestartAbort(reason)
             arrived, terminated = self._id_set(key + "arrived"), self.terminated()
-            missing = set(range(self.world_size)) - arrived - terminated
-            if not missing:
-                self._first_wins(key + "members", _fmt(arrived - terminated))
-                continue
-            if time.monotonic() > deadline:
-                raise RestartAbort(
-                    f"iteration {iteration}: ranks {sorted(missing)} did not join within barrier_timeout={timeout} s"
-                )
-            time.sleep(self.poll_interval)
+            missing.clear()
+            missing.update(set(range(self.world_size)) - arrived - terminated)
+            if missing:
+                return False
+            self._first_wins(key + "members", _fmt(arrived - terminated))  # another rank may have won
+            return True
+
+        if not wait_until(members_recorded, timeout, self.poll_interval):
+            raise RestartAbort(
+                f"iteration {iteration}: ranks {sorted(missing)} did not join within barrier_timeout={timeout} s"
+            )
+        return tuple(sorted(self._id_set(key + "members")))
 
     def publish_active(self, iteration: int, active: tuple[int, ...]) -> None:
         self._first_wins(f"it/{iteration}/active", _fmt(active))
@@ -242,30 +243,25 @@ class CoordinationStore:
 
     # -- how an iteration ends ----------------------------------------------------------------
 
-    def report_restart(self, iteration: int, rank: Optional[int], reason: str) -> Decision:
+    def report_restart(self, iteration: int, rank: Optional[int], reason: str) -> IterationDecision:
         """Ask for a restart of ``iteration``; returns the decision that stands (maybe an earlier one)."""
-        raw = self._first_wins(f"it/{iteration}/decision", Decision(False, rank, reason).encode())
-        return Decision.decode(raw)
+        raw = self._first_wins(f"it/{iteration}/decision", IterationDecision(False, rank, reason).encode())
+        return IterationDecision.decode(raw)
 
-    def decision(self, iteration: int) -> Optional[Decision]:
+    def decision(self, iteration: int) -> Optional[IterationDecision]:
         raw = self._get(f"it/{iteration}/decision")
-        return Decision.decode(raw) if raw is not None else None
+        return IterationDecision.decode(raw) if raw is not None else None
 
     def complete(self, iteration: int, world_size: int) -> None:
         """Count this rank's function as returned; the last one decides ``done``."""
         if self.store.add(f"it/{iteration}/completed", 1) == world_size:
-            self._first_wins(f"it/{iteration}/decision", Decision(True).encode())
+            self._first_wins(f"it/{iteration}/decision", IterationDecision(True).encode())
 
-    def decision_within(self, iteration: int, timeout: float) -> Optional[Decision]:
+    def decision_within(self, iteration: int, timeout: float) -> Optional[IterationDecision]:
         """The decision of ``iteration``, waiting for it at most ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while True:
-            decision = self.decision(iteration)
-            if decision is not None or time.monotonic() > deadline:
-                return decision
-            time.sleep(self.poll_interval)
+        return wait_until(lambda: self.decision(iteration), timeout, self.poll_interval)
 
-    def wait_decision(self, iteration: int) -> Decision:
+    def wait_decision(self, iteration: int) -> IterationDecision:
         """The decision of ``iteration``, however long it takes: the ranks still running the
         function are watched by their soft and hard timeouts, and lost ranks by their monitors."""
         decision = self.decision_within(iteration, math.inf)
@@ -282,9 +278,9 @@ class CoordinationStore:
 
     def wait_left(self, timeout: float) -> set[int]:
         """Wait (at most ``timeout``) until every live process left; returns those still missing."""
-        deadline = time.monotonic() + timeout
-        while True:
-            missing = set(range(self.world_size)) - self._id_set("left") - self.terminated()
-            if not missing or time.monotonic() > deadline:
-                return missing
-            time.sleep(self.poll_interval)
+
+        def still_missing() -> set[int]:
+            return set(range(self.world_size)) - self._id_set("left") - self.terminated()
+
+        wait_until(lambda: not still_missing(), timeout, self.poll_interval)
+        return still_missing()

@@ -8,13 +8,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar
 
+from ft_core.validation import ValidationError, callable_or_none, positive_seconds
+
 from .abort import AbortTorchDistributed
 from .interruption import DEFAULT_INTERRUPT_SIGNAL
 from .rank_assignment import ShiftRanks
 from .restart_loop import RestartLoop
 from .state import RankAssignmentCtx, State
 from .store import StoreFactory, TCPStoreFactory
-from .validation import check_seconds, fail
 
 __all__ = ["Wrapper"]
 
@@ -104,19 +105,15 @@ class Wrapper:
     def __post_init__(self) -> None:
         self._check_hooks()
         self._check_times()
-        allowed = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
-        if self.interrupt_signal not in allowed:
-            raise fail("Wrapper", "interrupt_signal", self.interrupt_signal, "a catchable signal number")
+        catchable = set(signal.valid_signals()) - {signal.SIGKILL, signal.SIGSTOP}
+        if isinstance(self.interrupt_signal, bool) or self.interrupt_signal not in catchable:
+            raise ValidationError("Wrapper.interrupt_signal", self.interrupt_signal, "a catchable signal number")
 
     def _check_hooks(self) -> None:
-        if not callable(self.store_factory):
-            raise TypeError(f"Wrapper: store_factory={self.store_factory!r} is invalid; allowed: a StoreFactory")
-        if not callable(self.rank_assignment):
-            raise TypeError(f"Wrapper: rank_assignment={self.rank_assignment!r} is invalid; allowed: a callable")
+        callable_or_none("Wrapper.store_factory", self.store_factory, allow_none=False, allowed="a StoreFactory")
+        callable_or_none("Wrapper.rank_assignment", self.rank_assignment, allow_none=False)
         for name in ("initialize", "abort", "finalize", "health_check", "rank_filter"):
-            hook = getattr(self, name)
-            if hook is not None and not callable(hook):
-                raise TypeError(f"Wrapper: {name}={hook!r} is invalid; allowed: None or a callable")
+            callable_or_none(f"Wrapper.{name}", getattr(self, name))
 
     def _check_times(self) -> None:
         names = [
@@ -126,7 +123,7 @@ class Wrapper:
         if self.progress_watchdog_interval is not None:
             names.append("progress_watchdog_interval")
         for name in names:
-            check_seconds("Wrapper", name, getattr(self, name))
+            positive_seconds(f"Wrapper.{name}", getattr(self, name))
         # (smaller, larger, allowed) pairs; each message names both values.
         order = [
             ("soft_timeout", "hard_timeout", "soft_timeout < hard_timeout < barrier_timeout"),
@@ -142,10 +139,11 @@ class Wrapper:
             )
         for smaller, larger, allowed in order:
             if getattr(self, smaller) >= getattr(self, larger):
-                raise fail("Wrapper", smaller, getattr(self, smaller), f"{allowed} (here {larger}={getattr(self, larger)!r})")
+                raise ValidationError(f"Wrapper.{smaller}", getattr(self, smaller),
+                                      f"{allowed} (here {larger}={getattr(self, larger)!r})")
         if self.hard_timeout + self.termination_grace_time >= self.barrier_timeout:
-            raise fail(
-                "Wrapper", "termination_grace_time", self.termination_grace_time,
+            raise ValidationError(
+                "Wrapper.termination_grace_time", self.termination_grace_time,
                 f"hard_timeout + termination_grace_time < barrier_timeout "
                 f"(here hard_timeout={self.hard_timeout!r}, barrier_timeout={self.barrier_timeout!r})",
             )

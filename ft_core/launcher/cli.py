@@ -15,9 +15,10 @@ from typing import Optional
 
 from torch.distributed.run import config_from_args, get_args_parser, parse_min_max_nnodes
 
-from ft_core.config import ConfigError, FaultToleranceConfig
+from ft_core.config import FaultToleranceConfig
 from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
+from ft_core.validation import ValidationError
 
 __all__ = ["build_parser", "main"]
 
@@ -71,10 +72,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         options = LauncherOptions.from_args(args)
         try:
             _normalize_rendezvous(args)
-        except (ValueError, RuntimeError) as exc:
-            raise ConfigError(f"--nnodes: invalid value {args.nnodes!r}: {exc}") from None
+        except (ValueError, RuntimeError):
+            raise ValidationError("--nnodes", args.nnodes, "a number of nodes N or a range MIN:MAX") from None
         config, entrypoint, cmd_args = config_from_args(args)
-    except ConfigError as exc:
+    except ValidationError as exc:
         parser.error(str(exc))
     except (ValueError, RuntimeError, AssertionError) as exc:
         parser.error(f"invalid arguments: {exc}")

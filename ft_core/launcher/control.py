@@ -1,7 +1,7 @@
 """Workload-control server: ranks ask the launcher to exclude their node or shut the job down.
 
 Listens on ``FT_LAUNCHER_IPC_SOCKET`` (``<job dir>/launcher.sock``, mode 0600
-in a 0700 directory). A client sends ``Hello(role="control", token=...)`` and
+in a 0700 directory). A client sends ``Hello(role=Role.CONTROL, token=...)`` and
 ``WorkloadControl`` back to back and reads one ``Ack`` (see docs/core_api.md).
 Accepted requests are queued for the agent's main loop, which acts on them
 between two monitoring passes; the server thread never touches workers.
@@ -20,7 +20,16 @@ import time
 from typing import Optional
 
 from ft_core.data import WorkloadAction
-from ft_core.protocol import Ack, FrameDecoder, Hello, ProtocolError, WorkloadControl, recv_msg, send_msg
+from ft_core.protocol import (
+    Ack,
+    FrameDecoder,
+    Hello,
+    ProtocolError,
+    Role,
+    WorkloadControl,
+    recv_msg,
+    send_msg,
+)
 
 __all__ = ["ControlRequest", "WorkloadControlServer"]
 
@@ -89,7 +98,7 @@ class WorkloadControlServer:
         with conn:
             try:
                 hello = recv_msg(conn, decoder, REQUEST_TIMEOUT)
-                if not isinstance(hello, Hello) or hello.role != "control":
+                if not isinstance(hello, Hello) or hello.role is not Role.CONTROL:
                     raise ProtocolError(f"expected a control Hello, got {type(hello).__name__}")
                 if not hmac.compare_digest(hello.token.encode(), self._token):
                     raise ProtocolError("wrong job token")

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 from typing import Optional
 
-from ft_core.config import ConfigError
+from ft_core.validation import file_path, int_in_range, non_negative_int, non_negative_seconds
 
 __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "LauncherOptions", "add_launcher_args"]
 
@@ -33,14 +32,21 @@ class LauncherOptions:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LauncherOptions:
-        """Validate the parsed flags; errors name the flag, the value and what is allowed."""
+        """Validate the parsed flags.
+
+        Raises:
+            ft_core.validation.ValidationError: naming the flag, the value and what is allowed.
+        """
         return cls(
-            term_timeout=_seconds("--term-timeout", args.term_timeout),
-            workers_stop_timeout=_seconds("--workers-stop-timeout", args.workers_stop_timeout),
-            no_restart_exit_code=_int_in("--ft-no-restart-exit-code", args.ft_no_restart_exit_code, 1, 255),
-            max_no_progress_cycles=_int_in("--ft-max-no-progress-cycles", args.ft_max_no_progress_cycles, 0, None),
-            checkpoint_iteration_file=args.ft_checkpoint_iteration_file or None,
-            events_file=args.ft_events_file or None,
+            term_timeout=non_negative_seconds("--term-timeout", args.term_timeout, coerce=True),
+            workers_stop_timeout=non_negative_seconds("--workers-stop-timeout", args.workers_stop_timeout,
+                                                      coerce=True),
+            no_restart_exit_code=int_in_range("--ft-no-restart-exit-code", args.ft_no_restart_exit_code, 1, 255,
+                                              coerce=True),
+            max_no_progress_cycles=non_negative_int("--ft-max-no-progress-cycles", args.ft_max_no_progress_cycles,
+                                                    coerce=True),
+            checkpoint_iteration_file=file_path("--ft-checkpoint-iteration-file", args.ft_checkpoint_iteration_file),
+            events_file=file_path("--ft-events-file", args.ft_events_file),
         )
 
 
@@ -71,23 +77,3 @@ def add_launcher_args(parser: argparse.ArgumentParser) -> None:
                        help="JSON-lines event log (default: <log-dir>/ft_events.jsonl, or torchelastic's "
                             "temporary log directory when --log-dir is not given)")
 
-
-def _seconds(flag: str, value: object) -> float:
-    try:
-        seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds < 0:
-        raise ConfigError(f"{flag}: invalid value {value!r}; allowed: a number of seconds >= 0")
-    return seconds
-
-
-def _int_in(flag: str, value: object, low: int, high: Optional[int]) -> int:
-    allowed = f"an integer >= {low}" if high is None else f"an integer from {low} to {high}"
-    try:
-        number = int(str(value))
-    except ValueError:
-        raise ConfigError(f"{flag}: invalid value {value!r}; allowed: {allowed}") from None
-    if number < low or (high is not None and number > high):
-        raise ConfigError(f"{flag}: invalid value {value!r}; allowed: {allowed}")
-    return number

@@ -8,9 +8,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Optional, Union
 
 from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
-from ft_core.config import FALLBACK_FIELDS, ConfigError, FaultToleranceConfig
+from ft_core.config import FALLBACK_FIELDS, FaultToleranceConfig
 from ft_core.data import WorkloadControlRequest
 from ft_core.fileutil import atomic_write_json, read_json
+from ft_core.validation import ValidationError, boolean, callable_or_none, int_in_range, one_of, path_or_none
 from ft_integrations.lightning._pl import (
     Callback,
     MisconfigurationException,
@@ -81,7 +82,8 @@ class FaultToleranceCallback(Callback):
         config: timeouts for this training script: a :class:`~ft_core.config.FaultToleranceConfig`,
             a mapping, or a YAML path (its ``fault_tolerance:`` block). The monitor started with
             ``standalone="monitor"`` uses it; under ``ft_launcher`` its timeouts fill in whatever
-            the launcher left at the defaults (``--ft-*`` settings win). Default: the core
+            the launcher's user did not set (``--ft-*`` flags and ``--ft-cfg-path`` keys win,
+            even when they equal the defaults). Default: the core
             defaults in heartbeats mode; in sections mode the same limits moved onto the
             sections (:data:`DEFAULT_SECTION_CONFIG`), so ``mode="sections"`` works with a plain
             ``ft_launcher`` command line.
@@ -117,38 +119,26 @@ class FaultToleranceCallback(Callback):
         config: Optional[Union[FaultToleranceConfig, Mapping[str, Any], str, os.PathLike[str]]] = None,
     ) -> None:
         super().__init__()
-        if mode not in MODES:
-            raise MisconfigurationException(
-                f"Unsupported parameter value `FaultToleranceCallback(mode={mode!r})`. "
-                f"Possible choices are: {', '.join(MODES)}")
-        if standalone not in STANDALONE_CHOICES:
-            raise MisconfigurationException(
-                f"Unsupported parameter value `FaultToleranceCallback(standalone={standalone!r})`. "
-                f"Possible choices are: {', '.join(STANDALONE_CHOICES)}")
-        for name, value in (("calculate_timeouts", calculate_timeouts), ("autoresume", autoresume)):
-            if not isinstance(value, bool):
-                raise MisconfigurationException(
-                    f"Unsupported parameter value `FaultToleranceCallback({name}={value!r})`. "
-                    "Possible choices are: True, False")
-        steps = calculate_timeouts_after_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise MisconfigurationException(
-                f"`FaultToleranceCallback(calculate_timeouts_after_steps={steps!r})` must be an integer >= 1")
-        if state_file is not None and not isinstance(state_file, (str, os.PathLike)):
-            raise MisconfigurationException(
-                f"`FaultToleranceCallback(state_file={state_file!r})` must be a path or None")
-        if exc_handling_policy is not None and not callable(exc_handling_policy):
-            raise MisconfigurationException(
-                f"`FaultToleranceCallback(exc_handling_policy={exc_handling_policy!r})` must be a callable "
-                "(exception -> WorkloadControlRequest or None) or None")
+        name = "FaultToleranceCallback."
+        try:
+            one_of(name + "mode", mode, MODES)
+            one_of(name + "standalone", standalone, STANDALONE_CHOICES)
+            boolean(name + "calculate_timeouts", calculate_timeouts)
+            boolean(name + "autoresume", autoresume)
+            steps = int_in_range(name + "calculate_timeouts_after_steps", calculate_timeouts_after_steps, 1)
+            state_path = path_or_none(name + "state_file", state_file)
+            callable_or_none(name + "exc_handling_policy", exc_handling_policy,
+                             allowed="None or a callable (exception -> WorkloadControlRequest or None)")
+        except ValidationError as exc:
+            raise MisconfigurationException(str(exc)) from None
         try:
             fault = None if simulated_fault is None else SimulatedFault.coerce(simulated_fault)
-        except (TypeError, ValueError) as exc:
-            raise MisconfigurationException(f"`FaultToleranceCallback(simulated_fault=...)`: {exc}") from None
+        except ValidationError as exc:
+            raise MisconfigurationException(f"{name}simulated_fault: {exc}") from None
         self.mode = mode
         self.calculate_timeouts = calculate_timeouts
         self.calculate_timeouts_after_steps = steps
-        self.state_file = os.fspath(state_file) if state_file is not None else None
+        self.state_file = state_path
         self.autoresume = autoresume
         self.simulated_fault = fault
         self.exc_handling_policy = exc_handling_policy
@@ -209,7 +199,7 @@ class FaultToleranceCallback(Callback):
         if self.state_file and os.path.exists(self.state_file):
             self._load_client_state(read_json(self.state_file), f"state_file {self.state_file}")
         if os.environ.get(MONITOR_SOCKET_ENV):
-            # Settings given at launch (--ft-*) win; ours fill in what the launcher left at defaults.
+            # Settings given at launch (--ft-*, --ft-cfg-path) win; ours fill in the keys not set there.
             cfg = self.config if self.config is not None else _coerce_config(None, self.mode, default=True)
             assert cfg is not None
             fallback = {key: value for key, value in cfg.to_dict().items() if key in FALLBACK_FIELDS}
@@ -511,6 +501,7 @@ def _coerce_config(
     default: bool = False,
 ) -> Optional[FaultToleranceConfig]:
     """``config=`` as a FaultToleranceConfig; with ``default``, the mode's default for a missing one."""
+    name = "FaultToleranceCallback.config"
     try:
         if isinstance(config, FaultToleranceConfig):
             return config
@@ -519,9 +510,9 @@ def _coerce_config(
         if isinstance(config, (str, os.PathLike)):
             return FaultToleranceConfig.from_yaml_file(config)
         if config is not None:
-            raise ConfigError("expected a FaultToleranceConfig, a mapping, a YAML path or None")
-    except ConfigError as exc:
-        raise MisconfigurationException(f"`FaultToleranceCallback(config={config!r})`: {exc}") from None
+            raise ValidationError(name, config, "a FaultToleranceConfig, a mapping, a YAML path or None")
+    except ValidationError as exc:
+        raise MisconfigurationException(str(exc) if exc.name == name else f"{name}: {exc}") from None
     if not default:
         return None
     return FaultToleranceConfig.from_mapping(DEFAULT_SECTION_CONFIG) if mode == "sections" \

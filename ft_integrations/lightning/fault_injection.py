@@ -20,7 +20,11 @@ import signal
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Annotated, Any, Optional, Union
+
+import msgspec
+
+from ft_core.validation import ValidationError, convert, int_in_range, non_negative_seconds, one_of
 
 __all__ = ["FAULT_KINDS", "FaultInjector", "SimulatedFault", "SimulatedFaultError"]
 
@@ -59,21 +63,20 @@ class SimulatedFault:
     all_cycles: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in FAULT_KINDS:
-            raise ValueError(f"SimulatedFault(kind={self.kind!r}) is not supported; allowed: {', '.join(FAULT_KINDS)}")
+        one_of("SimulatedFault.kind", self.kind, FAULT_KINDS)
         if (self.step is None) == (self.delay is None):
-            raise ValueError(f"SimulatedFault needs exactly one of step= or delay=; got step={self.step!r}, "
-                             f"delay={self.delay!r}")
-        if self.step is not None and (isinstance(self.step, bool) or not isinstance(self.step, int) or self.step < 0):
-            raise ValueError(f"SimulatedFault(step={self.step!r}) must be an integer >= 0")
+            raise ValidationError("SimulatedFault", {"step": self.step, "delay": self.delay},
+                                  "exactly one of step= or delay=",
+                                  problem=f"got step={self.step!r}, delay={self.delay!r}")
+        if self.step is not None:
+            int_in_range("SimulatedFault.step", self.step, 0)
         if self.delay is not None:
             if self.kind == "hang_checkpoint":
-                raise ValueError("SimulatedFault(kind='hang_checkpoint') fires at a checkpoint write: use step=, "
-                                 "not delay=")
-            if isinstance(self.delay, bool) or not isinstance(self.delay, (int, float)) or self.delay < 0:
-                raise ValueError(f"SimulatedFault(delay={self.delay!r}) must be a number of seconds >= 0")
-        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0):
-            raise ValueError(f"SimulatedFault(rank={self.rank!r}) must be an integer >= 0 or None (random rank)")
+                raise ValidationError("SimulatedFault.delay", self.delay,
+                                      "None for kind='hang_checkpoint', which fires at a checkpoint write: use step=")
+            non_negative_seconds("SimulatedFault.delay", self.delay)
+        convert("SimulatedFault.rank", self.rank, Optional[Annotated[int, msgspec.Meta(ge=0)]],
+                "an integer >= 0 or None (random rank)")
 
     @classmethod
     def coerce(cls, value: Union[SimulatedFault, Mapping[str, Any]]) -> SimulatedFault:
@@ -84,9 +87,10 @@ class SimulatedFault:
             allowed = {f.name for f in dataclasses.fields(cls)}
             unknown = sorted(set(value) - allowed)
             if unknown:
-                raise ValueError(f"simulated_fault: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+                raise ValidationError("simulated_fault", unknown, f"keys {sorted(allowed)}",
+                                      problem=f"unknown key(s) {unknown}")
             return cls(**dict(value))
-        raise ValueError(f"simulated_fault={value!r} must be a SimulatedFault, a mapping of its fields, or None")
+        raise ValidationError("simulated_fault", value, "a SimulatedFault, a mapping of its fields, or None")
 
 
 def _job_seed() -> int:

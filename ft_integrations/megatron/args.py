@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
+
+from ft_core.validation import ValidationError, int_in_range
 
 __all__ = ["DEFAULT_CALC_TIMEOUTS_AFTER_ITERS", "DEFAULT_NUM_WARMUP_ITERS", "add_ft_args"]
 
@@ -13,15 +16,13 @@ DEFAULT_NUM_WARMUP_ITERS = 5
 DEFAULT_CALC_TIMEOUTS_AFTER_ITERS = 16
 
 
-def _int_at_least(minimum: int):
+def _int_at_least(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {value}")
-        return value
+            return int_in_range("", text, minimum, coerce=True)
+        except ValidationError as exc:
+            # argparse shows only an ArgumentTypeError's message, after "argument <flag>: ".
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}; allowed: {exc.allowed}") from None
 
     parse.__name__ = f"int>={minimum}"
     return parse

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 
@@ -50,6 +51,21 @@ def test_hang_is_detected_and_restarted(launchers):
     (restart,) = node.events("restart")
     assert restart["kind"] == "hang" and "hung: heartbeat timeout" in restart["reason"]
     assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1]
+
+
+def test_explicit_flag_equal_to_the_default_wins_over_the_workers_fallback(launchers):
+    # --ft-rank-heartbeat-timeout=2700 is the default value, given on purpose (it overrides FAST_FLAGS' 3 s).
+    # The workers' training config asks for 0.5 s and their steps take 1 s: healthy under the launch's
+    # value, so nothing may be killed. safety_factor was not set at launch: the workers' value applies.
+    fallback = {"rank_heartbeat_timeout": 0.5, "safety_factor": 2.5}
+    node = launchers.start("--ft-rank-heartbeat-timeout=2700", FT_TEST_FALLBACK=json.dumps(fallback),
+                           FT_TEST_STEPS="2", FT_TEST_STEP_TIME="1.0")
+    assert node.wait(180) == 0, node.output()[-3000:]
+    configs = [record["config"] for record in launchers.worker_records("monitor_config")]
+    assert len(configs) == 2  # what each rank's monitor applies, from the HelloAck it received
+    assert {cfg["rank_heartbeat_timeout"] for cfg in configs} == {2700.0}
+    assert {cfg["safety_factor"] for cfg in configs} == {2.5}
+    assert node.events("hang_detected") == [] and node.events("restart") == []
 
 
 def test_budget_spent_exits_1(launchers):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -295,18 +296,20 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def test_fallback_config_fills_only_what_the_launcher_left_at_defaults(start_monitor, monkeypatch):
-    monitor = start_monitor(rank_heartbeat_timeout=50.0, rank_section_timeouts="step:9")
+def test_fallback_config_fills_only_what_the_launcher_did_not_set(start_monitor, monkeypatch):
+    monitor = start_monitor(rank_heartbeat_timeout=50.0, rank_section_timeouts="step:9", safety_factor=5.0)
     monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
     monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
     client = RankMonitorClient()
     client.init_workload_monitoring(fallback_config={
         "rank_heartbeat_timeout": 5.0,  # set at launch: ignored
-        "initial_rank_heartbeat_timeout": 6.0,  # default at launch: taken
+        "safety_factor": 2.0,  # set at launch to the default value: still ignored
+        "initial_rank_heartbeat_timeout": 6.0,  # not set at launch: taken
         "rank_section_timeouts": {"step": 1.0, "checkpointing": 30.0},  # merged, launch wins for "step"
     })
     try:
         assert client.cfg.rank_heartbeat_timeout == 50.0
+        assert client.cfg.safety_factor == 5.0
         assert client.cfg.initial_rank_heartbeat_timeout == 6.0
         assert client.section_timeouts.section == {"step": 9.0, "checkpointing": 30.0}
     finally:
@@ -342,3 +345,23 @@ def test_state_dict_after_shutdown_and_reinit_keeps_learned_values(start_monitor
         assert client.section_timeouts.section["step"] == learned
     finally:
         client.shutdown_workload_monitoring()
+
+
+def test_tight_fallback_does_not_kill_a_slow_rank_when_the_launch_set_the_default(start_monitor, ranks):
+    # The launch set rank_heartbeat_timeout to its default on purpose; a rank's training config
+    # asks for 0.3 s. Heartbeats 0.8 s apart are healthy under the launch's value: no kill.
+    monitor = start_monitor(rank_heartbeat_timeout=2700.0)
+    proc = ranks(monitor, "finish", extra=["--beats", "3", "--interval", "0.8",
+                                           "--fallback", json.dumps({"rank_heartbeat_timeout": 0.3})])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out.splitlines()[-1])["cfg"]["rank_heartbeat_timeout"] == 2700.0
+    assert "hang_detected" not in [e["event"] for e in monitor.events()]
+
+
+def test_fallback_timeout_kills_a_hung_rank_when_the_launch_did_not_set_it(start_monitor, ranks):
+    monitor = start_monitor()  # rank_heartbeat_timeout not set: the rank's value applies
+    proc = ranks(monitor, "heartbeat_gap", extra=["--fallback", json.dumps({"rank_heartbeat_timeout": 1.0})])
+    assert _killed(proc)
+    hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
+    assert (hang["reason"], hang["timeout"], hang["pid"]) == ("heartbeat", 1.0, proc.pid)

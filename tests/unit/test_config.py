@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 
 import pytest
 
-from ft_core.config import ConfigError, FaultToleranceConfig
+from ft_core.config import ConfigError, FaultToleranceConfig, LogLevel, with_fallback
 
 
 def test_defaults_match_the_design():
@@ -141,3 +142,139 @@ def test_every_field_has_a_flag_and_help():
     help_text = parser.format_help()
     for name in FaultToleranceConfig.field_names():
         assert f"--ft-{name.replace('_', '-')}" in help_text
+
+
+# -- from_dict, the public API, and how values are written ---------------------------------------
+
+
+def test_from_dict_reads_the_mapping():
+    # It used to be an alias of from_kwargs, which bound the mapping to ``ignore_not_recognized``
+    # and silently returned the defaults.
+    cfg = FaultToleranceConfig.from_dict({"rank_heartbeat_timeout": 5, "rank_section_timeouts": "step:3"})
+    assert cfg.rank_heartbeat_timeout == 5.0
+    assert cfg.rank_section_timeouts == {"step": 3.0}
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) 'rank_hearbeat_timeout'"):
+        FaultToleranceConfig.from_dict({"rank_hearbeat_timeout": 5})
+    assert FaultToleranceConfig.from_dict({"other": 1}, ignore_not_recognized=True) == FaultToleranceConfig()
+    with pytest.raises(ConfigError, match=r"fault_tolerance: invalid value \[1\]; allowed: a mapping"):
+        FaultToleranceConfig.from_dict([1])  # type: ignore[arg-type]
+
+
+def test_from_dict_through_the_package_top():
+    from ft_core import FaultToleranceConfig as Exported
+
+    assert Exported is FaultToleranceConfig
+    assert Exported.from_dict({"rank_heartbeat_timeout": 5, "log_level": "debug"}).rank_heartbeat_timeout == 5.0
+
+
+def test_every_accepted_text_form():
+    cfg = FaultToleranceConfig.from_dict({
+        "rank_heartbeat_timeout": " 7 ", "initial_rank_heartbeat_timeout": "off",
+        "rank_out_of_section_timeout": "NULL", "safety_factor": "1e1", "install_exception_hook": "Yes",
+        "skip_section_response": "0", "rank_termination_signal": "9", "stack_dump_signal": "usr1",
+        "num_warmup_iterations": 2.0, "max_frame_bytes": "8192", "log_level": 30,
+        "rank_section_timeouts": {"step": "4", "checkpointing": "none"},
+    })
+    assert (cfg.rank_heartbeat_timeout, cfg.initial_rank_heartbeat_timeout, cfg.rank_out_of_section_timeout) == (
+        7.0, None, None)
+    assert cfg.safety_factor == 10.0
+    assert (cfg.install_exception_hook, cfg.skip_section_response) == (True, False)
+    assert (cfg.rank_termination_signal, cfg.stack_dump_signal) == (signal.SIGKILL, signal.SIGUSR1)
+    assert (cfg.num_warmup_iterations, cfg.max_frame_bytes) == (2, 8192)
+    assert cfg.log_level is LogLevel.WARNING
+    assert cfg.rank_section_timeouts == {"step": 4.0, "checkpointing": None}
+
+
+def test_log_level_is_an_enum_that_logging_and_yaml_accept(tmp_path):
+    cfg = FaultToleranceConfig(log_level="debug")
+    assert cfg.log_level is LogLevel.DEBUG and cfg.log_level == "DEBUG"
+    logger = logging.getLogger("ft_test_config_level")
+    logger.setLevel(cfg.log_level)
+    assert logger.level == logging.DEBUG
+    assert cfg.to_dict()["log_level"] == "DEBUG" and type(cfg.to_dict()["log_level"]) is str
+    cfg.to_yaml_file(tmp_path / "c.yaml")
+    assert FaultToleranceConfig.from_yaml_file(tmp_path / "c.yaml").log_level is LogLevel.DEBUG
+
+
+# -- which keys the user set ---------------------------------------------------------------------
+
+
+def test_loaders_record_the_keys_that_were_set_even_when_equal_to_the_default(tmp_path):
+    assert FaultToleranceConfig().explicit_keys == frozenset()
+    assert FaultToleranceConfig(rank_heartbeat_timeout=2700.0).explicit_keys == {"rank_heartbeat_timeout"}
+    assert FaultToleranceConfig(5.0).explicit_keys == {"workload_check_interval"}  # positional
+    assert FaultToleranceConfig.from_kwargs(safety_factor=5.0).explicit_keys == {"safety_factor"}
+    assert FaultToleranceConfig.from_dict({"log_level": "INFO"}).explicit_keys == {"log_level"}
+    path = tmp_path / "cfg.yaml"
+    path.write_text("fault_tolerance:\n  rank_heartbeat_timeout: 2700\n  safety_factor: 3\n")
+    assert FaultToleranceConfig.from_yaml_file(path).explicit_keys == {"rank_heartbeat_timeout", "safety_factor"}
+    cfg = _parse(["--ft-cfg-path", str(path), "--ft-initial-rank-heartbeat-timeout=3600"])
+    assert cfg.explicit_keys == {"rank_heartbeat_timeout", "safety_factor", "initial_rank_heartbeat_timeout"}
+    assert _parse([]).explicit_keys == frozenset()
+
+
+def test_json_for_the_monitor_process_keeps_the_explicit_keys():
+    cfg = _parse(["--ft-rank-heartbeat-timeout=2700", "--ft-stack-dump-signal=none"])
+    copy = FaultToleranceConfig.from_json(cfg.to_json())
+    assert copy == cfg and copy.explicit_keys == {"rank_heartbeat_timeout", "stack_dump_signal"}
+    # A plain JSON object (by hand: python -m ft_core.monitor --config-json '{...}') sets its keys.
+    plain = FaultToleranceConfig.from_json('{"rank_heartbeat_timeout": 9}')
+    assert plain.rank_heartbeat_timeout == 9.0 and plain.explicit_keys == {"rank_heartbeat_timeout"}
+    with pytest.raises(ConfigError, match="fault_tolerance: invalid value '{oops'; allowed: a JSON object"):
+        FaultToleranceConfig.from_json("{oops")
+    with pytest.raises(ConfigError, match=r"fault_tolerance.explicit_keys: invalid value \['nope'\]"):
+        FaultToleranceConfig.from_json('{"config": {}, "explicit_keys": ["nope"]}')
+
+
+# -- with_fallback: a rank's values fill in what the user did not set ------------------------------
+
+
+def test_explicit_flag_equal_to_the_default_wins_over_a_rank_fallback():
+    launched = _parse(["--ft-rank-heartbeat-timeout=2700"])  # the default value, given on purpose
+    merged = with_fallback(launched, {"rank_heartbeat_timeout": 5.0}, launched.explicit_keys)
+    assert merged.rank_heartbeat_timeout == 2700.0
+
+
+def test_unset_key_takes_the_rank_fallback():
+    launched = _parse(["--ft-rank-heartbeat-timeout=2700"])
+    fallback = {"initial_rank_heartbeat_timeout": 60, "safety_factor": "2.5", "num_warmup_iterations": 3,
+                "skip_section_response": False, "rank_out_of_section_timeout": 30}
+    merged = with_fallback(launched, fallback, launched.explicit_keys)
+    assert merged.initial_rank_heartbeat_timeout == 60.0
+    assert (merged.safety_factor, merged.num_warmup_iterations) == (2.5, 3)
+    assert merged.skip_section_response is False and merged.rank_out_of_section_timeout == 30.0
+    # A key set to something else than the default still wins, and the input config is unchanged.
+    assert with_fallback(FaultToleranceConfig.from_kwargs(safety_factor=7), fallback, {"safety_factor"}
+                         ).safety_factor == 7.0
+    assert launched.safety_factor == 5.0
+
+
+def test_yaml_key_equal_to_the_default_wins_over_a_rank_fallback(tmp_path):
+    path = tmp_path / "cfg.yaml"
+    path.write_text("fault_tolerance:\n  rank_heartbeat_timeout: 2700\n  rank_out_of_section_timeout: null\n")
+    launched = _parse(["--ft-cfg-path", str(path)])
+    merged = with_fallback(launched, {"rank_heartbeat_timeout": 5, "rank_out_of_section_timeout": 9,
+                                      "safety_factor": 2}, launched.explicit_keys)
+    assert merged.rank_heartbeat_timeout == 2700.0
+    assert merged.rank_out_of_section_timeout is None  # "no timeout", set on purpose
+    assert merged.safety_factor == 2.0
+
+
+def test_sections_merge_per_name_and_the_launch_entry_wins():
+    launched = _parse(["--ft-rank-section-timeouts=step:9"])
+    merged = with_fallback(launched, {"rank_section_timeouts": {"step": 1, "checkpointing": None}},
+                           launched.explicit_keys)
+    assert merged.rank_section_timeouts == {"step": 9.0, "checkpointing": None}
+    unset = with_fallback(FaultToleranceConfig(), {"rank_section_timeouts": "step:1"}, frozenset())
+    assert unset.rank_section_timeouts == {"step": 1.0}
+
+
+def test_fallback_keys_and_values_are_checked():
+    with pytest.raises(ConfigError, match=r"fallback config: keys \['rank_termination_signal'\] cannot come from a "
+                                          r"rank; allowed: keys initial_rank_heartbeat_timeout"):
+        with_fallback(FaultToleranceConfig(), {"rank_termination_signal": "SIGTERM"}, frozenset())
+    # Checked even where the launcher's value wins: a rank's bad config is reported, not hidden.
+    with pytest.raises(ConfigError, match=r"fault_tolerance.safety_factor: invalid value -1"):
+        with_fallback(FaultToleranceConfig(safety_factor=5), {"safety_factor": -1}, {"safety_factor"})
+    with pytest.raises(ConfigError, match=r"fault_tolerance.rank_section_timeouts.step: invalid value 'x'"):
+        with_fallback(FaultToleranceConfig(), {"rank_section_timeouts": {"step": "x"}}, frozenset())

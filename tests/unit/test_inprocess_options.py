@@ -18,6 +18,7 @@ from ft_core.inprocess import (
     TCPStoreFactory,
     Wrapper,
 )
+from ft_core.validation import ValidationError
 
 FAST = dict(soft_timeout=1.0, hard_timeout=2.0, heartbeat_timeout=5.0, barrier_timeout=10.0,
             monitor_process_interval=0.5, progress_watchdog_interval=0.5, termination_grace_time=1.0)
@@ -36,32 +37,33 @@ def test_defaults_are_valid():
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        (dict(soft_timeout=3.0), "soft_timeout=3.0 is invalid; allowed: soft_timeout < hard_timeout < barrier_timeout"),
-        (dict(hard_timeout=10.0), "hard_timeout=10.0 is invalid; allowed: soft_timeout < hard_timeout < barrier"),
-        (dict(heartbeat_timeout=10.0), "heartbeat_timeout=10.0 is invalid; allowed: heartbeat_timeout < barrier"),
-        (dict(monitor_thread_interval=1.0), "monitor_thread_interval=1.0 is invalid"),
-        (dict(monitor_process_interval=1.5), "monitor_process_interval=1.5 is invalid"),
-        (dict(progress_watchdog_interval=1.0), "progress_watchdog_interval=1.0 is invalid"),
+        (dict(soft_timeout=3.0), "soft_timeout: invalid value 3.0; allowed: soft_timeout < hard_timeout < barrier_"),
+        (dict(hard_timeout=10.0), "hard_timeout: invalid value 10.0; allowed: soft_timeout < hard_timeout < barrier"),
+        (dict(heartbeat_timeout=10.0), "heartbeat_timeout: invalid value 10.0; allowed: heartbeat_timeout < barrier"),
+        (dict(monitor_thread_interval=1.0), "monitor_thread_interval: invalid value 1.0"),
+        (dict(monitor_process_interval=1.5), "monitor_process_interval: invalid value 1.5"),
+        (dict(progress_watchdog_interval=1.0), "progress_watchdog_interval: invalid value 1.0"),
         (dict(termination_grace_time=8.0), "hard_timeout + termination_grace_time < barrier_timeout"),
-        (dict(soft_timeout=-1.0), "soft_timeout=-1.0 is invalid; allowed: a finite number of seconds > 0"),
-        (dict(barrier_timeout=float("inf")), "barrier_timeout=inf is invalid"),
-        (dict(hard_timeout="2"), "hard_timeout='2' is invalid"),
-        (dict(soft_timeout=True), "soft_timeout=True is invalid"),
-        (dict(interrupt_signal=9), "interrupt_signal=9 is invalid; allowed: a catchable signal number"),
+        (dict(soft_timeout=-1.0), "soft_timeout: invalid value -1.0; allowed: a positive number of seconds"),
+        (dict(barrier_timeout=float("inf")), "barrier_timeout: invalid value inf"),
+        (dict(hard_timeout="2"), "hard_timeout: invalid value '2'"),
+        (dict(soft_timeout=True), "soft_timeout: invalid value True"),
+        (dict(interrupt_signal=9), "interrupt_signal: invalid value 9; allowed: a catchable signal number"),
     ],
 )
 def test_invalid_times_name_argument_value_and_rule(changes, expected):
-    with pytest.raises(ValueError, match="Wrapper: ") as info:
+    with pytest.raises(ValidationError, match="^Wrapper[.]") as info:
         Wrapper(**{**FAST, **changes})
+    assert isinstance(info.value, ValueError)
     assert expected in str(info.value)
 
 
 def test_options_are_keyword_only_and_hooks_callable():
     with pytest.raises(TypeError):
         Wrapper(None)  # type: ignore[misc]
-    with pytest.raises(TypeError, match="health_check=3 is invalid; allowed: None or a callable"):
+    with pytest.raises(TypeError, match="Wrapper.health_check: invalid value 3; allowed: None or a callable"):
         Wrapper(health_check=3)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="rank_assignment=None is invalid"):
+    with pytest.raises(TypeError, match="Wrapper.rank_assignment: invalid value None"):
         Wrapper(rank_assignment=None)  # type: ignore[arg-type]
     Wrapper(progress_watchdog_interval=None, abort=None)
 
@@ -73,7 +75,7 @@ def test_retry_controller_limits_iterations_and_world_size():
         controller(state(iteration=2))
     with pytest.raises(RestartAbort, match="2 active ranks left, min_world_size=3"):
         controller(state(world_size=2))
-    with pytest.raises(ValueError, match="RetryController: max_iterations=0 is invalid; allowed: an int >= 1"):
+    with pytest.raises(ValueError, match="RetryController.max_iterations: invalid value 0; allowed: an integer >= 1"):
         RetryController(max_iterations=0)
 
 
@@ -82,7 +84,7 @@ def test_fault_counter_and_compose():
     check(state(fault_count=1))
     with pytest.raises(HealthCheckError, match="rank 0 had 2 faults"):
         check(state(fault_count=2))
-    with pytest.raises(ValueError, match="FaultCounter: max_rank_faults=0"):
+    with pytest.raises(ValueError, match="FaultCounter.max_rank_faults: invalid value 0"):
         FaultCounter(0)
     with pytest.raises(TypeError, match="hook #1"):
         Compose(ActiveWorldSize(1), "nope")  # type: ignore[arg-type]
@@ -103,10 +105,10 @@ def test_tcp_store_factory_reads_the_launcher_environment(monkeypatch):
     monkeypatch.setenv("FT_INPROCESS_STORE_PORT", "4000")
     assert TCPStoreFactory().resolve().port == 4000
     monkeypatch.setenv("FT_INPROCESS_STORE_PORT", "port")
-    with pytest.raises(ValueError, match="FT_INPROCESS_STORE_PORT='port' is invalid; allowed: a TCP port"):
+    with pytest.raises(ValueError, match="FT_INPROCESS_STORE_PORT: invalid value 'port'; allowed: an integer from 1"):
         TCPStoreFactory().resolve()
     monkeypatch.delenv("MASTER_ADDR")
-    with pytest.raises(ValueError, match="MASTER_ADDR is not set"):
+    with pytest.raises(ValueError, match="TCPStoreFactory.host_name: host_name=None and MASTER_ADDR is not set"):
         TCPStoreFactory().resolve()
 
 

@@ -31,12 +31,16 @@ def test_enable_flag_and_its_alias(flag):
     assert (args.ft_num_warmup_iters, args.ft_calc_timeouts_after_iters, args.ft_state_file) == (0, 3, "/tmp/x.json")
 
 
-@pytest.mark.parametrize("argv", [["--ft-num-warmup-iters=-1"], ["--ft-calc-timeouts-after-iters=0"],
-                                  ["--ft-num-warmup-iters=two"]])
-def test_bad_numbers_are_rejected(argv, capsys):
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ft-num-warmup-iters=-1"], "argument --ft-num-warmup-iters: invalid value '-1'; allowed: an integer >= 0"),
+    (["--ft-calc-timeouts-after-iters=0"],
+     "argument --ft-calc-timeouts-after-iters: invalid value '0'; allowed: an integer >= 1"),
+    (["--ft-num-warmup-iters=two"], "argument --ft-num-warmup-iters: invalid value 'two'; allowed: an integer >= 0"),
+])
+def test_bad_numbers_are_rejected_naming_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit):
         add_ft_args(argparse.ArgumentParser()).parse_args(argv)
-    assert "expected an integer" in capsys.readouterr().err
+    assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("config_first", [True, False])

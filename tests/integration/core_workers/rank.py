@@ -1,6 +1,8 @@
 """A training rank without torch: talks to the node monitor and misbehaves on request.
 
-Usage: python rank.py SCENARIO [--ready-file F] [--state-file F]
+Usage: python rank.py SCENARIO [--ready-file F] [--beats N] [--interval S] [--fallback JSON]
+
+Prints one JSON line at a graceful end: heartbeats dropped, and the config the monitor sent.
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ def main() -> None:
     parser.add_argument("--ready-file")
     parser.add_argument("--beats", type=int, default=5)
     parser.add_argument("--interval", type=float, default=0.05)
+    parser.add_argument("--fallback", type=json.loads, default=None, help="fallback_config as JSON")
     args = parser.parse_args()
 
     client = RankMonitorClient()
-    client.init_workload_monitoring()
+    client.init_workload_monitoring(fallback_config=args.fallback)
+    cfg = client.cfg.to_dict()  # the monitor's config for this rank, from its HelloAck
     if args.ready_file:
         with open(args.ready_file, "w") as handle:
             handle.write(str(os.getpid()))
@@ -66,7 +70,7 @@ def main() -> None:
         client.shutdown_workload_monitoring()
     else:
         raise SystemExit(f"unknown scenario {args.scenario}")
-    print(json.dumps({"dropped": client.dropped_heartbeats}))
+    print(json.dumps({"dropped": client.dropped_heartbeats, "cfg": cfg}))
 
 
 if __name__ == "__main__":

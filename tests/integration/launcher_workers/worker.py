@@ -18,7 +18,9 @@ FT_TEST_STEPS         steps per cycle (default 5); "forever" runs until signalle
 FT_TEST_STEP_TIME     seconds slept per step (default 0.05)
 FT_TEST_CHECKPOINT    report this checkpointed iteration at step 0 (default: none)
 FT_TEST_ON_SIGTERM    "exit0" (exit 0 on SIGTERM) | "ignore"; default: Python's default
-FT_TEST_RECORD        JSON-lines file: pid, rank, cycle and timestamps of each worker
+FT_TEST_FALLBACK      JSON object: the fallback_config this worker offers the monitor
+FT_TEST_RECORD        JSON-lines file: pid, rank, cycle and timestamps of each worker, and the config
+                      the monitor sent it ("monitor_config")
 """
 
 from __future__ import annotations
@@ -119,8 +121,12 @@ def main() -> int:
     imported = time.time()
     dist.init_process_group("gloo")
     # Under plain torchrun (the benchmark's baseline) there is no monitor to talk to.
-    client = RankMonitorClient() if os.environ.get("FT_RANK_MONITOR_IPC_SOCKET") else NoMonitor()
-    client.init_workload_monitoring()
+    monitored = bool(os.environ.get("FT_RANK_MONITOR_IPC_SOCKET"))
+    client = RankMonitorClient() if monitored else NoMonitor()
+    fallback = os.environ.get("FT_TEST_FALLBACK")
+    client.init_workload_monitoring(fallback_config=json.loads(fallback) if fallback else None)
+    if monitored:
+        record(event="monitor_config", config=client.cfg.to_dict())
     client.send_heartbeat()
     record(event="first_heartbeat", time=time.time(), imported=imported)
 
