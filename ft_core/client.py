@@ -32,7 +32,7 @@ from typing import IO, Any, Optional
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.data import WorkloadAction, WorkloadControlRequest
-from ft_core.monitor import TOKEN_ENV, stack_dump_dir
+from ft_core.jobdir import TOKEN_ENV, stack_dump_dir
 from ft_core.protocol import (
     Ack,
     EndAllSections,

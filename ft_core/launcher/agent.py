@@ -30,6 +30,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 
 from ft_core.client import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV
 from ft_core.data import WorkloadAction
+from ft_core.jobdir import TOKEN_ENV
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.coordination import (
     CycleInfo,
@@ -43,7 +44,6 @@ from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.process import workers_die_with_agent
 from ft_core.launcher.progress import ProgressTracker
-from ft_core.monitor import TOKEN_ENV
 
 __all__ = ["FtElasticAgent", "Outcome", "Services"]
 

@@ -7,7 +7,8 @@ import os
 from typing import Any, Optional
 
 from ft_core.config import FaultToleranceConfig
-from ft_core.monitor import MonitorProcess, RankMonitorServer, read_events
+from ft_core.events import read_events
+from ft_core.monitor import MonitorProcess, RankMonitorServer
 
 __all__ = ["NodeMonitor"]
 

@@ -11,6 +11,7 @@ from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorCli
 from ft_core.config import FALLBACK_FIELDS, ConfigError, FaultToleranceConfig
 from ft_core.data import WorkloadControlRequest
 from ft_core.fileutil import atomic_write_json, read_json
+from ft_core.monitor.standalone import connect_standalone
 from ft_integrations.lightning._pl import (
     Callback,
     MisconfigurationException,
@@ -20,7 +21,6 @@ from ft_integrations.lightning._pl import (
 )
 from ft_integrations.lightning.checkpoint_io import FaultToleranceCheckpointIO
 from ft_integrations.lightning.fault_injection import FaultInjector, SimulatedFault
-from ft_integrations.lightning.standalone import connect_standalone
 
 __all__ = ["FaultToleranceCallback"]
 
