@@ -13,7 +13,8 @@ import tempfile
 import textwrap
 
 from ft_core.config import FaultToleranceConfig
-from ft_core.monitor import RankMonitorServer, read_events
+from ft_core.events import read_events
+from ft_core.monitor import RankMonitorServer
 
 RANK_CODE = textwrap.dedent("""
     import os, time

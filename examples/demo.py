@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 
-from ft_core.monitor import read_events
+from ft_core.events import read_events
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(REPO, "outputs", "demo")

@@ -21,6 +21,7 @@ from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
 
 from ft_core import procutil
 from ft_core.config import FaultToleranceConfig
+from ft_core.events import LauncherExit, LauncherStarted
 from ft_core.launcher.agent import FtElasticAgent, Outcome, Services
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
@@ -56,10 +57,10 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     try:
         monitor.start()
         control = WorkloadControlServer(os.path.join(job_dir, "launcher.sock"), token, cfg.max_frame_bytes)
-        events.record("launcher_started", run_id=config.run_id, min_nodes=config.min_nodes,
-                      max_nodes=config.max_nodes, nproc_per_node=config.nproc_per_node,
-                      max_restarts=config.max_restarts, rdzv_backend=config.rdzv_backend,
-                      monitor_pid=monitor.pid, config=cfg.to_dict())
+        events.write(LauncherStarted(
+            run_id=config.run_id, min_nodes=config.min_nodes, max_nodes=config.max_nodes,
+            nproc_per_node=config.nproc_per_node, max_restarts=config.max_restarts,
+            rdzv_backend=config.rdzv_backend, monitor_pid=monitor.pid, config=cfg.to_dict()))
         services = Services(monitor, control, events, token)
         agent = FtElasticAgent(
             _worker_spec(config, entrypoint, args), config.logs_specs, services=services, options=options,
@@ -81,7 +82,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
             control.close()
         monitor.stop()
         shutil.rmtree(job_dir, ignore_errors=True)
-        events.record("exit", exit_code=outcome.exit_code, reason=outcome.reason)
+        events.write(LauncherExit(exit_code=outcome.exit_code, reason=outcome.reason))
         print(events.summary(outcome.exit_code, outcome.reason), file=sys.stderr, flush=True)
         events.close()
     return outcome.exit_code

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Optional
+from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
-from ft_core.events import read_events
+from ft_core.events import Event, read_records
 from ft_core.monitor import MonitorProcess, RankMonitorServer
 
 __all__ = ["NodeMonitor"]
@@ -51,9 +51,9 @@ class NodeMonitor:
             self._proc.kill()
         self.start()
 
-    def poll_events(self) -> list[dict[str, Any]]:
-        """Events the monitor recorded since the previous call."""
-        events, self._offset = read_events(self.events_path, self._offset)
+    def poll_events(self) -> list[Event]:
+        """Records the monitor wrote since the previous call."""
+        events, self._offset = read_records(self.events_path, self._offset)
         return events
 
     def stop(self) -> None:

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Optional
+from typing import Optional
 
-from ft_core.events import HangReason
+import msgspec
+
+from ft_core.events import HangDetected, HangReason
 
 __all__ = ["DUMP_POLL", "Expiry", "Hang", "HangState"]
 
@@ -43,21 +45,11 @@ class Expiry:
 
 @dataclasses.dataclass
 class Hang:
-    """One hung rank, from detection to termination (monotonic times unless named ``*_time``)."""
+    """One hung rank, from detection to termination (times are monotonic, ``report`` has unix times)."""
 
-    rank: int
-    pid: int
-    reason: HangReason
-    section: Optional[str]
-    elapsed: float
-    timeout: float
-    iteration: Optional[int]
-    open_sections: list[str]
-    deadline_time: float  # unix time the deadline passed
-    detected_time: float  # unix time the monitor noticed
+    #: The ``hang_detected`` record; the stack is added when the rank is terminated.
+    report: HangDetected
     state: HangState = HangState.DETECTED
-    stack: Optional[str] = None
-    stack_dump_file: Optional[str] = None
     #: Size of the rank's dump file before the dump was asked for: the new stack starts there.
     dump_offset: int = 0
     dump_deadline: float = 0.0
@@ -67,20 +59,15 @@ class Hang:
     def detect(cls, expiry: Expiry, *, rank: int, pid: int, iteration: Optional[int], open_sections: list[str],
                now: float, wall_now: float) -> Hang:
         """The hang of a rank whose ``expiry`` passed at monotonic ``now`` (unix ``wall_now``)."""
-        return cls(rank=rank, pid=pid, reason=expiry.reason, section=expiry.section,
-                   elapsed=round(now - expiry.since, 3), timeout=expiry.timeout, iteration=iteration,
-                   open_sections=sorted(open_sections), deadline_time=wall_now - (now - expiry.deadline),
-                   detected_time=wall_now)
+        return cls(HangDetected(
+            time=wall_now, rank=rank, pid=pid, reason=expiry.reason, section=expiry.section,
+            elapsed=round(now - expiry.since, 3), timeout=expiry.timeout, iteration=iteration,
+            open_sections=sorted(open_sections), deadline_time=wall_now - (now - expiry.deadline),
+            detected_time=wall_now, stack_dump_file=None))
 
     @property
     def terminated(self) -> bool:
         return self.state is HangState.TERMINATED
-
-    def describe(self) -> str:
-        """The hang in one sentence, for logs and restart reasons."""
-        where = f" in section {self.section!r}" if self.section else ""
-        return (f"rank {self.rank} (pid {self.pid}) hung: {self.reason.value} timeout{where}, "
-                f"{self.elapsed:.1f} s elapsed > {self.timeout:.1f} s allowed, iteration {self.iteration}")
 
     def request_stack_dump(self, dump_offset: int, deadline: float) -> None:
         """The dump signal was sent: wait for new bytes past ``dump_offset`` until ``deadline``."""
@@ -104,23 +91,17 @@ class Hang:
         self._dump_last_size = dump_size
         return None if settled else min(DUMP_POLL, self.dump_deadline - now)
 
-    def terminate(self, stack: Optional[str] = None, stack_dump_file: Optional[str] = None) -> None:
-        """The termination signal is being sent; ``stack`` is what the dump file gained, if anything."""
-        if self.state is HangState.TERMINATED:
-            raise RuntimeError(f"rank {self.rank}: hang already terminated")
-        self.stack = stack
-        self.stack_dump_file = stack_dump_file
-        self.state = HangState.TERMINATED
+    def terminate(self, stack: Optional[str] = None, stack_dump_file: Optional[str] = None) -> HangDetected:
+        """The termination signal is being sent; ``stack`` is what the dump file gained, if anything.
 
-    def event_fields(self) -> dict[str, Any]:
-        """The fields of the ``hang_detected`` event."""
-        return {
-            "rank": self.rank, "pid": self.pid, "reason": self.reason.value, "section": self.section,
-            "elapsed": self.elapsed, "timeout": self.timeout, "iteration": self.iteration,
-            "open_sections": self.open_sections, "deadline_time": self.deadline_time,
-            "detected_time": self.detected_time, "stack_dump_file": self.stack_dump_file, "stack": self.stack,
-        }
+        Returns the final ``hang_detected`` record.
+        """
+        if self.state is HangState.TERMINATED:
+            raise RuntimeError(f"rank {self.report.rank}: hang already terminated")
+        self.report = msgspec.structs.replace(self.report, stack=stack, stack_dump_file=stack_dump_file)
+        self.state = HangState.TERMINATED
+        return self.report
 
     def _expect(self, state: HangState) -> None:
         if self.state is not state:
-            raise RuntimeError(f"rank {self.rank}: hang is {self.state.value}, expected {state.value}")
+            raise RuntimeError(f"rank {self.report.rank}: hang is {self.state.value}, expected {state.value}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
-import json
 import logging
 import os
 import selectors
@@ -25,11 +24,22 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Any, Optional
+from typing import Optional
 
 from ft_core import procutil
 from ft_core.config import FaultToleranceConfig, with_fallback
-from ft_core.events import HangReason
+from ft_core.events import (
+    CheckpointReported,
+    ConnectionRejected,
+    Event,
+    EventWriter,
+    HangReason,
+    MonitorStarted,
+    RankConnected,
+    RankDisconnected,
+    RankTerminated,
+    TimeoutsUpdated,
+)
 from ft_core.jobdir import stack_dump_dir
 from ft_core.monitor.hang import Expiry, Hang
 from ft_core.monitor.process import MonitorProcess, run_in_subprocess
@@ -158,7 +168,7 @@ class RankMonitorServer:
         self._selector = selectors.DefaultSelector()
         self._connections: dict[int, _Connection] = {}
         self._listener: Optional[socket.socket] = None
-        self._events_file = None
+        self._events: Optional[EventWriter] = None
         self._running = False
         self._parent_pid = os.getppid()
 
@@ -174,7 +184,7 @@ class RankMonitorServer:
         listener.setblocking(False)
         self._selector.register(listener, selectors.EVENT_READ, None)
         self._listener = listener
-        self._events_file = open(self.events_path, "a", encoding="utf-8")  # noqa: SIM115 - lives with the server
+        self._events = EventWriter(self.events_path, mode=0o600)
 
     def close(self) -> None:
         for conn in list(self._connections.values()):
@@ -187,25 +197,23 @@ class RankMonitorServer:
                 os.unlink(self.socket_path)
             except FileNotFoundError:
                 pass
-        if self._events_file is not None:
-            self._events_file.close()
-            self._events_file = None
+        if self._events is not None:
+            self._events.close()
+            self._events = None
 
     def stop(self) -> None:
         """Make :meth:`serve_forever` return (safe from a signal handler)."""
         self._running = False
 
     # -- event log --------------------------------------------------------
-    def _record(self, event: str, **fields: Any) -> None:
-        if self._events_file is None:
-            return
-        self._events_file.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
-        self._events_file.flush()
+    def _record(self, record: Event) -> None:
+        if self._events is not None:
+            self._events.write(record)
 
     # -- main loop --------------------------------------------------------
     def serve_forever(self, ready_callback: Optional[Callable[[], None]] = None) -> None:
         self._listen()
-        self._record("monitor_started", pid=os.getpid(), socket=self.socket_path)
+        self._record(MonitorStarted(pid=os.getpid(), socket=self.socket_path))
         log.info("rank monitor serving on %s (pid %d)", self.socket_path, os.getpid())
         if ready_callback is not None:
             ready_callback()
@@ -296,7 +304,7 @@ class RankMonitorServer:
     def _reject(self, conn: _Connection, reason: str) -> None:
         who = f"rank {conn.rank.rank}" if conn.rank else f"pid {conn.peer_pid}"
         log.warning("closing connection from %s: %s", who, reason)
-        self._record("connection_rejected", pid=conn.peer_pid, reason=reason)
+        self._record(ConnectionRejected(pid=conn.peer_pid, reason=reason))
         self._drop(conn, log_it=False)
 
     def _drop(self, conn: _Connection, log_it: bool = True) -> None:
@@ -309,7 +317,7 @@ class RankMonitorServer:
         if rank is not None and log_it:
             if rank.hang is None and not conn.graceful:
                 log.warning("rank %d (pid %d) disconnected without shutdown", rank.rank, rank.pid)
-            self._record("rank_disconnected", rank=rank.rank, pid=rank.pid, graceful=conn.graceful)
+            self._record(RankDisconnected(rank=rank.rank, pid=rank.pid, graceful=conn.graceful))
         conn.rank = None
 
     # -- messages ---------------------------------------------------------
@@ -341,13 +349,13 @@ class RankMonitorServer:
             except ValueError as exc:
                 self._reply(conn, Ack(ok=False, error=str(exc)))
                 return
-            self._record("timeouts_updated", rank=rank.rank, timeouts=msg.state)
+            self._record(TimeoutsUpdated(rank=rank.rank, timeouts=msg.state))
             # All ranks send the same synchronized values: log them once, for rank 0.
             log.log(logging.INFO if rank.rank == 0 else logging.DEBUG,
                     "timeouts updated: heartbeat %s, sections %s", rank.hb.to_dict(), rank.sections.to_dict())
             self._reply(conn, Ack())
         elif isinstance(msg, ReportCheckpoint):
-            self._record("checkpoint_reported", rank=rank.rank, iteration=msg.iteration)
+            self._record(CheckpointReported(rank=rank.rank, iteration=msg.iteration))
         elif isinstance(msg, Goodbye):
             conn.graceful = True
             log.debug("rank %d ends monitoring", rank.rank)
@@ -405,15 +413,15 @@ class RankMonitorServer:
             connected_at=now, hb=hb, sections=sections, dump_path=msg.dump_path, out_of_section_since=now,
         )
         self._reply(conn, HelloAck(config=cfg.to_dict()))
-        self._record("rank_connected", rank=msg.rank, local_rank=msg.local_rank, pid=pid,
-                     restart_count=msg.restart_count)
+        self._record(RankConnected(rank=msg.rank, local_rank=msg.local_rank, pid=pid,
+                                   restart_count=msg.restart_count))
         log.debug("rank %d (pid %d) connected", msg.rank, pid)
 
     # -- hang handling ----------------------------------------------------
     def _on_hang(self, rank: _Rank, expiry: Expiry, now: float) -> None:
         hang = rank.hang = Hang.detect(expiry, rank=rank.rank, pid=rank.pid, iteration=rank.iteration,
                                        open_sections=list(rank.open_sections), now=now, wall_now=time.time())
-        log.error("%s", hang.describe())
+        log.error("%s", hang.report.describe())
         sig = self.cfg.stack_dump_signal
         if sig is not None and rank.dump_path and rank.pid > 0:
             try:
@@ -445,8 +453,7 @@ class RankMonitorServer:
                 handle.seek(hang.dump_offset)
                 stack = handle.read()
             log.error("stack of hung rank %d (from %s):\n%s", rank.rank, rank.dump_path, stack.rstrip())
-        hang.terminate(stack, rank.dump_path if stack is not None else None)
-        self._record("hang_detected", **hang.event_fields())
+        self._record(hang.terminate(stack, rank.dump_path if stack is not None else None))
         sig = self.cfg.rank_termination_signal
         if rank.pid > 0:
             try:
@@ -455,7 +462,7 @@ class RankMonitorServer:
                 log.error("sent %s to rank %d (pid %d)", sig.name, rank.rank, rank.pid)
             except ProcessLookupError:
                 log.warning("rank %d (pid %d) already exited", rank.rank, rank.pid)
-        self._record("rank_terminated", rank=rank.rank, pid=rank.pid, signal=sig.name)
+        self._record(RankTerminated(rank=rank.rank, pid=rank.pid, signal=sig.name))
 
     # -- subprocess helper ------------------------------------------------
     @classmethod

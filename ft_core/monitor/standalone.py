@@ -20,6 +20,7 @@ is ``ft_launcher``'s job.
 from __future__ import annotations
 
 import atexit
+import functools
 import hashlib
 import logging
 import os
@@ -30,7 +31,7 @@ import tempfile
 from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
 from ft_core.deadline import wait_until
-from ft_core.events import read_events
+from ft_core.events import RankConnected, RankDisconnected, read_records
 from ft_core.monitor.process import MonitorProcess, run_in_subprocess
 
 __all__ = ["connect_standalone", "standalone_socket_path", "start_standalone", "stop_standalone_monitors"]
@@ -110,19 +111,23 @@ def _serving(path: str) -> bool:
 
 def _connected_ranks(monitor: MonitorProcess, offset: int) -> int:
     connected = 0
-    for event in read_events(monitor.events_path, offset)[0]:
-        if event["event"] == "rank_connected":
+    for event in read_records(monitor.events_path, offset)[0]:
+        if isinstance(event, RankConnected):
             connected += 1
-        elif event["event"] == "rank_disconnected":
+        elif isinstance(event, RankDisconnected):
             connected -= 1
     return connected
+
+
+def _drained(monitor: MonitorProcess, offset: int) -> bool:
+    return not monitor.is_alive() or _connected_ranks(monitor, offset) <= 0
 
 
 def stop_standalone_monitors() -> None:
     """Stop the monitors this process started (at exit; also usable by tests)."""
     for monitor, offset in _monitors.values():
         # Let slower local ranks say goodbye first, so they do not log a lost monitor.
-        wait_until(lambda m=monitor, o=offset: not m.is_alive() or _connected_ranks(m, o) <= 0, DRAIN_TIMEOUT)
+        wait_until(functools.partial(_drained, monitor, offset), DRAIN_TIMEOUT)
         monitor.stop()
         # A clean stop leaves nothing behind. A local rank 0 killed for a hang never gets here: then
         # the directory stays, with the events and stack dumps.
