@@ -20,6 +20,7 @@ import subprocess
 import sys
 
 from ft_core.events import read_events
+from ft_core.jobdir import FINISHED_FLAG_ENV, LAUNCHER_EVENTS_FILE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(REPO, "outputs", "demo")
@@ -36,8 +37,8 @@ def main() -> int:
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
     logs, flag = os.path.join(OUT, "logs"), os.path.join(OUT, "finished.flag")
-    env = dict(os.environ, FT_RECIPE_RUN_DIR=os.path.join(OUT, "run"), FAULT_TOL_FINISHED_FLAG_FILE=flag,
-               PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, FT_RECIPE_RUN_DIR=os.path.join(OUT, "run"), PYTHONWARNINGS="ignore",
+               PYTHONUNBUFFERED="1", **{FINISHED_FLAG_ENV: flag})
     command = [sys.executable, "-m", "ft_core.launcher", "--nproc-per-node=2", "--max-restarts=3",
                f"--log-dir={logs}", os.path.join(REPO, "recipes", "train.py"),
                "fault_tolerance=sections", "fault=hang_rank1", *sys.argv[1:]]
@@ -51,7 +52,7 @@ def main() -> int:
             if not NOISE.search(line):
                 print(line, end="", flush=True)
         code = proc.wait()
-    return recap(code, os.path.join(logs, "ft_events.jsonl"), flag)
+    return recap(code, os.path.join(logs, LAUNCHER_EVENTS_FILE), flag)
 
 
 def recap(code: int, events_path: str, flag: str) -> int:

@@ -29,7 +29,6 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousGracefulExitError
 
-from ft_core.client import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV
 from ft_core.data import WorkloadAction
 from ft_core.events import (
     CheckpointReported,
@@ -51,7 +50,7 @@ from ft_core.events import (
     WorkersSucceeded,
     WorkloadControlReceived,
 )
-from ft_core.jobdir import TOKEN_ENV
+from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV, saved_stack_path
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.coordination import (
     CycleInfo,
@@ -219,6 +218,7 @@ class FtElasticAgent(LocalElasticAgent):
         # A rank's request goes first: when the rank exits right after asking (an exception policy
         # does), its exit and its peers' failures are the effect of the request, not a fault to restart.
         trigger = self._control_trigger() or self._local_trigger(result)
+        decision: Optional[Decision]
         if trigger is not None and trigger.kind is RestartKind.SHUTDOWN:
             decision = self._coord.request_stop(trigger.reason, self._opts.no_restart_exit_code)
         elif trigger is not None:
@@ -340,10 +340,9 @@ class FtElasticAgent(LocalElasticAgent):
         """Keep the hung rank's stack next to the event log (the job dir is removed at exit)."""
         if not hang.stack:
             return hang.stack_dump_file
-        directory = os.path.join(os.path.dirname(self._svc.events.path), "ft_stacks")
-        path = os.path.join(directory, f"cycle{self._cycle_number()}_rank{hang.rank}_pid{hang.pid}.txt")
+        path = saved_stack_path(self._svc.events.path, self._cycle_number(), hang.rank, hang.pid)
         try:
-            os.makedirs(directory, exist_ok=True)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8") as handle:
                 handle.write(hang.stack)
         except OSError as exc:

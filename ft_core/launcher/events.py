@@ -1,4 +1,4 @@
-"""The launcher's event log (``ft_events.jsonl``) and the human summary printed at exit.
+"""The launcher's event log (``<log dir>/ft_events.jsonl``) and the human summary printed at exit.
 
 Records are the typed events of :mod:`ft_core.events`, written by its
 :class:`~ft_core.events.EventWriter`: one JSON object per line with at least
@@ -17,10 +17,11 @@ import time
 from typing import Optional
 
 from ft_core.events import Event, EventWriter, RestartKind
+from ft_core.jobdir import LAUNCHER_EVENTS_FILE
 
 __all__ = ["EventLog", "EVENTS_FILE_NAME"]
 
-EVENTS_FILE_NAME = "ft_events.jsonl"
+EVENTS_FILE_NAME = LAUNCHER_EVENTS_FILE
 
 
 class EventLog:

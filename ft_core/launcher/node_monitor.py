@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.events import Event, read_records
+from ft_core.jobdir import JobDir
 from ft_core.monitor import MonitorProcess, RankMonitorServer
 
 __all__ = ["NodeMonitor"]
@@ -22,10 +22,10 @@ class NodeMonitor:
     workers started after a respawn find it where they expect it.
     """
 
-    def __init__(self, cfg: FaultToleranceConfig, job_dir: str, token: str) -> None:
+    def __init__(self, cfg: FaultToleranceConfig, job_dir: JobDir, token: str) -> None:
         self.cfg = cfg
-        self.socket_path = os.path.join(job_dir, "monitor.sock")
-        self.events_path = os.path.join(job_dir, "monitor_events.jsonl")
+        self.socket_path = job_dir.monitor_socket
+        self.events_path = job_dir.monitor_events
         self._token = token
         self._proc: Optional[MonitorProcess] = None
         self._offset = 0

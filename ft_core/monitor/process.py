@@ -13,7 +13,7 @@ from typing import Any, Optional
 from ft_core import procutil
 from ft_core.config import FaultToleranceConfig
 from ft_core.events import read_events
-from ft_core.jobdir import TOKEN_ENV
+from ft_core.jobdir import TOKEN_ENV, JobDir, make_private_dir, token_path, write_private_file
 
 __all__ = ["MonitorProcess", "run_in_subprocess"]
 
@@ -37,8 +37,9 @@ def run_in_subprocess(
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
     os.environ[TOKEN_ENV] = token
     socket_path = os.path.abspath(socket_path)
-    procutil.make_private_dir(os.path.dirname(socket_path))
-    procutil.write_private_file(socket_path + ".token", token)
+    job_dir = JobDir.of_socket(socket_path)
+    make_private_dir(job_dir.path)
+    write_private_file(token_path(socket_path), token)
     child_env = dict(os.environ if env is None else env)
     child_env[TOKEN_ENV] = token  # via the environment: argv is visible to every user
     args = [sys.executable, "-m", "ft_core.monitor", "--socket", socket_path,
@@ -47,8 +48,7 @@ def run_in_subprocess(
         args += ["--events", events_path]
     proc = subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE,
                             preexec_fn=procutil.die_with_parent)
-    handle = MonitorProcess(proc, socket_path, token, events_path or os.path.join(
-        os.path.dirname(socket_path), "monitor_events.jsonl"))
+    handle = MonitorProcess(proc, socket_path, token, events_path or job_dir.monitor_events)
     handle.wait_ready(start_timeout)
     return handle
 

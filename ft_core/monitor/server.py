@@ -26,7 +26,6 @@ import time
 from collections.abc import Callable
 from typing import Optional
 
-from ft_core import procutil
 from ft_core.config import FaultToleranceConfig, with_fallback
 from ft_core.events import (
     CheckpointReported,
@@ -40,7 +39,7 @@ from ft_core.events import (
     RankTerminated,
     TimeoutsUpdated,
 )
-from ft_core.jobdir import stack_dump_dir
+from ft_core.jobdir import LAUNCHER_SOCKET_ENV, PRIVATE_FILE_MODE, JobDir
 from ft_core.monitor.hang import Expiry, Hang
 from ft_core.monitor.process import MonitorProcess, run_in_subprocess
 from ft_core.protocol import (
@@ -147,7 +146,7 @@ class RankMonitorServer:
         cfg: timeouts and behaviour; ranks receive it in the handshake.
         socket_path: where to listen. Its directory is created with mode 0700.
         token: the job secret every connection must present first.
-        events_path: JSON-lines event log (default ``<socket dir>/monitor_events.jsonl``).
+        events_path: JSON-lines event log (default: the socket's :class:`~ft_core.jobdir.JobDir` ``monitor_events``).
     """
 
     def __init__(
@@ -162,9 +161,9 @@ class RankMonitorServer:
         self.cfg = cfg
         self.socket_path = os.path.abspath(socket_path)
         self._token = token.encode()
-        job_dir = os.path.dirname(self.socket_path)
-        self.events_path = events_path or os.path.join(job_dir, "monitor_events.jsonl")
-        self.dump_dir = stack_dump_dir(self.socket_path)
+        self.job_dir = JobDir.of_socket(self.socket_path)
+        self.events_path = events_path or self.job_dir.monitor_events
+        self.dump_dir = self.job_dir.stacks
         self._selector = selectors.DefaultSelector()
         self._connections: dict[int, _Connection] = {}
         self._listener: Optional[socket.socket] = None
@@ -174,17 +173,16 @@ class RankMonitorServer:
 
     # -- setup / teardown -------------------------------------------------
     def _listen(self) -> None:
-        procutil.make_private_dir(os.path.dirname(self.socket_path))
-        os.makedirs(self.dump_dir, mode=0o700, exist_ok=True)
+        self.job_dir.create()
         _remove_stale_socket(self.socket_path)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(self.socket_path)
-        os.chmod(self.socket_path, 0o600)
+        os.chmod(self.socket_path, PRIVATE_FILE_MODE)
         listener.listen(256)
         listener.setblocking(False)
         self._selector.register(listener, selectors.EVENT_READ, None)
         self._listener = listener
-        self._events = EventWriter(self.events_path, mode=0o600)
+        self._events = EventWriter(self.events_path, mode=PRIVATE_FILE_MODE)
 
     def close(self) -> None:
         for conn in list(self._connections.values()):
@@ -362,7 +360,7 @@ class RankMonitorServer:
             self._reply(conn, Ack())
             self._drop(conn)
         elif isinstance(msg, WorkloadControl):
-            self._reply(conn, Ack(ok=False, error="workload control requests go to FT_LAUNCHER_IPC_SOCKET"))
+            self._reply(conn, Ack(ok=False, error=f"workload control requests go to {LAUNCHER_SOCKET_ENV}"))
         else:
             raise ProtocolError(f"unexpected message {type(msg).__name__}")
 

@@ -28,10 +28,11 @@ import shutil
 import socket
 import tempfile
 
-from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
+from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
 from ft_core.deadline import wait_until
 from ft_core.events import RankConnected, RankDisconnected, read_records
+from ft_core.jobdir import MONITOR_SOCKET_ENV, JobDir
 from ft_core.monitor.process import MonitorProcess, run_in_subprocess
 
 __all__ = ["connect_standalone", "standalone_socket_path", "start_standalone", "stop_standalone_monitors"]
@@ -56,9 +57,9 @@ def standalone_socket_path() -> str:
     if not identity.strip("/"):
         identity = f"pid{os.getpid()}"  # a single process: nobody else needs to find it
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
-    name = os.path.join(f"ft-{os.getuid()}-{digest}", "monitor.sock")
-    path = os.path.join(tempfile.gettempdir(), name)
-    return path if len(path.encode()) <= _MAX_SOCKET_PATH else os.path.join("/tmp", name)
+    name = f"ft-{os.getuid()}-{digest}"
+    path = JobDir(os.path.join(tempfile.gettempdir(), name)).monitor_socket
+    return path if len(path.encode()) <= _MAX_SOCKET_PATH else JobDir(os.path.join("/tmp", name)).monitor_socket
 
 
 def start_standalone(cfg: FaultToleranceConfig) -> str:
@@ -77,7 +78,7 @@ def start_standalone(cfg: FaultToleranceConfig) -> str:
     local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)
     if local_rank == 0:
         if not (path in _monitors and _monitors[path][0].is_alive()):
-            events_path = os.path.join(os.path.dirname(path), "monitor_events.jsonl")
+            events_path = JobDir.of_socket(path).monitor_events
             offset = os.path.getsize(events_path) if os.path.exists(events_path) else 0
             _monitors[path] = (run_in_subprocess(cfg, path, events_path=events_path), offset)
             log.debug("started a standalone node monitor on %s", path)
@@ -131,5 +132,5 @@ def stop_standalone_monitors() -> None:
         monitor.stop()
         # A clean stop leaves nothing behind. A local rank 0 killed for a hang never gets here: then
         # the directory stays, with the events and stack dumps.
-        shutil.rmtree(os.path.dirname(monitor.socket_path), ignore_errors=True)
+        shutil.rmtree(JobDir.of_socket(monitor.socket_path).path, ignore_errors=True)
     _monitors.clear()
