@@ -61,7 +61,7 @@ from ft_core.protocol import (
 )
 from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, apply_calculated
 
-__all__ = ["HANDSHAKE_TIMEOUT", "RankMonitorServer"]
+__all__ = ["HANDSHAKE_TIMEOUT", "OpenSection", "RankMonitorServer", "WatchedRank"]
 
 log = logging.getLogger("ft_core.monitor")
 
@@ -71,14 +71,18 @@ _PEERCRED = struct.Struct("3i")
 
 
 @dataclasses.dataclass
-class _OpenSection:
+class OpenSection:
     started: float
     timed: bool  # False for warm-up steps and sections without a timeout
 
 
 @dataclasses.dataclass
-class _Rank:
-    """What the monitor knows about one connected rank."""
+class WatchedRank:
+    """What the monitor knows about one connected rank, and the rules for its deadlines.
+
+    Times are ``time.monotonic()`` seconds; the server passes ``now`` in, so the
+    rules are testable without a clock.
+    """
 
     rank: int
     local_rank: int
@@ -92,11 +96,42 @@ class _Rank:
     first_activity: Optional[float] = None
     last_activity: Optional[float] = None
     iteration: Optional[int] = None
-    open_sections: dict[str, _OpenSection] = dataclasses.field(default_factory=dict)
+    open_sections: dict[str, OpenSection] = dataclasses.field(default_factory=dict)
     out_of_section_since: Optional[float] = None
     steps_seen: int = 0
     #: Set once a deadline passed; the rank is never watched again.
     hang: Optional[Hang] = None
+
+    def touch(self, now: float, iteration: Optional[int] = None) -> None:
+        """Record a sign of life: heartbeats and every section event count alike."""
+        self.last_activity = now
+        if self.first_activity is None:
+            self.first_activity = now
+        if iteration is not None:
+            self.iteration = iteration
+
+    def section_start(self, name: str, now: float, iteration: Optional[int] = None) -> None:
+        """Open ``name``; the first ``num_warmup_iterations`` ``step`` sections are not timed."""
+        self.touch(now, iteration)
+        timed = True
+        if name == "step":
+            self.steps_seen += 1
+            timed = self.steps_seen > self.cfg.num_warmup_iterations
+        self.open_sections[name] = OpenSection(now, timed)
+        self.out_of_section_since = None
+
+    def section_end(self, name: str, now: float) -> bool:
+        """Close ``name``; False if it was not open. Out-of-section time starts when none is left open."""
+        self.touch(now)
+        was_open = self.open_sections.pop(name, None) is not None
+        if not self.open_sections:
+            self.out_of_section_since = now
+        return was_open
+
+    def end_all_sections(self, now: float) -> None:
+        self.touch(now)
+        self.open_sections.clear()
+        self.out_of_section_since = now
 
     def next_deadline(self) -> Optional[Expiry]:
         """The earliest deadline of this rank, or None when nothing is timed."""
@@ -126,7 +161,7 @@ class _Connection:
         self.decoder = FrameDecoder(max_frame_bytes)
         self.accepted_at = time.monotonic()
         self.peer_pid = _peer_pid(sock)
-        self.rank: Optional[_Rank] = None
+        self.rank: Optional[WatchedRank] = None
         self.graceful = False
 
 
@@ -325,21 +360,16 @@ class RankMonitorServer:
             self._handshake(conn, msg, now)
             return
         if isinstance(msg, Heartbeat):
-            self._touch(rank, now, msg.iteration)
+            rank.touch(now, msg.iteration)
         elif isinstance(msg, SectionStart):
-            self._section_start(rank, msg, now)
+            rank.section_start(msg.name, now, msg.iteration)
             self._ack_section(conn)
         elif isinstance(msg, SectionEnd):
-            self._touch(rank, now)
-            if rank.open_sections.pop(msg.name, None) is None:
+            if not rank.section_end(msg.name, now):
                 log.debug("rank %d closed section %r that was not open", rank.rank, msg.name)
-            if not rank.open_sections:
-                rank.out_of_section_since = now
             self._ack_section(conn)
         elif isinstance(msg, EndAllSections):
-            self._touch(rank, now)
-            rank.open_sections.clear()
-            rank.out_of_section_since = now
+            rank.end_all_sections(now)
             self._ack_section(conn)
         elif isinstance(msg, UpdateTimeouts):
             try:
@@ -363,23 +393,6 @@ class RankMonitorServer:
             self._reply(conn, Ack(ok=False, error=f"workload control requests go to {LAUNCHER_SOCKET_ENV}"))
         else:
             raise ProtocolError(f"unexpected message {type(msg).__name__}")
-
-    def _touch(self, rank: _Rank, now: float, iteration: Optional[int] = None) -> None:
-        """Record a sign of life: heartbeats and every section event count alike."""
-        rank.last_activity = now
-        if rank.first_activity is None:
-            rank.first_activity = now
-        if iteration is not None:
-            rank.iteration = iteration
-
-    def _section_start(self, rank: _Rank, msg: SectionStart, now: float) -> None:
-        self._touch(rank, now, msg.iteration)
-        timed = True
-        if msg.name == "step":
-            rank.steps_seen += 1
-            timed = rank.steps_seen > rank.cfg.num_warmup_iterations
-        rank.open_sections[msg.name] = _OpenSection(now, timed)
-        rank.out_of_section_since = None
 
     def _ack_section(self, conn: _Connection) -> None:
         if conn.rank is not None and not conn.rank.cfg.skip_section_response:
@@ -406,7 +419,7 @@ class RankMonitorServer:
             except ValueError as exc:
                 raise ProtocolError(str(exc)) from None
         pid = conn.peer_pid if conn.peer_pid > 0 else -1
-        conn.rank = _Rank(
+        conn.rank = WatchedRank(
             rank=msg.rank, local_rank=msg.local_rank, pid=pid, cfg=cfg, restart_count=msg.restart_count,
             connected_at=now, hb=hb, sections=sections, dump_path=msg.dump_path, out_of_section_since=now,
         )
@@ -416,7 +429,7 @@ class RankMonitorServer:
         log.debug("rank %d (pid %d) connected", msg.rank, pid)
 
     # -- hang handling ----------------------------------------------------
-    def _on_hang(self, rank: _Rank, expiry: Expiry, now: float) -> None:
+    def _on_hang(self, rank: WatchedRank, expiry: Expiry, now: float) -> None:
         hang = rank.hang = Hang.detect(expiry, rank=rank.rank, pid=rank.pid, iteration=rank.iteration,
                                        open_sections=list(rank.open_sections), now=now, wall_now=time.time())
         log.error("%s", hang.report.describe())
@@ -432,7 +445,7 @@ class RankMonitorServer:
                 log.warning("could not request a stack dump from rank %d: %s", rank.rank, exc)
         self._advance_hang(rank, now)
 
-    def _advance_hang(self, rank: _Rank, now: float) -> float:
+    def _advance_hang(self, rank: WatchedRank, now: float) -> float:
         """Wait for the stack dump (without blocking other ranks), then terminate."""
         hang = rank.hang
         assert hang is not None
@@ -444,7 +457,7 @@ class RankMonitorServer:
         self._terminate(rank, hang)
         return self.cfg.workload_check_interval
 
-    def _terminate(self, rank: _Rank, hang: Hang) -> None:
+    def _terminate(self, rank: WatchedRank, hang: Hang) -> None:
         stack = None
         if rank.dump_path and _file_size(rank.dump_path) > hang.dump_offset:
             with open(rank.dump_path, errors="replace") as handle:
