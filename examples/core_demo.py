@@ -13,7 +13,7 @@ import tempfile
 import textwrap
 
 from ft_core.config import FaultToleranceConfig
-from ft_core.events import read_events
+from ft_core.events import EventName, read_events
 from ft_core.jobdir import MONITOR_SOCKET_ENV, JobDir
 from ft_core.monitor import RankMonitorServer
 
@@ -61,7 +61,7 @@ def main() -> int:
     print("\n=== summary ===")
     for rank, code in enumerate(codes):
         print(f"rank {rank}: exit code {code}" + (" (killed by the monitor)" if code < 0 else ""))
-    for hang in (e for e in events if e["event"] == "hang_detected"):
+    for hang in (e for e in events if e["event"] == EventName.HANG_DETECTED):
         print(f"hang: rank {hang['rank']} in section {hang['section']!r} at iteration {hang['iteration']}, "
               f"{hang['elapsed']} s > {hang['timeout']} s; detected "
               f"{(hang['detected_time'] - hang['deadline_time']) * 1e3:.1f} ms after the deadline")

@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import sys
 
-from ft_core.events import read_events
+from ft_core.events import EventName, read_events
 from ft_core.jobdir import FINISHED_FLAG_ENV, LAUNCHER_EVENTS_FILE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,10 +57,10 @@ def main() -> int:
 
 def recap(code: int, events_path: str, flag: str) -> int:
     events = read_events(events_path)[0]
-    hangs = [e for e in events if e["event"] == "hang_detected"]
-    restarts = [e for e in events if e["event"] == "restart"]
-    cycles = [e for e in events if e["event"] == "cycle_start"]
-    progress = [e["iteration"] for e in events if e["event"] == "progress"]
+    hangs = [e for e in events if e["event"] == EventName.HANG_DETECTED]
+    restarts = [e for e in events if e["event"] == EventName.RESTART]
+    cycles = [e for e in events if e["event"] == EventName.CYCLE_START]
+    progress = [e["iteration"] for e in events if e["event"] == EventName.PROGRESS]
     print("\n================ what happened ================")
     # In a collective hang every rank waits: the stacks tell the culprit from its peers.
     for hang in hangs:
@@ -96,9 +96,9 @@ def _checkpoints_before_cycle(events: list[dict], cycle: int) -> list[int]:
     """Checkpoint iterations reported before ``cycle`` started: the newest is where it resumed."""
     iterations = []
     for event in events:
-        if event["event"] == "cycle_start" and event["cycle"] == cycle:
+        if event["event"] == EventName.CYCLE_START and event["cycle"] == cycle:
             break
-        if event["event"] == "progress":
+        if event["event"] == EventName.PROGRESS:
             iterations.append(event["iteration"])
     return iterations
 
