@@ -13,7 +13,9 @@ import tempfile
 import textwrap
 
 from ft_core.config import FaultToleranceConfig
-from ft_core.monitor import RankMonitorServer, read_events
+from ft_core.events import EventName, read_events
+from ft_core.jobdir import MONITOR_SOCKET_ENV, JobDir
+from ft_core.monitor import RankMonitorServer
 
 RANK_CODE = textwrap.dedent("""
     import os, time
@@ -42,9 +44,9 @@ def main() -> int:
     sys.stdout.reconfigure(line_buffering=True)  # interleave with the monitor's log in order
     cfg = FaultToleranceConfig(rank_section_timeouts={"setup": 30, "step": 1.5}, rank_heartbeat_timeout=None)
     with tempfile.TemporaryDirectory(prefix="ft-demo-") as job_dir:
-        monitor = RankMonitorServer.run_in_subprocess(cfg, os.path.join(job_dir, "monitor.sock"))
+        monitor = RankMonitorServer.run_in_subprocess(cfg, JobDir(job_dir).monitor_socket)
         print(f"monitor pid {monitor.pid} watching 2 ranks; 'step' timeout {cfg.rank_section_timeouts['step']} s")
-        env = dict(os.environ, FT_RANK_MONITOR_IPC_SOCKET=monitor.socket_path)
+        env = dict(os.environ, **{MONITOR_SOCKET_ENV: monitor.socket_path})
         ranks = [subprocess.Popen([sys.executable, "-c", RANK_CODE], env=dict(env, RANK=str(r)))
                  for r in range(2)]
         try:
@@ -59,7 +61,7 @@ def main() -> int:
     print("\n=== summary ===")
     for rank, code in enumerate(codes):
         print(f"rank {rank}: exit code {code}" + (" (killed by the monitor)" if code < 0 else ""))
-    for hang in (e for e in events if e["event"] == "hang_detected"):
+    for hang in (e for e in events if e["event"] == EventName.HANG_DETECTED):
         print(f"hang: rank {hang['rank']} in section {hang['section']!r} at iteration {hang['iteration']}, "
               f"{hang['elapsed']} s > {hang['timeout']} s; detected "
               f"{(hang['detected_time'] - hang['deadline_time']) * 1e3:.1f} ms after the deadline")

@@ -19,7 +19,8 @@ import shutil
 import subprocess
 import sys
 
-from ft_core.monitor import read_events
+from ft_core.events import EventName, read_events
+from ft_core.jobdir import FINISHED_FLAG_ENV, LAUNCHER_EVENTS_FILE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(REPO, "outputs", "demo")
@@ -36,8 +37,8 @@ def main() -> int:
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
     logs, flag = os.path.join(OUT, "logs"), os.path.join(OUT, "finished.flag")
-    env = dict(os.environ, FT_RECIPE_RUN_DIR=os.path.join(OUT, "run"), FAULT_TOL_FINISHED_FLAG_FILE=flag,
-               PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, FT_RECIPE_RUN_DIR=os.path.join(OUT, "run"), PYTHONWARNINGS="ignore",
+               PYTHONUNBUFFERED="1", **{FINISHED_FLAG_ENV: flag})
     command = [sys.executable, "-m", "ft_core.launcher", "--nproc-per-node=2", "--max-restarts=3",
                f"--log-dir={logs}", os.path.join(REPO, "recipes", "train.py"),
                "fault_tolerance=sections", "fault=hang_rank1", *sys.argv[1:]]
@@ -51,15 +52,15 @@ def main() -> int:
             if not NOISE.search(line):
                 print(line, end="", flush=True)
         code = proc.wait()
-    return recap(code, os.path.join(logs, "ft_events.jsonl"), flag)
+    return recap(code, os.path.join(logs, LAUNCHER_EVENTS_FILE), flag)
 
 
 def recap(code: int, events_path: str, flag: str) -> int:
     events = read_events(events_path)[0]
-    hangs = [e for e in events if e["event"] == "hang_detected"]
-    restarts = [e for e in events if e["event"] == "restart"]
-    cycles = [e for e in events if e["event"] == "cycle_start"]
-    progress = [e["iteration"] for e in events if e["event"] == "progress"]
+    hangs = [e for e in events if e["event"] == EventName.HANG_DETECTED]
+    restarts = [e for e in events if e["event"] == EventName.RESTART]
+    cycles = [e for e in events if e["event"] == EventName.CYCLE_START]
+    progress = [e["iteration"] for e in events if e["event"] == EventName.PROGRESS]
     print("\n================ what happened ================")
     # In a collective hang every rank waits: the stacks tell the culprit from its peers.
     for hang in hangs:
@@ -95,9 +96,9 @@ def _checkpoints_before_cycle(events: list[dict], cycle: int) -> list[int]:
     """Checkpoint iterations reported before ``cycle`` started: the newest is where it resumed."""
     iterations = []
     for event in events:
-        if event["event"] == "cycle_start" and event["cycle"] == cycle:
+        if event["event"] == EventName.CYCLE_START and event["cycle"] == cycle:
             break
-        if event["event"] == "progress":
+        if event["event"] == EventName.PROGRESS:
             iterations.append(event["iteration"])
     return iterations
 

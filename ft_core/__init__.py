@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ft_core.client import RankMonitorClient, RankMonitorClientError
     from ft_core.config import ConfigError, FaultToleranceConfig
     from ft_core.data import WorkloadAction, WorkloadControlRequest
-    from ft_core.monitor import RankMonitorServer
+    from ft_core.monitor.server import RankMonitorServer
     from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts
 
 #: public name -> the module that owns it
@@ -30,7 +30,7 @@ _EXPORTS = {
     "RankMonitorClientError": "ft_core.client",
     "FaultToleranceConfig": "ft_core.config",
     "ConfigError": "ft_core.config",
-    "RankMonitorServer": "ft_core.monitor",
+    "RankMonitorServer": "ft_core.monitor.server",
     "WorkloadAction": "ft_core.data",
     "WorkloadControlRequest": "ft_core.data",
     "HeartbeatTimeouts": "ft_core.timeouts",

@@ -32,7 +32,14 @@ from typing import IO, Any, Optional
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.data import WorkloadAction, WorkloadControlRequest
-from ft_core.monitor import TOKEN_ENV, stack_dump_dir
+from ft_core.jobdir import (
+    LAUNCHER_SOCKET_ENV,
+    MONITOR_SOCKET_ENV,
+    TOKEN_ENV,
+    JobDir,
+    make_private_dir,
+    token_path,
+)
 from ft_core.protocol import (
     Ack,
     EndAllSections,
@@ -68,8 +75,6 @@ __all__ = ["RankMonitorClient", "RankMonitorClientError", "WorkloadAction", "Wor
 
 log = logging.getLogger("ft_core.client")
 
-MONITOR_SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"
-LAUNCHER_SOCKET_ENV = "FT_LAUNCHER_IPC_SOCKET"
 #: Round trips (handshake, timeout updates) give up after this long.
 REQUEST_TIMEOUT = 30.0
 _SEND_BUFFER_BYTES = 1 << 20
@@ -436,10 +441,10 @@ class RankMonitorClient:
                   self.rank, exc)
 
     def _open_dump_file(self, socket_path: str, rank: int) -> Optional[str]:
-        directory = stack_dump_dir(socket_path)
-        path = os.path.join(directory, f"rank{rank}_pid{os.getpid()}.txt")
+        job_dir = JobDir.of_socket(socket_path)
+        path = job_dir.stack_dump_file(rank, os.getpid())
         try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
+            make_private_dir(job_dir.stacks)
             self._dump_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - faulthandler keeps the fd
         except OSError as exc:
             log.warning("stack dumps disabled: cannot create %s: %s", path, exc)
@@ -479,11 +484,11 @@ def _read_token(socket_path: str) -> str:
     if token:
         return token
     try:
-        with open(socket_path + ".token", encoding="utf-8") as handle:
+        with open(token_path(socket_path), encoding="utf-8") as handle:
             return handle.read().strip()
     except OSError:
         raise RankMonitorClientError(
-            f"{TOKEN_ENV} is not set and {socket_path}.token cannot be read: the job token is needed to "
+            f"{TOKEN_ENV} is not set and {token_path(socket_path)} cannot be read: the job token is needed to "
             "talk to the monitor (ft_launcher sets it for its workers)"
         ) from None
 

@@ -1,13 +1,11 @@
-"""Process and file-permission helpers shared by the monitor, the launcher and tests."""
+"""Process helpers shared by the monitor, the launcher and tests (file permissions: :mod:`ft_core.jobdir`)."""
 
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
-import stat
 
-__all__ = ["die_with_parent", "make_private_dir", "write_private_file"]
+__all__ = ["die_with_parent"]
 
 _PR_SET_PDEATHSIG = 1
 # Resolved once here: looking libc up inside a forked child (find_library runs
@@ -28,25 +26,3 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     if prctl is not None:  # elsewhere callers also poll os.getppid()
         prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
 
-
-def make_private_dir(path: str) -> None:
-    """Create ``path`` with mode 0700 if missing; tighten it if we own it and it is wider."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    info = os.stat(path)
-    if info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) & 0o077 and not _is_shared_tmp(path):
-        os.chmod(path, 0o700)
-
-
-def _is_shared_tmp(path: str) -> bool:
-    # Never chmod a sticky shared directory such as /tmp.
-    return bool(os.stat(path).st_mode & stat.S_ISVTX)
-
-
-def write_private_file(path: str, text: str) -> None:
-    """Write a secret readable only by the owner (created 0600, never world-readable)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)

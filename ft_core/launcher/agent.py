@@ -23,13 +23,34 @@ import signal
 import time
 from typing import Any, Optional
 
+import msgspec
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousGracefulExitError
 
-from ft_core.client import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV
 from ft_core.data import WorkloadAction
+from ft_core.events import (
+    CheckpointReported,
+    ConnectionRejected,
+    CycleStart,
+    HangDetected,
+    MonitorConnectionRejected,
+    MonitorDied,
+    MonitorStarted,
+    Progress,
+    RankConnected,
+    RankDisconnected,
+    RankTerminated,
+    Restart,
+    RestartKind,
+    SignalReceived,
+    WorkerExit,
+    WorkersStopped,
+    WorkersSucceeded,
+    WorkloadControlReceived,
+)
+from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV, saved_stack_path
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.coordination import (
     CycleInfo,
@@ -43,7 +64,6 @@ from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.process import workers_die_with_agent
 from ft_core.launcher.progress import ProgressTracker
-from ft_core.monitor import TOKEN_ENV
 
 __all__ = ["FtElasticAgent", "Outcome", "Services"]
 
@@ -78,17 +98,9 @@ class Services:
 class _Trigger:
     """Why the current cycle must end."""
 
-    kind: str  # a FAULT_KINDS member, or excluded, shutdown, peer (another node decided), membership
+    kind: RestartKind  # ``kind.is_fault``: spends the restart budget, counts for the no-progress rule
     reason: str
     time: float
-
-    @property
-    def is_fault(self) -> bool:
-        return self.kind in FAULT_KINDS
-
-
-#: Triggers that spend the restart budget and count for the no-progress rule.
-FAULT_KINDS = frozenset({"crash", "hang", "monitor", "unhealthy"})
 
 
 class FtElasticAgent(LocalElasticAgent):
@@ -103,8 +115,8 @@ class FtElasticAgent(LocalElasticAgent):
                                      options.max_no_progress_cycles, options.no_restart_exit_code)
         self._progress = ProgressTracker(options.checkpoint_iteration_file)
         self._cycle: Optional[CycleInfo] = None
-        #: hang_detected events of this cycle's workers, by pid.
-        self._hangs: dict[int, dict[str, Any]] = {}
+        #: hang_detected records of this cycle's workers, by pid.
+        self._hangs: dict[int, HangDetected] = {}
         #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
         self._failed: dict[int, tuple[int, int]] = {}
         self._failed_at = 0.0
@@ -142,19 +154,19 @@ class FtElasticAgent(LocalElasticAgent):
             pids = super()._start_workers(worker_group)
         started = time.time()
         self._svc.events.cycle_started(started)
-        self._svc.events.record(
-            "cycle_start", time=started, cycle=self._cycle.cycle, restarts=self._cycle.restarts,
+        self._svc.events.write(CycleStart(
+            time=started, cycle=self._cycle.cycle, restarts=self._cycle.restarts,
             group_rank=worker_group.group_rank, group_world_size=worker_group.group_world_size,
             world_size=worker_group.workers[0].world_size if worker_group.workers else 0,
             workers={str(w.global_rank): pids[w.local_rank] for w in worker_group.workers},
-            monitor_pid=self._svc.monitor.pid)
+            monitor_pid=self._svc.monitor.pid))
         log.info("cycle %d: started %d worker(s) (ranks %s), %d restart(s) used so far", self._cycle.cycle,
                  len(pids), [w.global_rank for w in worker_group.workers], self._cycle.restarts)
         return pids
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(timeout=self._opts.workers_stop_timeout)  # type: ignore[arg-type]
-        self._svc.events.record("workers_stopped", cycle=self._cycle_number())
+        self._svc.events.write(WorkersStopped(cycle=self._cycle_number()))
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         pcontext = self._pcontext
@@ -199,35 +211,36 @@ class FtElasticAgent(LocalElasticAgent):
         self._read_monitor_events()
         self._read_progress_file()
         if result.state == WorkerState.SUCCEEDED:
-            self._svc.events.record("workers_succeeded", cycle=self._cycle.cycle if self._cycle else None)
+            self._svc.events.write(WorkersSucceeded(cycle=self._cycle.cycle if self._cycle else None))
             self._exit_barrier()
             return self._finish(Outcome(0, "all workers finished successfully"), result)
 
         # A rank's request goes first: when the rank exits right after asking (an exception policy
         # does), its exit and its peers' failures are the effect of the request, not a fault to restart.
         trigger = self._control_trigger() or self._local_trigger(result)
-        if trigger is not None and trigger.kind == "shutdown":
+        decision: Optional[Decision]
+        if trigger is not None and trigger.kind is RestartKind.SHUTDOWN:
             decision = self._coord.request_stop(trigger.reason, self._opts.no_restart_exit_code)
         elif trigger is not None:
-            decision = self._coord.end_cycle(self._cycle_number(), trigger.reason, fault=trigger.is_fault,
+            decision = self._coord.end_cycle(self._cycle_number(), trigger.reason, fault=trigger.kind.is_fault,
                                              progress_active=self._progress.active)
         else:
             decision = self._coord.poll(self._cycle_number())
             if decision is not None:
-                trigger = _Trigger("peer", f"{decision.node}: {decision.reason}", time.time())
+                trigger = _Trigger(RestartKind.PEER, f"{decision.node}: {decision.reason}", time.time())
             elif wg.spec.rdzv_handler.num_nodes_waiting() > 0:
                 # Torch's scale-up rule: new nodes are waiting; not a fault, not budgeted.
-                trigger = _Trigger("membership", "new nodes are waiting to join", time.time())
+                trigger = _Trigger(RestartKind.MEMBERSHIP, "new nodes are waiting to join", time.time())
         if trigger is None:
             return None
         return self._end_cycle(trigger, decision, result)
 
     def _end_cycle(self, trigger: _Trigger, decision: Optional[Decision], result: RunResult) -> Optional[RunResult]:
         cycle = self._cycle_number()
-        if trigger.is_fault:
+        if trigger.kind.is_fault:
             self._svc.events.fault(trigger.kind)
         self._svc.events.interrupted(trigger.time)
-        if trigger.kind == "excluded":
+        if trigger.kind is RestartKind.EXCLUDED:
             self._stop_workers(self._worker_group)
             return self._finish(Outcome(0, trigger.reason, "leave"), result)
         if decision is not None and decision.action == "stop":
@@ -235,10 +248,10 @@ class FtElasticAgent(LocalElasticAgent):
             self._stop_workers(self._worker_group)
             return self._finish(Outcome(decision.exit_code, decision.reason), result)
         restarts = decision.restarts if decision is not None else self._cycle.restarts if self._cycle else 0
-        self._svc.events.record("restart", cycle=cycle, kind=trigger.kind, reason=trigger.reason,
-                                restarts=restarts, max_restarts=self._worker_group.spec.max_restarts)
+        self._svc.events.write(Restart(cycle=cycle, kind=trigger.kind, reason=trigger.reason,
+                                       restarts=restarts, max_restarts=self._worker_group.spec.max_restarts))
         log.warning("cycle %d ended (%s: %s); restarting all workers (%d/%d restarts used)", cycle,
-                    trigger.kind, trigger.reason, restarts, self._worker_group.spec.max_restarts)
+                    trigger.kind.value, trigger.reason, restarts, self._worker_group.spec.max_restarts)
         self._restart_workers(self._worker_group)
         return None
 
@@ -248,34 +261,34 @@ class FtElasticAgent(LocalElasticAgent):
         if not self._svc.monitor.is_alive():
             code = self._svc.monitor.exit_code()
             log.error("the rank monitor died (exit code %s); starting a new one and restarting the cycle", code)
-            self._svc.events.record("monitor_died", exit_code=code)
+            self._svc.events.write(MonitorDied(exit_code=code))
             self._svc.monitor.respawn()
-            self._svc.events.record("monitor_started", pid=self._svc.monitor.pid)
-            return _Trigger("monitor", f"rank monitor died (exit code {code})", now)
+            self._svc.events.write(MonitorStarted(pid=self._svc.monitor.pid, socket=self._svc.monitor.socket_path))
+            return _Trigger(RestartKind.MONITOR, f"rank monitor died (exit code {code})", now)
         if result.state == WorkerState.FAILED:
             return self._failure_trigger(result, now)
         if result.state == WorkerState.UNHEALTHY:
-            return _Trigger("unhealthy", "a worker is stuck in uninterruptible sleep", now)
+            return _Trigger(RestartKind.UNHEALTHY, "a worker is stuck in uninterruptible sleep", now)
         if result.state != WorkerState.HEALTHY:
-            return _Trigger("crash", f"worker group in state {result.state.name}", now)
+            return _Trigger(RestartKind.CRASH, f"worker group in state {result.state.name}", now)
         # A hung rank the monitor could not kill (e.g. a catchable termination signal).
         for hang in self._hangs.values():
-            return _Trigger("hang", _hang_text(hang), hang.get("detected_time", now))
+            return _Trigger(RestartKind.HANG, hang.describe(), hang.detected_time)
         return None
 
     def _failure_trigger(self, result: RunResult, now: float) -> _Trigger:
         workers = {w.local_rank: w.global_rank for w in self._worker_group.workers}
-        reasons, kind = [], "crash"
+        reasons, kind = [], RestartKind.CRASH
         for local_rank, (pid, code) in sorted(self._failed.items()):
             hang = self._hangs.get(pid)
-            kind = "hang" if hang else kind
-            status = {"exit_code": code} if code >= 0 else {"signal": signal.Signals(-code).name}
-            self._svc.events.record("worker_exit", time=self._failed_at, cycle=self._cycle_number(),
-                                    rank=workers.get(local_rank),
-                                    local_rank=local_rank, pid=pid, cause="hang" if hang else "crash", **status)
-            reasons.append(_hang_text(hang) if hang else
+            kind = RestartKind.HANG if hang else kind
+            exit_code, sig = _exit_status(code)
+            self._svc.events.write(WorkerExit(
+                time=self._failed_at, cycle=self._cycle_number(), rank=workers.get(local_rank),
+                local_rank=local_rank, pid=pid, cause="hang" if hang else "crash", exit_code=exit_code, signal=sig))
+            reasons.append(hang.describe() if hang else
                            f"rank {workers.get(local_rank)} (pid {pid}) " +
-                           (f"exited with code {code}" if code >= 0 else f"killed by {status['signal']}"))
+                           (f"exited with code {code}" if sig is None else f"killed by {sig}"))
         if not reasons:  # failure seen by torch only (e.g. pids mismatch)
             reasons = [f"rank {rank} failed (exit code {f.exitcode})" for rank, f in result.failures.items()]
         return _Trigger(kind, "; ".join(reasons), self._failed_at or now)
@@ -284,40 +297,31 @@ class FtElasticAgent(LocalElasticAgent):
         request = self._svc.control.pop()
         if request is None:
             return None
-        self._svc.events.record("workload_control", action=request.action.name, rank=request.rank,
-                                description=request.description)
+        self._svc.events.write(WorkloadControlReceived(action=request.action.name, rank=request.rank,
+                                                       description=request.description))
         why = f"rank {request.rank} requested {request.action.name}" + (
             f": {request.description}" if request.description else "")
         if request.action == WorkloadAction.ExcludeThisNode:
-            return _Trigger("excluded", why, request.time)
+            return _Trigger(RestartKind.EXCLUDED, why, request.time)
         if request.action == WorkloadAction.ShutdownWorkload:
-            return _Trigger("shutdown", why, request.time)
+            return _Trigger(RestartKind.SHUTDOWN, why, request.time)
         return None  # Continue: nothing to do
 
     def _read_monitor_events(self) -> None:
-        events = self._svc.events
+        """Act on the monitor's records; forward to the job's event log those it carries."""
         for ev in self._svc.monitor.poll_events():
-            name = ev.get("event")
-            if name == "rank_connected":
-                events.record("rank_connected", time=ev["time"], rank=ev["rank"], local_rank=ev.get("local_rank"),
-                              pid=ev["pid"], restart_count=ev.get("restart_count"))
-            elif name == "rank_disconnected":
-                events.record("rank_disconnected", time=ev["time"], rank=ev["rank"], pid=ev["pid"],
-                              graceful=ev.get("graceful"))
-            elif name == "hang_detected":
-                if self._is_current_worker(ev["pid"]):
-                    self._hangs[ev["pid"]] = ev
-                events.record("hang_detected", time=ev.get("detected_time", ev["time"]), rank=ev["rank"],
-                              pid=ev["pid"], reason=ev["reason"], section=ev.get("section"),
-                              elapsed=ev.get("elapsed"), timeout=ev.get("timeout"), iteration=ev.get("iteration"),
-                              deadline_time=ev.get("deadline_time"), stack_dump_file=self._save_stack(ev))
-            elif name == "rank_terminated":
-                events.record("rank_terminated", time=ev["time"], rank=ev["rank"], pid=ev["pid"],
-                              signal=ev.get("signal"))
-            elif name == "checkpoint_reported":
-                self._on_progress(int(ev["iteration"]), f"rank {ev['rank']}")
-            elif name == "connection_rejected":
-                events.record("monitor_connection_rejected", time=ev["time"], reason=ev.get("reason"))
+            match ev:
+                case RankConnected() | RankDisconnected() | RankTerminated():
+                    self._svc.events.write(ev)
+                case HangDetected():
+                    if self._is_current_worker(ev.pid):
+                        self._hangs[ev.pid] = ev
+                    # The stack goes to its own file; the log keeps where it is.
+                    self._svc.events.write(msgspec.structs.replace(ev, stack=None, stack_dump_file=self._save_stack(ev)))
+                case CheckpointReported():
+                    self._on_progress(ev.iteration, f"rank {ev.rank}")
+                case ConnectionRejected():
+                    self._svc.events.write(MonitorConnectionRejected(time=ev.time, pid=ev.pid, reason=ev.reason))
 
     def _read_progress_file(self) -> None:
         iteration = self._progress.poll_file()
@@ -329,22 +333,21 @@ class FtElasticAgent(LocalElasticAgent):
             self._announce_progress(iteration, source)
 
     def _announce_progress(self, iteration: int, source: str) -> None:
-        self._svc.events.record("progress", iteration=iteration, source=source, cycle=self._cycle_number())
+        self._svc.events.write(Progress(iteration=iteration, source=source, cycle=self._cycle_number()))
         self._coord.publish_progress(iteration)
 
-    def _save_stack(self, hang: dict[str, Any]) -> Optional[str]:
+    def _save_stack(self, hang: HangDetected) -> Optional[str]:
         """Keep the hung rank's stack next to the event log (the job dir is removed at exit)."""
-        if not hang.get("stack"):
-            return hang.get("stack_dump_file")
-        directory = os.path.join(os.path.dirname(self._svc.events.path), "ft_stacks")
-        path = os.path.join(directory, f"cycle{self._cycle_number()}_rank{hang['rank']}_pid{hang['pid']}.txt")
+        if not hang.stack:
+            return hang.stack_dump_file
+        path = saved_stack_path(self._svc.events.path, self._cycle_number(), hang.rank, hang.pid)
         try:
-            os.makedirs(directory, exist_ok=True)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "w", encoding="utf-8") as handle:
-                handle.write(hang["stack"])
+                handle.write(hang.stack)
         except OSError as exc:
-            log.warning("could not save the stack dump of rank %s: %s", hang["rank"], exc)
-            return hang.get("stack_dump_file")
+            log.warning("could not save the stack dump of rank %s: %s", hang.rank, exc)
+            return hang.stack_dump_file
         return path
 
     # -- endings ----------------------------------------------------------
@@ -357,17 +360,17 @@ class FtElasticAgent(LocalElasticAgent):
                 signal.signal(sig_to_ignore, signal.SIG_IGN)
         handlers = list((getattr(self._pcontext, "subprocess_handlers", None) or {}).values())
         running = [h for h in handlers if h.proc.poll() is None]
-        self._svc.events.record("signal", signal=sig.name, running_workers=len(running))
+        self._svc.events.write(SignalReceived(signal=sig.name, running_workers=len(running)))
         log.warning("received %s: forwarding it to %d worker(s), SIGKILL after %.1f s", sig.name, len(running),
                     self._opts.term_timeout)
         self._shutdown(sig, timeout=self._opts.term_timeout)  # type: ignore[arg-type]
         codes = [h.proc.returncode for h in handlers]
         clean = bool(codes) and all(code == 0 for code in codes)
         for handler in running:
-            code = handler.proc.returncode
-            self._svc.events.record("worker_exit", cycle=self._cycle_number(), local_rank=handler.local_rank_id,
-                                    pid=handler.proc.pid, cause=f"launcher {sig.name}",
-                                    **({"exit_code": code} if code >= 0 else {"signal": signal.Signals(-code).name}))
+            exit_code, killed_by = _exit_status(handler.proc.returncode)
+            self._svc.events.write(WorkerExit(
+                cycle=self._cycle_number(), local_rank=handler.local_rank_id, pid=handler.proc.pid,
+                cause=f"launcher {sig.name}", exit_code=exit_code, signal=killed_by))
         if clean:
             return self._finish(Outcome(0, f"{sig.name} received; workers exited cleanly", "keep"))
         return self._finish(Outcome(128 + sig.value, f"{sig.name} received; workers exit codes {codes}", "keep"))
@@ -409,7 +412,6 @@ class FtElasticAgent(LocalElasticAgent):
         return self._cycle.cycle if self._cycle is not None else -1
 
 
-def _hang_text(hang: dict[str, Any]) -> str:
-    where = f" in section {hang['section']!r}" if hang.get("section") else ""
-    return (f"rank {hang['rank']} (pid {hang['pid']}) hung: {hang['reason']} timeout{where}, "
-            f"{hang.get('elapsed')} s > {hang.get('timeout')} s, iteration {hang.get('iteration')}")
+def _exit_status(returncode: int) -> tuple[Optional[int], Optional[str]]:
+    """(exit code, None) for a process that exited, (None, signal name) for one a signal killed."""
+    return (returncode, None) if returncode >= 0 else (None, signal.Signals(-returncode).name)

@@ -1,6 +1,6 @@
 """Workload-control server: ranks ask the launcher to exclude their node or shut the job down.
 
-Listens on ``FT_LAUNCHER_IPC_SOCKET`` (``<job dir>/launcher.sock``, mode 0600
+Listens on ``FT_LAUNCHER_IPC_SOCKET`` (the job dir's ``launcher_socket``, mode 0600
 in a 0700 directory). A client sends ``Hello(role=Role.CONTROL, token=...)`` and
 ``WorkloadControl`` back to back and reads one ``Ack`` (see docs/core_api.md).
 Accepted requests are queued for the agent's main loop, which acts on them
@@ -20,6 +20,7 @@ import time
 from typing import Optional
 
 from ft_core.data import WorkloadAction
+from ft_core.jobdir import PRIVATE_FILE_MODE
 from ft_core.protocol import (
     Ack,
     FrameDecoder,
@@ -60,7 +61,7 @@ class WorkloadControlServer:
         self._requests: queue.Queue[ControlRequest] = queue.Queue()
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(socket_path)
-        os.chmod(socket_path, 0o600)
+        os.chmod(socket_path, PRIVATE_FILE_MODE)
         self._listener.listen(64)
         self._thread = threading.Thread(target=self._serve, name="ft-workload-control", daemon=True)
         self._thread.start()

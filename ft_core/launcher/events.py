@@ -1,50 +1,51 @@
-"""The launcher's event log (JSON lines) and the human summary printed at exit.
+"""The launcher's event log (``<log dir>/ft_events.jsonl``) and the human summary printed at exit.
 
-Every record is one JSON object on its own line with at least ``event``,
-``time`` (unix seconds) and ``node`` (``host:pid`` of the launcher, so the logs
-of several nodes can be merged). The file is opened in append mode and each
-line is written with a single ``write`` and flushed, so a reader (or a crash)
-never sees a torn line and several launchers may share one file.
+Records are the typed events of :mod:`ft_core.events`, written by its
+:class:`~ft_core.events.EventWriter`: one JSON object per line with at least
+``event``, ``time`` (unix seconds) and ``node`` (``host:pid`` of the launcher,
+so the logs of several nodes can be merged). Each line is one ``write`` to a
+file opened for appending, so a reader (or a crash) never sees a torn line and
+several launchers may share one file.
 """
 
 from __future__ import annotations
 
 import collections
-import json
 import os
 import socket
 import time
-from typing import Any, Optional, TextIO
+from typing import Optional
+
+from ft_core.events import Event, EventWriter, RestartKind
+from ft_core.jobdir import LAUNCHER_EVENTS_FILE
 
 __all__ = ["EventLog", "EVENTS_FILE_NAME"]
 
-EVENTS_FILE_NAME = "ft_events.jsonl"
+EVENTS_FILE_NAME = LAUNCHER_EVENTS_FILE
 
 
 class EventLog:
-    """Append-only JSON-lines writer that also keeps what the exit summary needs."""
+    """Append-only event log that also keeps what the exit summary needs."""
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        self._file: Optional[TextIO] = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - lives with the log
         self.node = f"{socket.gethostname()}:{os.getpid()}"
+        self._writer: Optional[EventWriter] = EventWriter(self.path, node=self.node)
         self.started = time.time()
         self.cycles = 0
-        self.faults: collections.Counter[str] = collections.Counter()
+        self.faults: collections.Counter[RestartKind] = collections.Counter()
         #: Seconds from each fault to the start of the next cycle's workers.
         self.time_lost = 0.0
         self._pending_fault_time: Optional[float] = None
 
-    def record(self, event: str, **fields: Any) -> dict[str, Any]:
-        """Write one event; returns the record (with its timestamp)."""
-        record = {"event": event, "time": fields.pop("time", None) or time.time(), "node": self.node, **fields}
-        if self._file is not None:
-            self._file.write(json.dumps(record, default=str) + "\n")
-            self._file.flush()
-        return record
+    def write(self, record: Event) -> Event:
+        """Append one record (stamped with this node); returns what was written."""
+        if self._writer is None:
+            return record
+        return self._writer.write(record)
 
-    def fault(self, kind: str) -> None:
+    def fault(self, kind: RestartKind) -> None:
         """Count a fault seen on this node, for the summary."""
         self.faults[kind] += 1
 
@@ -61,7 +62,7 @@ class EventLog:
 
     def summary(self, exit_code: int, reason: str) -> str:
         """A few lines for humans: cycles, faults by kind, time lost, exit code and why."""
-        faults = ", ".join(f"{count} {kind}" for kind, count in sorted(self.faults.items())) or "none"
+        faults = ", ".join(f"{count} {kind.value}" for kind, count in sorted(self.faults.items())) or "none"
         return "\n".join([
             "ft_launcher summary",
             f"  cycles run : {self.cycles}",
@@ -73,6 +74,6 @@ class EventLog:
         ])
 
     def close(self) -> None:
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None

@@ -19,8 +19,9 @@ from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
 
-from ft_core import procutil
 from ft_core.config import FaultToleranceConfig
+from ft_core.events import LauncherExit, LauncherStarted
+from ft_core.jobdir import JobDir
 from ft_core.launcher.agent import FtElasticAgent, Outcome, Services
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
@@ -38,8 +39,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in the README)."""
     events = EventLog(options.events_file or _default_events_path(config))
     log.info("fault tolerance event log: %s", events.path)
-    job_dir = tempfile.mkdtemp(prefix="ft-")  # mode 0700: sockets and the token live here
-    procutil.make_private_dir(job_dir)
+    job_dir = JobDir(tempfile.mkdtemp(prefix="ft-")).create()  # mode 0700: sockets and the token live here
     token = secrets.token_hex(16)
     monitor = NodeMonitor(cfg, job_dir, token)
     control = None
@@ -55,11 +55,11 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     use_cheap_method_names()  # a restart's rendezvous would spend most of its time naming its records
     try:
         monitor.start()
-        control = WorkloadControlServer(os.path.join(job_dir, "launcher.sock"), token, cfg.max_frame_bytes)
-        events.record("launcher_started", run_id=config.run_id, min_nodes=config.min_nodes,
-                      max_nodes=config.max_nodes, nproc_per_node=config.nproc_per_node,
-                      max_restarts=config.max_restarts, rdzv_backend=config.rdzv_backend,
-                      monitor_pid=monitor.pid, config=cfg.to_dict())
+        control = WorkloadControlServer(job_dir.launcher_socket, token, cfg.max_frame_bytes)
+        events.write(LauncherStarted(
+            run_id=config.run_id, min_nodes=config.min_nodes, max_nodes=config.max_nodes,
+            nproc_per_node=config.nproc_per_node, max_restarts=config.max_restarts,
+            rdzv_backend=config.rdzv_backend, monitor_pid=monitor.pid, config=cfg.to_dict()))
         services = Services(monitor, control, events, token)
         agent = FtElasticAgent(
             _worker_spec(config, entrypoint, args), config.logs_specs, services=services, options=options,
@@ -80,8 +80,8 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         if control is not None:
             control.close()
         monitor.stop()
-        shutil.rmtree(job_dir, ignore_errors=True)
-        events.record("exit", exit_code=outcome.exit_code, reason=outcome.reason)
+        shutil.rmtree(job_dir.path, ignore_errors=True)
+        events.write(LauncherExit(exit_code=outcome.exit_code, reason=outcome.reason))
         print(events.summary(outcome.exit_code, outcome.reason), file=sys.stderr, flush=True)
         events.close()
     return outcome.exit_code

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-import os
-from typing import Any, Optional
+from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
-from ft_core.monitor import MonitorProcess, RankMonitorServer, read_events
+from ft_core.events import Event, read_records
+from ft_core.jobdir import JobDir
+from ft_core.monitor import MonitorProcess, RankMonitorServer
 
 __all__ = ["NodeMonitor"]
 
@@ -21,10 +22,10 @@ class NodeMonitor:
     workers started after a respawn find it where they expect it.
     """
 
-    def __init__(self, cfg: FaultToleranceConfig, job_dir: str, token: str) -> None:
+    def __init__(self, cfg: FaultToleranceConfig, job_dir: JobDir, token: str) -> None:
         self.cfg = cfg
-        self.socket_path = os.path.join(job_dir, "monitor.sock")
-        self.events_path = os.path.join(job_dir, "monitor_events.jsonl")
+        self.socket_path = job_dir.monitor_socket
+        self.events_path = job_dir.monitor_events
         self._token = token
         self._proc: Optional[MonitorProcess] = None
         self._offset = 0
@@ -50,9 +51,9 @@ class NodeMonitor:
             self._proc.kill()
         self.start()
 
-    def poll_events(self) -> list[dict[str, Any]]:
-        """Events the monitor recorded since the previous call."""
-        events, self._offset = read_events(self.events_path, self._offset)
+    def poll_events(self) -> list[Event]:
+        """Records the monitor wrote since the previous call."""
+        events, self._offset = read_records(self.events_path, self._offset)
         return events
 
     def stop(self) -> None:

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 from typing import Optional
 
+from ft_core.jobdir import LAUNCHER_EVENTS_FILE
 from ft_core.validation import file_path, int_in_range, non_negative_int, non_negative_seconds
 
 __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "LauncherOptions", "add_launcher_args"]
@@ -27,7 +28,7 @@ class LauncherOptions:
     max_no_progress_cycles: int = 3
     #: File holding the latest checkpointed iteration (one integer), read after every cycle.
     checkpoint_iteration_file: Optional[str] = None
-    #: Event log path; default ``<log dir>/ft_events.jsonl``.
+    #: Event log path; default ``<log dir>/`` + ``jobdir.LAUNCHER_EVENTS_FILE``.
     events_file: Optional[str] = None
 
     @classmethod
@@ -74,6 +75,6 @@ def add_launcher_args(parser: argparse.ArgumentParser) -> None:
                        help="file holding the latest checkpointed iteration (one integer); progress signal in "
                             "addition to RankMonitorClient.report_checkpoint()")
     group.add_argument("--ft-events-file", "--ft_events_file", default=None, metavar="PATH",
-                       help="JSON-lines event log (default: <log-dir>/ft_events.jsonl, or torchelastic's "
+                       help=f"JSON-lines event log (default: <log-dir>/{LAUNCHER_EVENTS_FILE}, or torchelastic's "
                             "temporary log directory when --log-dir is not given)")
 

@@ -11,6 +11,8 @@ from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorCli
 from ft_core.config import FALLBACK_FIELDS, FaultToleranceConfig
 from ft_core.data import WorkloadControlRequest
 from ft_core.fileutil import atomic_write_json, read_json
+from ft_core.jobdir import FINISHED_FLAG_ENV
+from ft_core.monitor.standalone import connect_standalone
 from ft_core.validation import ValidationError, boolean, callable_or_none, int_in_range, one_of, path_or_none
 from ft_integrations.lightning._pl import (
     Callback,
@@ -21,7 +23,6 @@ from ft_integrations.lightning._pl import (
 )
 from ft_integrations.lightning.checkpoint_io import FaultToleranceCheckpointIO
 from ft_integrations.lightning.fault_injection import FaultInjector, SimulatedFault
-from ft_integrations.lightning.standalone import connect_standalone
 
 __all__ = ["FaultToleranceCallback"]
 
@@ -31,7 +32,6 @@ MODES = ("heartbeats", "sections")
 STANDALONE_CHOICES = ("monitor", "off", "error")
 #: The sections this callback opens in ``mode="sections"``.
 SECTIONS = ("setup", "step", "validation", "checkpointing")
-FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
 #: Timeouts of the node monitor the callback starts itself in ``mode="sections"`` (no ``config=``):
 #: the heartbeat defaults, moved onto the sections. Learning shrinks them in the first run.
 DEFAULT_SECTION_CONFIG: dict[str, Any] = {

@@ -25,6 +25,7 @@ from typing import Any, Optional
 
 from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.fileutil import atomic_write_json, read_json
+from ft_core.jobdir import FINISHED_FLAG_ENV
 from ft_integrations.megatron.args import DEFAULT_CALC_TIMEOUTS_AFTER_ITERS, DEFAULT_NUM_WARMUP_ITERS
 from ft_integrations.megatron.state import FT_STATE_FILENAME, HookState, get_state
 
@@ -47,7 +48,6 @@ __all__ = [
 
 log = logging.getLogger("ft_integrations.megatron")
 
-FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
 SETUP, STEP, CHECKPOINTING = "setup", "step", "checkpointing"
 EVAL_SECTIONS = ("eval", "validation")
 

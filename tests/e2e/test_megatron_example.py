@@ -18,7 +18,7 @@ import pytest
 from helpers import REPO_ROOT, python_env, spawn_python
 from integration.launcher_helpers import ProcessTracker
 
-from ft_core.monitor import read_events
+from ft_core.events import read_events
 
 TRAIN = os.path.join(REPO_ROOT, "examples", "megatron", "train.py")
 HANG_AT, RESUME_AT, TRAIN_ITERS = 12, 8, 20

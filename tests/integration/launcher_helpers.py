@@ -19,7 +19,7 @@ from typing import Any, Optional
 import psutil
 from helpers import REPO_ROOT, python_env, spawn_python, wait_for
 
-from ft_core.monitor import read_events
+from ft_core.events import read_events
 
 WORKER = os.path.join(REPO_ROOT, "tests", "integration", "launcher_workers", "worker.py")
 

@@ -18,12 +18,12 @@ from ft_core.config import FaultToleranceConfig  # noqa: E402
 from ft_core.data import WorkloadAction, WorkloadControlRequest  # noqa: E402
 from ft_core.fileutil import read_json  # noqa: E402
 from ft_core.launcher.control import WorkloadControlServer  # noqa: E402
+from ft_core.monitor.standalone import standalone_socket_path, stop_standalone_monitors  # noqa: E402
 from ft_integrations.lightning import (  # noqa: E402
     FaultToleranceCallback,
     FaultToleranceCheckpointIO,
     SimulatedFaultError,
 )
-from ft_integrations.lightning.standalone import standalone_socket_path, stop_standalone_monitors  # noqa: E402
 
 TOKEN = "lightning-test-token-0123456789ab"
 SECTIONS_CFG = FaultToleranceConfig(

@@ -11,7 +11,7 @@ import torch  # noqa: E402
 from helpers import free_port  # noqa: E402
 from lightning_scripts.harness import SCRIPTS, base_env, reports, run_job  # noqa: E402
 
-from ft_core.monitor import read_events  # noqa: E402
+from ft_core.events import read_events  # noqa: E402
 
 MAX_STEPS = 8
 #: Launch-time settings; safety factor 50 keeps learned timeouts far from a busy machine's jitter.

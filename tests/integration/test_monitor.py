@@ -14,7 +14,8 @@ from helpers import REPO_ROOT, kill_group, python_env, spawn_python, wait_for, w
 
 from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
-from ft_core.monitor import RankMonitorServer, read_events
+from ft_core.events import read_events
+from ft_core.monitor import RankMonitorServer
 from ft_core.protocol import FrameDecoder, Heartbeat, Hello, encode, recv_msg, send_msg
 
 RANK_SCRIPT = os.path.join(REPO_ROOT, "tests", "integration", "core_workers", "rank.py")

@@ -1,11 +1,76 @@
-"""Wire format details that other implementations rely on: the Hello role stays a plain string on the wire."""
+"""The wire protocol: the frame decoder (split, oversize, zero-length and garbage frames) and wire values
+other implementations rely on (the Hello role stays a plain string on the wire)."""
 
 from __future__ import annotations
+
+import struct
 
 import msgspec
 import pytest
 
-from ft_core.protocol import FrameDecoder, Hello, ProtocolError, Role, encode
+from ft_core.protocol import (
+    EndAllSections,
+    FrameDecoder,
+    Heartbeat,
+    Hello,
+    ProtocolError,
+    Role,
+    SectionStart,
+    encode,
+)
+
+MESSAGES = [Hello(token="t" * 32, rank=3, local_rank=1, timeouts={"x": 1}), Heartbeat(iteration=5),
+            SectionStart(name="step", iteration=6), EndAllSections()]
+
+
+def test_messages_survive_any_split_of_the_byte_stream():
+    stream = b"".join(encode(m) for m in MESSAGES)
+    for chunk in (1, 2, 3, 5, 7, len(stream)):
+        decoder = FrameDecoder()
+        received = []
+        for start in range(0, len(stream), chunk):
+            received += decoder.feed(stream[start:start + chunk])
+        assert received == MESSAGES, f"chunk size {chunk}"
+
+
+def test_a_partial_frame_yields_nothing_until_it_is_complete():
+    frame = encode(Heartbeat(iteration=1))
+    decoder = FrameDecoder()
+    assert decoder.feed(frame[:3]) == []  # not even a whole header
+    assert decoder.feed(frame[3:-1]) == []  # header, most of the payload
+    assert decoder.feed(frame[-1:]) == [Heartbeat(iteration=1)]
+
+
+def test_an_oversize_frame_is_refused_from_its_header_alone():
+    decoder = FrameDecoder(max_frame_bytes=64)
+    with pytest.raises(ProtocolError, match="65 bytes exceeds the limit of 64"):
+        decoder.feed(struct.pack(">I", 65))  # no payload sent: nothing is buffered for it
+    assert FrameDecoder(max_frame_bytes=64).feed(encode(Heartbeat())) == [Heartbeat()]
+
+
+def test_a_frame_at_the_limit_is_accepted():
+    frame = encode(SectionStart(name="s" * 40))
+    limit = len(frame) - 4
+    assert FrameDecoder(max_frame_bytes=limit).feed(frame) == [SectionStart(name="s" * 40)]
+
+
+@pytest.mark.parametrize("payload", [
+    b"",  # zero-length frame
+    b"\x00\x01\x02garbage",  # not msgpack
+    b"\x81\xa3foo\x01",  # msgpack, not a message
+    b"\x82\xa4type\xa2hb\xa9iteration\xa3bad",  # a message with a wrong field type
+])
+def test_zero_length_and_garbage_payloads_are_protocol_errors(payload):
+    with pytest.raises(ProtocolError, match="undecodable message"):
+        FrameDecoder().feed(struct.pack(">I", len(payload)) + payload)
+
+
+def test_unknown_fields_are_refused():
+    import msgspec
+
+    payload = msgspec.msgpack.encode({"type": "hb", "iteration": 1, "extra": True})
+    with pytest.raises(ProtocolError):
+        FrameDecoder().feed(struct.pack(">I", len(payload)) + payload)
 
 
 def test_role_is_an_enum_with_the_old_wire_values():

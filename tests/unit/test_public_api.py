@@ -1,5 +1,7 @@
 """The core's public names are importable from the package top, and the submodule paths still work."""
 
+import subprocess
+import sys
 
 import ft_core
 
@@ -29,3 +31,19 @@ def test_unknown_name_raises_attribute_error():
     else:
         raise AssertionError("expected AttributeError")
 
+
+
+def test_importing_the_client_does_not_import_the_monitor_server():
+    code = "import sys, ft_core.client; print('ft_core.monitor' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_the_monitor_package_keeps_its_import_paths():
+    from ft_core import RankMonitorServer as FromTop
+    from ft_core.monitor import MonitorProcess, RankMonitorServer
+    from ft_core.monitor.process import MonitorProcess as FromProcess
+    from ft_core.monitor.server import RankMonitorServer as FromServer
+
+    assert FromTop is RankMonitorServer is FromServer
+    assert MonitorProcess is FromProcess

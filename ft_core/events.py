@@ -1,0 +1,377 @@
+"""Every event record of the monitor and the launcher, the one JSON-lines writer and the one reader.
+
+The monitor writes typed records to ``monitor_events.jsonl``; the launcher
+reads them back as the same types, forwards the ones the job's event log
+(``ft_events.jsonl``) carries as they are, and writes its own records with
+the same writer, which adds its ``node`` field. A record is one JSON object
+per line: ``event`` (an :class:`EventName` value), ``time`` (unix seconds),
+``node`` (``host:pid``, launcher records only) and the fields of its type.
+The README's "Event log" table documents them for users.
+
+Example::
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "events.jsonl")
+    >>> with EventWriter(path, node="host:1") as out:
+    ...     _ = out.write(Progress(iteration=7, source="rank 0", cycle=0, time=1.0))
+    >>> read_records(path)[0]
+    [Progress(iteration=7, source='rank 0', cycle=0, time=1.0, node='host:1')]
+    >>> read_events(path)[0][0]["event"]
+    'progress'
+
+This module must not import torch nor the monitor: ranks, the monitor and the
+launcher all import it.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import time
+from typing import Any, Optional, Union
+
+import msgspec
+
+__all__ = [
+    "CheckpointReported",
+    "ConnectionRejected",
+    "CycleStart",
+    "Event",
+    "EventName",
+    "EventWriter",
+    "HangDetected",
+    "HangReason",
+    "LauncherExit",
+    "LauncherStarted",
+    "MonitorConnectionRejected",
+    "MonitorDied",
+    "MonitorStarted",
+    "Progress",
+    "RankConnected",
+    "RankDisconnected",
+    "RankTerminated",
+    "Restart",
+    "RestartKind",
+    "SignalReceived",
+    "TimeoutsUpdated",
+    "WorkerExit",
+    "WorkersStopped",
+    "WorkersSucceeded",
+    "WorkloadControlReceived",
+    "read_events",
+    "read_records",
+]
+
+log = logging.getLogger("ft_core.events")
+
+
+class EventName(str, enum.Enum):
+    """The ``event`` field of every record (str-valued: the JSON is the plain name)."""
+
+    # written by the monitor (the launcher forwards the rank_* and hang_detected ones)
+    MONITOR_STARTED = "monitor_started"
+    RANK_CONNECTED = "rank_connected"
+    RANK_DISCONNECTED = "rank_disconnected"
+    HANG_DETECTED = "hang_detected"
+    RANK_TERMINATED = "rank_terminated"
+    CHECKPOINT_REPORTED = "checkpoint_reported"
+    TIMEOUTS_UPDATED = "timeouts_updated"
+    CONNECTION_REJECTED = "connection_rejected"
+    # written by the launcher
+    LAUNCHER_STARTED = "launcher_started"
+    CYCLE_START = "cycle_start"
+    WORKER_EXIT = "worker_exit"
+    WORKERS_STOPPED = "workers_stopped"
+    WORKERS_SUCCEEDED = "workers_succeeded"
+    RESTART = "restart"
+    PROGRESS = "progress"
+    WORKLOAD_CONTROL = "workload_control"
+    MONITOR_DIED = "monitor_died"
+    MONITOR_CONNECTION_REJECTED = "monitor_connection_rejected"
+    SIGNAL = "signal"
+    EXIT = "exit"
+
+
+class HangReason(str, enum.Enum):
+    """Which deadline a hung rank missed (the ``reason`` of a ``hang_detected`` event)."""
+
+    INITIAL_HEARTBEAT = "initial_heartbeat"
+    HEARTBEAT = "heartbeat"
+    SECTION = "section"
+    OUT_OF_SECTION = "out_of_section"
+
+
+class RestartKind(str, enum.Enum):
+    """Why a launcher cycle ended (the ``kind`` of a ``restart`` event)."""
+
+    CRASH = "crash"
+    HANG = "hang"
+    MONITOR = "monitor"  # the node's rank monitor died
+    UNHEALTHY = "unhealthy"  # a worker is stuck in uninterruptible sleep
+    EXCLUDED = "excluded"  # a rank asked for ExcludeThisNode
+    SHUTDOWN = "shutdown"  # a rank asked for ShutdownWorkload
+    PEER = "peer"  # another node decided
+    MEMBERSHIP = "membership"  # new nodes are waiting to join
+
+    @property
+    def is_fault(self) -> bool:
+        """Faults spend the restart budget and count for the no-progress rule."""
+        return self in _FAULTS
+
+
+_FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY})
+
+
+class Event(msgspec.Struct, kw_only=True, frozen=True, tag_field="event", omit_defaults=True):
+    """Fields every record has. Fields with a default are left out of the JSON while unset."""
+
+    time: float = msgspec.field(default_factory=time.time)
+    #: ``host:pid`` of the launcher that wrote the record; set by its :class:`EventWriter`.
+    node: Optional[str] = None
+
+    @property
+    def name(self) -> EventName:
+        return EventName(type(self).__struct_config__.tag)
+
+
+# -- records of the monitor -----------------------------------------------------
+class MonitorStarted(Event, frozen=True, tag=EventName.MONITOR_STARTED.value):
+    pid: Optional[int]
+    socket: str
+
+
+class RankConnected(Event, frozen=True, tag=EventName.RANK_CONNECTED.value):
+    rank: int
+    local_rank: int
+    pid: int
+    restart_count: int
+
+
+class RankDisconnected(Event, frozen=True, tag=EventName.RANK_DISCONNECTED.value):
+    rank: int
+    pid: int
+    graceful: bool
+
+
+class HangDetected(Event, frozen=True, tag=EventName.HANG_DETECTED.value):
+    """A rank missed a deadline and was (or is being) terminated."""
+
+    rank: int
+    pid: int
+    reason: HangReason
+    section: Optional[str]
+    elapsed: float
+    timeout: float
+    iteration: Optional[int]
+    open_sections: list[str]
+    #: unix time the deadline passed
+    deadline_time: float
+    #: unix time the monitor noticed (also the record's ``time``)
+    detected_time: float
+    #: where the stack is: the rank's dump file (monitor), or the copy next to the event log (launcher)
+    stack_dump_file: Optional[str]
+    #: the hung rank's Python stacks; only in the monitor's file (the launcher saves it to a file)
+    stack: Optional[str] = None
+
+    def describe(self) -> str:
+        """The hang in one sentence: the monitor's log line and the launcher's restart reason."""
+        where = f" in section {self.section!r}" if self.section else ""
+        return (f"rank {self.rank} (pid {self.pid}) hung: {self.reason.value} timeout{where}, "
+                f"{self.elapsed:.1f} s elapsed > {self.timeout:.1f} s allowed, iteration {self.iteration}")
+
+
+class RankTerminated(Event, frozen=True, tag=EventName.RANK_TERMINATED.value):
+    rank: int
+    pid: int
+    signal: str
+
+
+class CheckpointReported(Event, frozen=True, tag=EventName.CHECKPOINT_REPORTED.value):
+    rank: int
+    iteration: int
+
+
+class TimeoutsUpdated(Event, frozen=True, tag=EventName.TIMEOUTS_UPDATED.value):
+    rank: int
+    timeouts: dict[str, Any]  # a ``current_timeouts`` state dict
+
+
+class ConnectionRejected(Event, frozen=True, tag=EventName.CONNECTION_REJECTED.value):
+    pid: int
+    reason: str
+
+
+# -- records of the launcher ----------------------------------------------------
+class LauncherStarted(Event, frozen=True, tag=EventName.LAUNCHER_STARTED.value):
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    max_restarts: int
+    rdzv_backend: str
+    monitor_pid: Optional[int]
+    config: dict[str, Any]
+
+
+class CycleStart(Event, frozen=True, tag=EventName.CYCLE_START.value):
+    cycle: int
+    restarts: int
+    group_rank: Optional[int]  # None only before torch's rendezvous assigned it
+    group_world_size: Optional[int]
+    world_size: int
+    workers: dict[str, int]  # global rank -> pid
+    monitor_pid: Optional[int]
+
+
+class WorkerExit(Event, frozen=True, tag=EventName.WORKER_EXIT.value):
+    """A worker ended: ``exit_code`` when it exited, ``signal`` when a signal killed it."""
+
+    cycle: int
+    local_rank: int
+    pid: int
+    cause: str  # "crash", "hang" or "launcher <SIGNAL>"
+    rank: Optional[int] = None
+    exit_code: Optional[int] = None
+    signal: Optional[str] = None
+
+
+class WorkersStopped(Event, frozen=True, tag=EventName.WORKERS_STOPPED.value):
+    cycle: int
+
+
+class WorkersSucceeded(Event, frozen=True, tag=EventName.WORKERS_SUCCEEDED.value):
+    cycle: Optional[int]
+
+
+class Restart(Event, frozen=True, tag=EventName.RESTART.value):
+    cycle: int  # the cycle that ended
+    kind: RestartKind
+    reason: str
+    restarts: int
+    max_restarts: int
+
+
+class Progress(Event, frozen=True, tag=EventName.PROGRESS.value):
+    iteration: int
+    source: str
+    cycle: int
+
+
+class WorkloadControlReceived(Event, frozen=True, tag=EventName.WORKLOAD_CONTROL.value):
+    action: str  # a WorkloadAction name
+    rank: int
+    description: str
+
+
+class MonitorDied(Event, frozen=True, tag=EventName.MONITOR_DIED.value):
+    exit_code: Optional[int]
+
+
+class MonitorConnectionRejected(Event, frozen=True, tag=EventName.MONITOR_CONNECTION_REJECTED.value):
+    """The monitor's ``connection_rejected``, in the launcher's log."""
+
+    reason: str
+    pid: Optional[int] = None
+
+
+class SignalReceived(Event, frozen=True, tag=EventName.SIGNAL.value):
+    signal: str
+    running_workers: int
+
+
+class LauncherExit(Event, frozen=True, tag=EventName.EXIT.value):
+    exit_code: int
+    reason: str
+
+
+AnyEvent = Union[
+    MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported,
+    TimeoutsUpdated, ConnectionRejected, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
+    WorkersSucceeded, Restart, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
+    SignalReceived, LauncherExit,
+]
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(AnyEvent)
+
+
+class EventWriter:
+    """Appends records to a JSON-lines file, each as one ``write()`` of a whole line.
+
+    The file is opened with ``O_APPEND`` and written without a user-space
+    buffer, so a reader (or a crash) never sees a torn line and several
+    writers may share one file. ``node`` is stamped on every record written.
+    """
+
+    def __init__(self, path: str, node: Optional[str] = None, mode: int = 0o666) -> None:
+        self.path = os.path.abspath(path)
+        self.node = node
+        self._fd: Optional[int] = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, mode)
+
+    def write(self, record: Event) -> Event:
+        """Append ``record`` (with this writer's ``node``); returns what was written."""
+        if self.node is not None and record.node != self.node:
+            record = msgspec.structs.replace(record, node=self.node)
+        if self._fd is not None:
+            line = memoryview(_ENCODER.encode(record) + b"\n")
+            while line:  # a regular file takes the whole line unless the disk is full
+                line = line[os.write(self._fd, line):]
+        return record
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> EventWriter:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _complete_lines(path: str, offset: int) -> tuple[list[bytes], int]:
+    """The complete lines appended to ``path`` after byte ``offset``, and the offset after them."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(offset)
+            data = handle.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1  # a partially written last line waits for the next call
+    return [line for line in data[:end].split(b"\n") if line.strip()], offset + end
+
+
+def read_records(path: str, offset: int = 0) -> tuple[list[Event], int]:
+    """The typed records appended to ``path`` after byte ``offset``, and the offset to pass next time.
+
+    A partially written last line is left for the next call; a line that is
+    not a known record (corrupt, or from a newer version) is skipped with a
+    warning. Unknown extra fields are ignored.
+    """
+    lines, offset = _complete_lines(path, offset)
+    records: list[Event] = []
+    for line in lines:
+        try:
+            records.append(_DECODER.decode(line))
+        except msgspec.DecodeError as exc:  # ValidationError is a DecodeError
+            log.warning("skipping an unreadable line in %s: %s", path, exc)
+    return records, offset
+
+
+def read_events(path: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """Like :func:`read_records`, as plain dicts (any event name): for tools, tests and recaps."""
+    lines, offset = _complete_lines(path, offset)
+    events: list[dict[str, Any]] = []
+    for line in lines:
+        try:
+            value = msgspec.json.decode(line)
+        except msgspec.DecodeError:
+            log.warning("skipping a corrupt line in %s", path)
+            continue
+        if isinstance(value, dict):
+            events.append(value)
+        else:
+            log.warning("skipping a line that is not a JSON object in %s", path)
+    return events, offset

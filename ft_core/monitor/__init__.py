@@ -1,0 +1,51 @@
+"""The node monitor: one process per node that watches every local rank and kills hung ones.
+
+* :mod:`.server` -- :class:`RankMonitorServer`, the event loop and the ranks' deadlines;
+* :mod:`.hang` -- what happens to one hung rank (detected, stack dump, terminated);
+* :mod:`.process` -- :class:`MonitorProcess` and ``run_in_subprocess`` (``python -m ft_core.monitor``);
+* :mod:`.standalone` -- a node monitor for runs without ``ft_launcher`` (plain torchrun, srun, python).
+
+Usable without the launcher::
+
+    proc = RankMonitorServer.run_in_subprocess(cfg, "/tmp/myjob/monitor.sock")
+    os.environ["FT_RANK_MONITOR_IPC_SOCKET"] = proc.socket_path   # children inherit
+    ...
+    proc.stop()
+
+The names are resolved on first use (PEP 562): importing the standalone entry
+in a rank does not import the server. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ft_core.events import read_events
+    from ft_core.jobdir import stack_dump_dir
+    from ft_core.monitor.process import MonitorProcess
+    from ft_core.monitor.server import RankMonitorServer
+
+#: public name -> the module that owns it (``read_events`` and ``stack_dump_dir`` stay importable from here).
+_EXPORTS = {
+    "MonitorProcess": "ft_core.monitor.process",
+    "RankMonitorServer": "ft_core.monitor.server",
+    "read_events": "ft_core.events",
+    "stack_dump_dir": "ft_core.jobdir",
+}
+
+__all__ = ["MonitorProcess", "RankMonitorServer", "read_events", "stack_dump_dir"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ft_core.monitor' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # resolve once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -1,0 +1,53 @@
+"""``python -m ft_core.monitor``: run one node monitor in this process (how ``run_in_subprocess`` starts it)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from typing import Optional
+
+from ft_core.config import FaultToleranceConfig
+from ft_core.jobdir import TOKEN_ENV
+from ft_core.monitor.server import RankMonitorServer
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ft_core.monitor",
+                                     description="The node monitor: watches every local rank and kills hung ones.")
+    parser.add_argument("--socket", required=True, help="path of the Unix socket to serve")
+    parser.add_argument("--config-json", default="{}", help="FaultToleranceConfig.to_json(), or a JSON object")
+    parser.add_argument("--events", default=None, help="JSON-lines event log path")
+    args = parser.parse_args(argv)
+    cfg = FaultToleranceConfig.from_json(args.config_json)
+    logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
+                        format="[ft-monitor %(asctime)s] %(levelname)s: %(message)s")
+    token = os.environ.pop(TOKEN_ENV, "")
+    if not token:
+        parser.error(f"{TOKEN_ENV} must be set in the environment")
+    server = RankMonitorServer(cfg, args.socket, token, args.events)
+
+    def _stop(_signum: int, _frame: object) -> None:
+        server.stop()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+
+    def _ready() -> None:
+        # The parent waits for this line on our stdout; afterwards stdout is unused.
+        os.write(1, b"ready\n")
+        os.close(1)
+        os.dup2(2, 1)
+
+    try:
+        server.serve_forever(ready_callback=_ready)
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Starting the monitor as a subprocess (``python -m ft_core.monitor``) and the handle on it."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import select
+import subprocess
+import sys
+from typing import Any, Optional
+
+from ft_core import procutil
+from ft_core.config import FaultToleranceConfig
+from ft_core.events import read_events
+from ft_core.jobdir import TOKEN_ENV, JobDir, make_private_dir, token_path, write_private_file
+
+__all__ = ["MonitorProcess", "run_in_subprocess"]
+
+
+def run_in_subprocess(
+    cfg: FaultToleranceConfig,
+    socket_path: str,
+    token: Optional[str] = None,
+    events_path: Optional[str] = None,
+    start_timeout: float = 30.0,
+    env: Optional[dict[str, str]] = None,
+) -> MonitorProcess:
+    """Start a monitor in a new process (``python -m ft_core.monitor``) and wait until it serves.
+
+    With ``token=None`` the current ``FT_MONITOR_TOKEN`` is used, or a new
+    one is generated and exported to ``os.environ`` so that ranks started
+    later from this process inherit it. The token is also written to
+    ``<socket_path>.token`` (mode 0600) for ranks started elsewhere by the
+    same user.
+    """
+    token = token or os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
+    os.environ[TOKEN_ENV] = token
+    socket_path = os.path.abspath(socket_path)
+    job_dir = JobDir.of_socket(socket_path)
+    make_private_dir(job_dir.path)
+    write_private_file(token_path(socket_path), token)
+    child_env = dict(os.environ if env is None else env)
+    child_env[TOKEN_ENV] = token  # via the environment: argv is visible to every user
+    args = [sys.executable, "-m", "ft_core.monitor", "--socket", socket_path,
+            "--config-json", cfg.to_json()]
+    if events_path:
+        args += ["--events", events_path]
+    proc = subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE,
+                            preexec_fn=procutil.die_with_parent)
+    handle = MonitorProcess(proc, socket_path, token, events_path or job_dir.monitor_events)
+    handle.wait_ready(start_timeout)
+    return handle
+
+
+class MonitorProcess:
+    """Handle on a monitor started by :func:`run_in_subprocess`."""
+
+    def __init__(self, proc: subprocess.Popen, socket_path: str, token: str, events_path: str) -> None:
+        self.proc = proc
+        self.socket_path = socket_path
+        self.token = token
+        self.events_path = events_path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, timeout: float) -> None:
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        line = self.proc.stdout.readline() if ready else b""
+        self.proc.stdout.close()
+        if line.strip() != b"ready":
+            self.kill()
+            raise RuntimeError(
+                f"rank monitor did not start within {timeout:.0f} s (exit code {self.proc.poll()}); "
+                "see its log above"
+            )
+
+    def is_alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 5.0) -> Optional[int]:
+        """SIGTERM, then SIGKILL after ``timeout``; returns the exit code."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        return self.proc.wait()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def events(self) -> list[dict[str, Any]]:
+        return read_events(self.events_path)[0]

@@ -1,0 +1,162 @@
+"""The event records, the JSON-lines writer and the reader (ft_core.events)."""
+
+from __future__ import annotations
+
+import json
+import os
+import typing
+
+import pytest
+
+from ft_core import events as ev
+
+#: One instance of every record type, with every field set (optional ones too).
+SAMPLES: list[ev.Event] = [
+    ev.MonitorStarted(time=1.0, pid=10, socket="/job/monitor.sock"),
+    ev.RankConnected(time=1.0, rank=3, local_rank=1, pid=11, restart_count=2),
+    ev.RankDisconnected(time=1.0, rank=3, pid=11, graceful=True),
+    ev.HangDetected(time=2.5, rank=1, pid=12, reason=ev.HangReason.SECTION, section="step", elapsed=5.012,
+                    timeout=5.0, iteration=7, open_sections=["outer", "step"], deadline_time=2.49,
+                    detected_time=2.5, stack_dump_file="/job/stacks/rank1_pid12.txt",
+                    stack="Current thread 0x1 (most recent call first):\n  File \"t.py\", line 3 in f\n"),
+    ev.RankTerminated(time=1.0, rank=1, pid=12, signal="SIGKILL"),
+    ev.CheckpointReported(time=1.0, rank=0, iteration=100),
+    ev.TimeoutsUpdated(time=1.0, rank=0, timeouts={"section": {"step": 3.0}, "out_of_section": None}),
+    ev.ConnectionRejected(time=1.0, pid=13, reason="wrong job token"),
+    ev.LauncherStarted(time=1.0, run_id="job", min_nodes=1, max_nodes=2, nproc_per_node=4, max_restarts=3,
+                       rdzv_backend="c10d", monitor_pid=10, config={"rank_heartbeat_timeout": 5.0}),
+    ev.CycleStart(time=1.0, cycle=1, restarts=1, group_rank=0, group_world_size=2, world_size=8,
+                  workers={"0": 21, "1": 22}, monitor_pid=10),
+    ev.WorkerExit(time=1.0, cycle=1, local_rank=0, pid=21, cause="crash", rank=0, exit_code=1),
+    ev.WorkerExit(time=1.0, cycle=1, local_rank=1, pid=22, cause="launcher SIGTERM", signal="SIGTERM"),
+    ev.WorkersStopped(time=1.0, cycle=1),
+    ev.WorkersSucceeded(time=1.0, cycle=None),
+    ev.Restart(time=1.0, cycle=0, kind=ev.RestartKind.HANG, reason="rank 1 hung", restarts=1, max_restarts=3),
+    ev.Progress(time=1.0, iteration=100, source="rank 0", cycle=1),
+    ev.WorkloadControlReceived(time=1.0, action="ShutdownWorkload", rank=0, description="bad data"),
+    ev.MonitorDied(time=1.0, exit_code=-9),
+    ev.MonitorConnectionRejected(time=1.0, pid=13, reason="garbage"),
+    ev.SignalReceived(time=1.0, signal="SIGTERM", running_workers=4),
+    ev.LauncherExit(time=1.0, exit_code=93, reason="no progress"),
+]
+
+
+def test_every_record_type_has_a_sample_and_one_event_name():
+    types = set(typing.get_args(ev.AnyEvent))
+    assert {type(s) for s in SAMPLES} == types
+    names = [t.__struct_config__.tag for t in types]
+    assert sorted(names) == sorted(name.value for name in ev.EventName)
+
+
+def test_every_record_round_trips_through_the_file(tmp_path):
+    path = str(tmp_path / "events.jsonl")
+    with ev.EventWriter(path) as out:
+        for record in SAMPLES:
+            out.write(record)
+    records, offset = ev.read_records(path)
+    assert records == SAMPLES
+    assert offset == os.path.getsize(path)
+
+
+def test_the_json_keeps_plain_names_and_values(tmp_path):
+    path = str(tmp_path / "events.jsonl")
+    with ev.EventWriter(path, node="host:7") as out:
+        out.write(ev.Restart(time=3.0, cycle=0, kind=ev.RestartKind.HANG, reason="r", restarts=1, max_restarts=2))
+        out.write(ev.WorkerExit(time=3.0, cycle=0, local_rank=1, pid=5, cause="crash", signal="SIGKILL"))
+    restart, worker_exit = (json.loads(line) for line in open(path, encoding="utf-8"))
+    assert restart == {"event": "restart", "time": 3.0, "node": "host:7", "cycle": 0, "kind": "hang",
+                       "reason": "r", "restarts": 1, "max_restarts": 2}
+    # "exit_code or signal": the unset one (and an unknown rank) is left out, as before.
+    assert worker_exit == {"event": "worker_exit", "time": 3.0, "node": "host:7", "cycle": 0, "local_rank": 1,
+                           "pid": 5, "cause": "crash", "signal": "SIGKILL"}
+
+
+def test_a_writer_without_node_writes_none_and_a_launcher_writer_stamps_it(tmp_path):
+    monitor_file, launcher_file = str(tmp_path / "m.jsonl"), str(tmp_path / "l.jsonl")
+    record = ev.RankConnected(time=1.0, rank=0, local_rank=0, pid=1, restart_count=0)
+    with ev.EventWriter(monitor_file) as out:
+        out.write(record)
+    with ev.EventWriter(launcher_file, node="host:9") as out:
+        assert out.write(record).node == "host:9"
+    assert "node" not in ev.read_events(monitor_file)[0][0]
+    assert ev.read_events(launcher_file)[0][0]["node"] == "host:9"
+
+
+def test_a_partial_last_line_waits_for_the_next_read(tmp_path):
+    path = tmp_path / "events.jsonl"
+    first = ev.MonitorStarted(time=1.0, pid=1, socket="s")
+    second = ev.RankTerminated(time=2.0, rank=0, pid=2, signal="SIGKILL")
+    with ev.EventWriter(str(path)) as out:
+        out.write(first)
+    whole = path.read_bytes()
+    line = json.dumps({"event": "rank_terminated", "time": 2.0, "rank": 0, "pid": 2, "signal": "SIGKILL"})
+    with open(path, "ab") as handle:
+        handle.write(line[:20].encode())  # a writer caught mid-line
+    records, offset = ev.read_records(str(path))
+    assert records == [first] and offset == len(whole)
+    assert ev.read_events(str(path)) == ([json.loads(whole)], len(whole))
+    with open(path, "ab") as handle:
+        handle.write(line[20:].encode() + b"\n")
+    records, offset = ev.read_records(str(path), offset)
+    assert records == [second] and offset == path.stat().st_size
+    assert ev.read_records(str(path), offset) == ([], offset)
+
+
+def test_unknown_and_corrupt_lines_are_skipped_not_fatal(tmp_path, caplog):
+    path = tmp_path / "events.jsonl"
+    good = ev.Progress(time=1.0, iteration=1, source="file", cycle=0)
+    path.write_bytes(b'{"event": "from_a_newer_version", "time": 1}\n'
+                     b"not json at all\n"
+                     b'{"event": "progress", "time": 1.0, "iteration": "NaN", "source": "x", "cycle": 0}\n'
+                     b"[1, 2]\n"
+                     b'{"event": "progress", "time": 1.0, "iteration": 1, "source": "file", "cycle": 0, "new": 1}\n')
+    assert ev.read_records(str(path))[0] == [good]  # unknown extra fields are fine
+    assert [e["event"] for e in ev.read_events(str(path))[0]] == ["from_a_newer_version", "progress", "progress"]
+    assert "skipping" in caplog.text
+
+
+def test_reading_a_missing_file_returns_nothing(tmp_path):
+    assert ev.read_records(str(tmp_path / "none.jsonl"), 5) == ([], 5)
+    assert ev.read_events(str(tmp_path / "none.jsonl")) == ([], 0)
+
+
+def test_each_record_is_one_write_of_a_whole_line(tmp_path, monkeypatch):
+    path = str(tmp_path / "events.jsonl")
+    writes: list[bytes] = []
+    real_write = os.write
+
+    def spy(fd: int, data: bytes) -> int:
+        writes.append(bytes(data))
+        return real_write(fd, data)
+
+    with ev.EventWriter(path) as out:
+        monkeypatch.setattr(os, "write", spy)
+        out.write(SAMPLES[3])  # the largest record: a hang with its stack
+        monkeypatch.undo()
+    assert len(writes) == 1 and writes[0].endswith(b"\n") and writes[0].count(b"\n") == 1
+    assert open(path, "rb").read() == writes[0]
+
+
+def test_event_names_are_plain_strings_in_the_json():
+    assert json.dumps({"event": ev.EventName.HANG_DETECTED}) == '{"event": "hang_detected"}'
+    assert SAMPLES[3].name is ev.EventName.HANG_DETECTED
+
+
+@pytest.mark.parametrize(("kind", "fault"), [
+    (ev.RestartKind.CRASH, True), (ev.RestartKind.HANG, True), (ev.RestartKind.MONITOR, True),
+    (ev.RestartKind.UNHEALTHY, True), (ev.RestartKind.EXCLUDED, False), (ev.RestartKind.SHUTDOWN, False),
+    (ev.RestartKind.PEER, False), (ev.RestartKind.MEMBERSHIP, False),
+])
+def test_which_restart_kinds_are_faults(kind, fault):
+    assert kind.is_fault is fault
+
+
+def test_the_hang_sentence():
+    hang = SAMPLES[3]
+    assert isinstance(hang, ev.HangDetected)
+    assert hang.describe() == ("rank 1 (pid 12) hung: section timeout in section 'step', 5.0 s elapsed > 5.0 s "
+                               "allowed, iteration 7")
+    heartbeat = ev.HangDetected(time=1.0, rank=0, pid=3, reason=ev.HangReason.HEARTBEAT, section=None,
+                                elapsed=3.25, timeout=3.0, iteration=None, open_sections=[], deadline_time=0.9,
+                                detected_time=1.0, stack_dump_file=None)
+    assert heartbeat.describe() == "rank 0 (pid 3) hung: heartbeat timeout, 3.2 s elapsed > 3.0 s allowed, iteration None"

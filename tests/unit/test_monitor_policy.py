@@ -1,0 +1,178 @@
+"""The monitor's pure policy: a rank's deadlines and the hang state machine (no process, no clock)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import pytest
+
+from ft_core.config import FaultToleranceConfig
+from ft_core.events import HangDetected, HangReason
+from ft_core.monitor.hang import DUMP_POLL, Expiry, Hang, HangState
+from ft_core.monitor.server import WatchedRank
+from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts
+
+T0 = 1000.0  # monotonic time of the connection
+
+
+def watched(initial: Optional[float] = None, subsequent: Optional[float] = None,
+            sections: Optional[dict[str, Optional[float]]] = None, out_of_section: Optional[float] = None,
+            warmup: int = 0) -> WatchedRank:
+    return WatchedRank(
+        rank=1, local_rank=1, pid=4321, cfg=FaultToleranceConfig(num_warmup_iterations=warmup), restart_count=0,
+        connected_at=T0, hb=HeartbeatTimeouts(initial, subsequent),
+        sections=SectionTimeouts(dict(sections or {}), out_of_section), dump_path=None, out_of_section_since=T0)
+
+
+def expiry_of(rank: WatchedRank) -> tuple:
+    exp = rank.next_deadline()
+    assert exp is not None
+    return exp.deadline, exp.reason, exp.section, exp.timeout, exp.since
+
+
+# -- deadlines ------------------------------------------------------------------
+def test_nothing_timed_means_no_deadline():
+    rank = watched(sections={"step": None})
+    rank.section_start("step", T0 + 1)
+    assert rank.next_deadline() is None
+
+
+def test_the_initial_heartbeat_runs_from_the_connection_until_any_sign_of_life():
+    rank = watched(initial=60, subsequent=5)
+    assert expiry_of(rank) == (T0 + 60, HangReason.INITIAL_HEARTBEAT, None, 60, T0)
+    rank.touch(T0 + 30)  # then the subsequent heartbeat timeout applies, from the last sign of life
+    assert expiry_of(rank) == (T0 + 35, HangReason.HEARTBEAT, None, 5, T0 + 30)
+
+
+def test_a_healthy_but_slow_rank_keeps_pushing_its_heartbeat_deadline_out():
+    rank = watched(initial=10, subsequent=5)
+    now = T0
+    for _ in range(100):  # heartbeats just inside the timeout, for 490 s
+        now += 4.9
+        assert rank.next_deadline().deadline > now  # never expired when the next heartbeat arrives
+        rank.touch(now)
+    assert expiry_of(rank)[0] == pytest.approx(now + 5)
+
+
+def test_any_section_event_counts_as_a_heartbeat():
+    rank = watched(initial=10, subsequent=5, sections={"step": None})
+    rank.section_start("step", T0 + 3)
+    rank.section_end("step", T0 + 7)
+    assert expiry_of(rank) == (T0 + 12, HangReason.HEARTBEAT, None, 5, T0 + 7)
+
+
+def test_the_earliest_of_several_open_sections_wins():
+    rank = watched(subsequent=100, sections={"outer": 50, "step": 20})
+    rank.section_start("outer", T0 + 1)
+    rank.section_start("step", T0 + 40)
+    assert expiry_of(rank) == (T0 + 51, HangReason.SECTION, "outer", 50, T0 + 1)
+    rank.section_end("outer", T0 + 45)
+    assert expiry_of(rank) == (T0 + 60, HangReason.SECTION, "step", 20, T0 + 40)
+
+
+def test_a_section_without_a_timeout_or_not_configured_is_not_timed():
+    rank = watched(sections={"checkpointing": None})
+    rank.section_start("checkpointing", T0)
+    rank.section_start("unknown", T0)
+    assert rank.next_deadline() is None
+
+
+def test_warmup_steps_are_not_timed_and_later_ones_are():
+    rank = watched(sections={"step": 2}, warmup=2)
+    for i in range(2):
+        rank.section_start("step", T0 + 10 * i)
+        assert rank.next_deadline() is None, f"warm-up step {i} was timed"
+        rank.section_end("step", T0 + 10 * i + 5)  # longer than the timeout: fine during warm-up
+    rank.section_start("step", T0 + 30)
+    assert expiry_of(rank) == (T0 + 32, HangReason.SECTION, "step", 2, T0 + 30)
+
+
+def test_out_of_section_time_counts_from_the_connection_and_from_the_last_closed_section():
+    rank = watched(sections={"step": 10, "eval": 10}, out_of_section=3)
+    assert expiry_of(rank) == (T0 + 3, HangReason.OUT_OF_SECTION, None, 3, T0)
+    rank.section_start("step", T0 + 1)
+    rank.section_start("eval", T0 + 2)
+    rank.section_end("step", T0 + 4)  # "eval" is still open: still in a section
+    assert expiry_of(rank)[1] is HangReason.SECTION
+    rank.section_end("eval", T0 + 6)
+    assert expiry_of(rank) == (T0 + 9, HangReason.OUT_OF_SECTION, None, 3, T0 + 6)
+    rank.section_start("step", T0 + 8)
+    rank.end_all_sections(T0 + 9)
+    assert expiry_of(rank) == (T0 + 12, HangReason.OUT_OF_SECTION, None, 3, T0 + 9)
+
+
+def test_closing_a_section_that_was_not_open_is_reported_and_harmless():
+    rank = watched(sections={"step": 5})
+    assert rank.section_end("step", T0 + 1) is False
+    rank.section_start("step", T0 + 2)
+    assert rank.section_end("step", T0 + 3) is True
+
+
+# -- the hang state machine -----------------------------------------------------
+def detected(now: float = 50.0) -> Hang:
+    expiry = Expiry(deadline=now - 0.002, reason=HangReason.SECTION, section="step", timeout=5.0,
+                    since=now - 5.002)
+    return Hang.detect(expiry, rank=1, pid=4321, iteration=7, open_sections=["step", "outer"], now=now,
+                       wall_now=1.7e9)
+
+
+def test_detection_fills_in_the_hang_record():
+    hang = detected()
+    assert hang.state is HangState.DETECTED and not hang.terminated
+    report = hang.report
+    assert (report.rank, report.pid, report.reason, report.section, report.iteration) == (
+        1, 4321, HangReason.SECTION, "step", 7)
+    assert report.elapsed == pytest.approx(5.002) and report.timeout == 5.0
+    assert report.open_sections == ["outer", "step"]
+    assert report.detected_time == report.time == 1.7e9
+    assert report.deadline_time == pytest.approx(1.7e9 - 0.002)
+    assert report.stack is None and report.stack_dump_file is None
+
+
+def test_without_a_stack_dump_the_rank_is_terminated_at_once():
+    hang = detected()
+    assert hang.poll(50.0, dump_size=0) is None
+    report = hang.terminate()
+    assert hang.state is HangState.TERMINATED and report.stack is None
+
+
+def test_the_stack_dump_is_awaited_until_the_file_stops_growing():
+    hang = detected()
+    hang.request_stack_dump(dump_offset=100, deadline=52.0)
+    assert hang.state is HangState.AWAITING_STACK_DUMP
+    assert hang.poll(50.000, dump_size=100) == DUMP_POLL  # nothing written yet
+    assert hang.poll(50.005, dump_size=180) == DUMP_POLL  # faulthandler is writing
+    assert hang.poll(50.010, dump_size=260) == DUMP_POLL  # still growing
+    assert hang.poll(50.015, dump_size=260) is None  # settled: terminate now
+    report = hang.terminate("Current thread ...\n", "/job/stacks/rank1_pid4321.txt")
+    assert hang.terminated and isinstance(report, HangDetected)
+    assert (report.stack, report.stack_dump_file) == ("Current thread ...\n", "/job/stacks/rank1_pid4321.txt")
+    assert hang.report is report
+
+
+def test_a_rank_that_never_dumps_is_terminated_at_the_dump_deadline():
+    hang = detected()
+    hang.request_stack_dump(dump_offset=0, deadline=50.5)
+    assert hang.poll(50.499, dump_size=0) == pytest.approx(0.001)  # never sleeps past the deadline
+    assert hang.poll(50.5, dump_size=0) is None
+
+
+def test_a_dump_that_keeps_growing_is_cut_at_the_deadline():
+    hang = detected()
+    hang.request_stack_dump(dump_offset=0, deadline=50.02)
+    size, now = 0, 50.0
+    while (wait := hang.poll(now, size)) is not None:
+        size, now = size + 10, now + wait
+    assert now >= 50.02
+
+
+def test_invalid_transitions_are_refused():
+    hang = detected()
+    hang.request_stack_dump(0, 51.0)
+    with pytest.raises(RuntimeError, match="awaiting_stack_dump, expected detected"):
+        hang.request_stack_dump(0, 52.0)
+    hang.terminate()
+    with pytest.raises(RuntimeError, match="already terminated"):
+        hang.terminate()
+    with pytest.raises(RuntimeError, match="terminated, expected awaiting_stack_dump"):
+        hang.poll(51.0, 0)
