@@ -56,7 +56,7 @@ from ft_core.protocol import (
     WorkloadControl,
     encode,
 )
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, apply_calculated
+from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, WarmupRule, apply_calculated
 
 __all__ = ["MonitorProcess", "RankMonitorServer", "read_events", "stack_dump_dir"]
 
@@ -100,7 +100,7 @@ def read_events(path: str, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
 @dataclasses.dataclass
 class _OpenSection:
     started: float
-    timed: bool  # False for warm-up steps and sections without a timeout
+    timed_as: Optional[str]  # the section whose timeout applies (WarmupRule); None: untimed warm-up step
 
 
 @dataclasses.dataclass
@@ -116,12 +116,12 @@ class _Rank:
     hb: HeartbeatTimeouts
     sections: SectionTimeouts
     dump_path: Optional[str]
+    warmup: WarmupRule
     first_activity: Optional[float] = None
     last_activity: Optional[float] = None
     iteration: Optional[int] = None
     open_sections: dict[str, _OpenSection] = dataclasses.field(default_factory=dict)
     out_of_section_since: Optional[float] = None
-    steps_seen: int = 0
     # Hang handling: set once a deadline passed.
     hang: Optional[dict[str, Any]] = None
     dump_deadline: float = 0.0
@@ -139,8 +139,8 @@ class _Rank:
             candidates.append((self.last_activity + self.hb.subsequent, "heartbeat", None,
                                self.hb.subsequent, self.last_activity))
         for name, section in self.open_sections.items():
-            timeout = self.sections.section.get(name)
-            if section.timed and timeout is not None:
+            timeout = self.sections.section.get(section.timed_as) if section.timed_as is not None else None
+            if timeout is not None:
                 candidates.append((section.started + timeout, "section", name, timeout, section.started))
         if not self.open_sections and self.sections.out_of_section is not None:
             since = self.out_of_section_since if self.out_of_section_since is not None else self.connected_at
@@ -407,11 +407,7 @@ class RankMonitorServer:
 
     def _section_start(self, rank: _Rank, msg: SectionStart, now: float) -> None:
         self._touch(rank, now, msg.iteration)
-        timed = True
-        if msg.name == "step":
-            rank.steps_seen += 1
-            timed = rank.steps_seen > rank.cfg.num_warmup_iterations
-        rank.open_sections[msg.name] = _OpenSection(now, timed)
+        rank.open_sections[msg.name] = _OpenSection(now, rank.warmup.section_opened(msg.name, msg.iteration))
         rank.out_of_section_since = None
 
     def _ack_section(self, conn: _Connection) -> None:
@@ -427,10 +423,12 @@ class RankMonitorServer:
             raise ProtocolError(f"role {msg.role!r} is not served by the rank monitor")
         try:
             cfg = with_fallback(self.cfg, msg.fallback_config) if msg.fallback_config else self.cfg
+            if msg.num_warmup_iters is not None:  # NVRx: the rank's value wins (validated by the config)
+                cfg = dataclasses.replace(cfg, num_warmup_iterations=msg.num_warmup_iters)
         except ValueError as exc:
             # Tell the rank why before closing: its integration was configured wrongly.
             self._reply(conn, Ack(ok=False, error=str(exc)))
-            raise ProtocolError(f"invalid fallback config from rank {msg.rank}: {exc}") from None
+            raise ProtocolError(f"invalid config request from rank {msg.rank}: {exc}") from None
         hb = HeartbeatTimeouts(cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout)
         sections = SectionTimeouts(dict(cfg.rank_section_timeouts), cfg.rank_out_of_section_timeout)
         if msg.timeouts:
@@ -442,6 +440,7 @@ class RankMonitorServer:
         conn.rank = _Rank(
             rank=msg.rank, local_rank=msg.local_rank, pid=pid, cfg=cfg, restart_count=msg.restart_count,
             connected_at=now, hb=hb, sections=sections, dump_path=msg.dump_path, out_of_section_since=now,
+            warmup=WarmupRule(cfg.num_warmup_iterations, sections.section),
         )
         self._reply(conn, HelloAck(config=cfg.to_dict()))
         self._record("rank_connected", rank=msg.rank, local_rank=msg.local_rank, pid=pid,
