@@ -23,11 +23,14 @@ section events and checkpoint reports are queued and sent in order.
 
 from __future__ import annotations
 
+import copy
 import faulthandler
 import logging
+import numbers
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from typing import IO, Any, Optional
 
 from ft_core.config import FaultToleranceConfig
@@ -62,7 +65,9 @@ from ft_core.protocol import (
     send_msg,
 )
 from ft_core.timeouts import (
+    CURRENT_TIMEOUTS_KEY,
     HeartbeatTimeouts,
+    InvalidTimeoutsError,
     SectionTimeouts,
     TimeoutsCalc,
     TimeoutsNotReadyError,
@@ -71,7 +76,13 @@ from ft_core.timeouts import (
     timeouts_state_dict,
 )
 
-__all__ = ["RankMonitorClient", "RankMonitorClientError", "WorkloadAction", "WorkloadControlRequest"]
+__all__ = [
+    "LauncherUnavailableError",
+    "RankMonitorClient",
+    "RankMonitorClientError",
+    "WorkloadAction",
+    "WorkloadControlRequest",
+]
 
 log = logging.getLogger("ft_core.client")
 
@@ -84,6 +95,13 @@ class RankMonitorClientError(Exception):
     """Misuse of the client or a failure talking to the monitor; the message says what to do."""
 
 
+class LauncherUnavailableError(RankMonitorClientError, RuntimeError):
+    """No launcher to send a workload-control request to.
+
+    Also a ``RuntimeError``: that is what NVRx raises here, so ``except RuntimeError`` keeps working.
+    """
+
+
 class RankMonitorClient:
     """The rank side of fault tolerance (API and semantics of NVRx's ``RankMonitorClient``).
 
@@ -92,15 +110,18 @@ class RankMonitorClient:
 
     Attributes:
         cfg: the :class:`FaultToleranceConfig` received from the monitor at init.
-        hb_timeouts: heartbeat timeouts in force (config, loaded or calculated).
-        section_timeouts: section timeouts in force.
+        hb_timeouts: heartbeat timeouts in force (config, loaded or calculated); None before init.
+        section_timeouts: section timeouts in force; None before init.
         is_initialized: True between init and shutdown.
     """
 
+    #: The key of :meth:`state_dict` (NVRx's name for it).
+    CURRENT_TIMEOUTS_STATE_KEY = CURRENT_TIMEOUTS_KEY
+
     def __init__(self) -> None:
         self.cfg: Optional[FaultToleranceConfig] = None
-        self.hb_timeouts = HeartbeatTimeouts()
-        self.section_timeouts = SectionTimeouts()
+        self.hb_timeouts: Optional[HeartbeatTimeouts] = None
+        self.section_timeouts: Optional[SectionTimeouts] = None
         self.is_initialized = False
         self.rank: Optional[int] = None
         self._loaded_state: Optional[dict[str, Any]] = None
@@ -120,10 +141,20 @@ class RankMonitorClient:
         self.dropped_heartbeats = 0
 
     # -- lifecycle --------------------------------------------------------
-    def init_workload_monitoring(self, fallback_config: Optional[dict[str, Any]] = None) -> None:
+    def init_workload_monitoring(
+        self,
+        num_warmup_iters: Optional[int] = None,
+        fallback_config: Optional[dict[str, Any]] = None,
+    ) -> None:
         """Connect to the node monitor named by ``FT_RANK_MONITOR_IPC_SOCKET`` and start being watched.
 
         Args:
+            num_warmup_iters: warm-up iterations for this rank (NVRx's argument;
+                Megatron-LM passes it): overrides the monitor's
+                ``num_warmup_iterations`` for this connection. During the first
+                N iterations a ``step`` section is timed by the ``warmup``
+                section's timeout when one is configured, and is untimed
+                otherwise. None keeps the monitor's value.
             fallback_config: timeout settings (``FaultToleranceConfig`` keys such as
                 ``rank_section_timeouts``) for the keys the launcher's user did
                 not set (no ``--ft-*`` flag, not in ``--ft-cfg-path``), so a
@@ -134,6 +165,12 @@ class RankMonitorClient:
         if self.is_initialized:
             raise RankMonitorClientError("init_workload_monitoring() was already called; call "
                                          "shutdown_workload_monitoring() before initializing again")
+        if num_warmup_iters is not None and (
+                isinstance(num_warmup_iters, bool) or not isinstance(num_warmup_iters, numbers.Integral)
+                or num_warmup_iters < 0):
+            raise RankMonitorClientError(
+                f"num_warmup_iters: invalid value {num_warmup_iters!r}; allowed: an integer >= 0, or None "
+                "(the monitor's num_warmup_iterations)")
         socket_path = os.environ.get(MONITOR_SOCKET_ENV)
         if not socket_path:
             raise RankMonitorClientError(
@@ -156,6 +193,7 @@ class RankMonitorClient:
                 restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
                 timeouts=carried, dump_path=dump_path,
                 fallback_config=dict(fallback_config) if fallback_config else None,
+                num_warmup_iters=None if num_warmup_iters is None else int(num_warmup_iters),
             )
             reply = request(sock, self._decoder, hello, REQUEST_TIMEOUT)
         except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
@@ -179,7 +217,7 @@ class RankMonitorClient:
         self._loaded_state = None
         self._tracked = frozenset(self.section_timeouts.section)
         self._calc = TimeoutsCalc(self.cfg.safety_factor, num_warmup_iterations=self.cfg.num_warmup_iterations,
-                                  min_timeout=self.cfg.min_calculated_timeout)
+                                  min_timeout=self.cfg.min_calculated_timeout, sections=self._tracked)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
         sock.setblocking(False)
         self._sock = sock
@@ -228,34 +266,42 @@ class RankMonitorClient:
         self._send_oneway(frame, droppable=True)
 
     def start_section(self, section: str) -> None:
-        """Open ``section``; sections may nest and overlap, but not be opened twice."""
+        """Open ``section``; sections may nest and overlap, but not be opened twice.
+
+        As in NVRx, a section not named in ``rank_section_timeouts`` is ignored
+        (no message, no check): instrumented code runs unchanged under any config.
+        """
         self._require_init("start_section")
+        if section not in self._tracked:
+            return
         if section in self._open:
             raise RankMonitorClientError(f"section {section!r} is already open; end it before starting it again")
         self._open.add(section)
-        if section in self._tracked:
-            self._calc.update_on_section_start(section)  # type: ignore[union-attr]
-            iteration = self._current_iteration()
-            cached = self._start_frames.get(section)
-            if cached is None or cached[0] != iteration:
-                cached = self._start_frames[section] = (iteration, encode(SectionStart(section, iteration)))
-            self._send_state(cached[1])
+        iteration = self._current_iteration()
+        self._calc.update_on_section_start(section, iteration=iteration)  # type: ignore[union-attr]
+        cached = self._start_frames.get(section)
+        if cached is None or cached[0] != iteration:
+            cached = self._start_frames[section] = (iteration, encode(SectionStart(section, iteration)))
+        self._send_state(cached[1])
 
     def end_section(self, section: str) -> None:
+        """Close ``section``; a tracked section must be open, an untracked one is ignored."""
         self._require_init("end_section")
+        if section not in self._tracked:
+            return
         if section not in self._open:
             raise RankMonitorClientError(f"section {section!r} is not open; start_section({section!r}) first")
         self._open.discard(section)
-        if section in self._tracked:
-            self._calc.update_on_section_end(section)  # type: ignore[union-attr]
-            frame = self._end_frames.get(section)
-            if frame is None:
-                frame = self._end_frames[section] = encode(SectionEnd(section))
-            self._send_state(frame)
+        self._calc.update_on_section_end(section)  # type: ignore[union-attr]
+        frame = self._end_frames.get(section)
+        if frame is None:
+            frame = self._end_frames[section] = encode(SectionEnd(section))
+        self._send_state(frame)
 
     def end_all_sections(self) -> None:
+        """Close every open section; does nothing when none is open."""
         self._require_init("end_all_sections")
-        tracked_open = sorted(self._open & self._tracked)
+        tracked_open = sorted(self._open)
         for section in tracked_open:
             self._calc.update_on_section_end(section)  # type: ignore[union-attr]
         self._open.clear()
@@ -278,6 +324,7 @@ class RankMonitorClient:
         Returns False when skipped for lack of data (``skip_if_not_ready``).
         """
         self._require_init("calculate_and_set_hb_timeouts")
+        assert self.hb_timeouts is not None
         try:
             new = self._calc.calculate_hb_timeouts(self.hb_timeouts, skip_if_not_ready)  # type: ignore[union-attr]
         except TimeoutsNotReadyError as exc:
@@ -294,8 +341,14 @@ class RankMonitorClient:
         calc_out_of_section: bool = True,
         skip_if_not_ready: bool = False,
     ) -> bool:
-        """Learn section timeouts (all tracked sections by default; a collective across ranks)."""
+        """Learn section timeouts (all tracked sections by default; a collective across ranks).
+
+        The out-of-section stretch still running at the call counts. With
+        ``skip_if_not_ready`` the sections no rank has data for keep their
+        value and the others are updated; returns False when nothing was.
+        """
         self._require_init("calculate_and_set_section_timeouts")
+        assert self.section_timeouts is not None
         names = self._tracked if selected_sections is None else selected_sections
         unknown = sorted(set(names) - self._tracked)
         if unknown:
@@ -315,28 +368,46 @@ class RankMonitorClient:
         return True
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"current_timeouts": {...}}``: JSON-safe and identical on all ranks after a calculation."""
+        """NVRx's ``{"current_timeouts": {...}}``: JSON-safe, identical on all ranks after a calculation.
+
+        Holds only what was calculated: ``{"current_timeouts": {}}`` until then,
+        ``"heartbeat"`` and ``"section"`` once they were. Before init, what
+        :meth:`load_state_dict` loaded.
+        """
         if not self.is_initialized and self._loaded_state is not None:
-            return self._loaded_state
+            return copy.deepcopy(self._loaded_state)
         return timeouts_state_dict(self.hb_timeouts, self.section_timeouts)
 
     def _calculated_state(self) -> Optional[dict[str, Any]]:
-        sections = self.section_timeouts
-        if self.hb_timeouts.were_calculated or sections.calculated_sections or sections.is_out_of_section_calculated:
-            return self.state_dict()
-        return None
+        state = timeouts_state_dict(self.hb_timeouts, self.section_timeouts)
+        return state if state[CURRENT_TIMEOUTS_KEY] else None
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore learned timeouts; before init they are sent with the handshake."""
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore learned timeouts, e.g. from a checkpoint saved by this client or by NVRx's.
+
+        Any subset of ``current_timeouts`` loads (``{}``, ``heartbeat`` or
+        ``section`` alone); only calculated values apply. Before init they are
+        sent with the handshake, after init at once. A state without
+        ``current_timeouts`` is ignored with a warning. A malformed value
+        (string, NaN, infinity, <= 0, wrong type) raises
+        :class:`RankMonitorClientError` naming it, and nothing is loaded.
+        """
+        if isinstance(state, Mapping) and CURRENT_TIMEOUTS_KEY not in state:
+            log.warning("load_state_dict: the state has no %r key (keys: %s); nothing loaded",
+                        CURRENT_TIMEOUTS_KEY, sorted(map(str, state)))
+            return
         try:
             hb, sections = timeouts_from_state_dict(state)
-        except ValueError as exc:
-            raise RankMonitorClientError(str(exc)) from None
-        normalized = timeouts_state_dict(hb, sections)
+        except InvalidTimeoutsError as exc:
+            raise RankMonitorClientError(f"load_state_dict: {exc}; nothing was loaded") from None
+        loaded = timeouts_state_dict(hb, sections)
         if not self.is_initialized:
-            self._loaded_state = normalized
+            # Partial states accumulate until init, as NVRx's loaded heartbeat/section timeouts do.
+            previous = self._loaded_state[CURRENT_TIMEOUTS_KEY] if self._loaded_state else {}
+            self._loaded_state = {CURRENT_TIMEOUTS_KEY: {**previous, **loaded[CURRENT_TIMEOUTS_KEY]}}
             return
-        self.hb_timeouts, self.section_timeouts = apply_calculated(self.hb_timeouts, self.section_timeouts, normalized)
+        assert self.hb_timeouts is not None and self.section_timeouts is not None
+        self.hb_timeouts, self.section_timeouts = apply_calculated(self.hb_timeouts, self.section_timeouts, loaded)
         self._tracked = frozenset(self.section_timeouts.section)
         self._send_timeouts()
 
@@ -347,7 +418,7 @@ class RankMonitorClient:
             raise RankMonitorClientError(f"req: expected a WorkloadControlRequest, got {req!r}")
         path = os.environ.get(LAUNCHER_SOCKET_ENV)
         if not path:
-            raise RankMonitorClientError(
+            raise LauncherUnavailableError(
                 f"{LAUNCHER_SOCKET_ENV} is not set: workload control requests need ft_launcher")
         monitor_socket = os.environ.get(MONITOR_SOCKET_ENV, path)
         rank = _env_rank()
@@ -357,7 +428,7 @@ class RankMonitorClient:
                 sock.settimeout(REQUEST_TIMEOUT)
                 sock.connect(path)
                 send_msg(sock, Hello(token=_read_token(monitor_socket), rank=rank, role=Role.CONTROL))
-                reply = request(sock, decoder, WorkloadControl(req.action.value, req.description, rank),
+                reply = request(sock, decoder, WorkloadControl(req.action.name, req.description, rank),
                                 REQUEST_TIMEOUT)
         except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
             raise RankMonitorClientError(f"cannot reach the launcher at {path}: {exc}") from exc

@@ -9,17 +9,17 @@ __all__ = ["WorkloadAction", "WorkloadControlRequest"]
 
 
 class WorkloadAction(enum.Enum):
-    """What a rank asks the launcher to do with the workload."""
+    """What a rank asks the launcher to do with the workload (names and values are NVRx's)."""
 
     #: Nothing special: restart as usual after a failure.
-    Continue = "continue"
+    Continue = 0
     #: Take this node out of the job; a hot spare joins in the next rendezvous.
-    ExcludeThisNode = "exclude_this_node"
+    ExcludeThisNode = 1
     #: Stop every node; no more restarts.
-    ShutdownWorkload = "shutdown_workload"
+    ShutdownWorkload = 2
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class WorkloadControlRequest:
     """A request sent with ``RankMonitorClient.send_workload_control_request``."""
 

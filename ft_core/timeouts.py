@@ -1,12 +1,29 @@
-"""Timeouts: the values in force, their state-dict form, and learning them from observed intervals.
+"""Timeouts: the values in force, their state-dict form, the warm-up rule, and learning them.
 
 Learning (``TimeoutsCalc``) measures, in each rank, the delay to the first
 heartbeat, the largest gap between heartbeats, the longest run of each section
-and the longest time outside every section. ``synchronize`` takes the maximum
+and the longest time outside every section (including the stretch still
+running when the calculation is made). ``_synchronized`` takes the maximum
 over all ranks with one all-reduce (when a process group exists), so every
-rank computes identical timeouts: ``max observed * safety_factor``, merged
-with earlier calculated values by taking the larger one, so a later, quieter
-phase of training never shrinks a timeout that an earlier phase needed.
+rank computes identical timeouts; a rank without data for a phase contributes
+nothing to it. A new value is ``max observed * safety_factor`` and is merged
+with a previously *calculated* one as NVRx does, by an exponential average
+(alpha 0.5), with two floors that make a merge unable to cause a false kill:
+
+* ``min_calculated_timeout`` (a few fast steps must not yield a deadline a GC
+  pause can miss), and
+* the largest interval this run observed for that phase (max over ranks): a
+  merge never yields a deadline the run has already needed once. The floor is
+  the observation itself, not scaled: with a safety factor >= 2 the average is
+  always above it, so it only binds for smaller factors or for values loaded
+  after the interval was observed.
+
+The state dict has NVRx's exact shape: ``{"current_timeouts": {}}`` until
+something was calculated, ``"heartbeat"`` once heartbeat timeouts were, and
+``"section"`` once a section or the out-of-section timeout was. Every value
+crossing this boundary is validated (``InvalidTimeoutsError`` names the key,
+the value and what is allowed): a string, NaN, infinity or a value <= 0 would
+otherwise crash the monitor, silently disable detection or kill at connect.
 
 This module imports torch lazily, only for the all-reduce.
 """
@@ -14,48 +31,172 @@ This module imports torch lazily, only for the all-reduce.
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Container, Iterable, Mapping
 from typing import Any, Optional
 
 __all__ = [
+    "CURRENT_TIMEOUTS_KEY",
+    "EMA_ALPHA",
+    "STEP_SECTION",
+    "WARMUP_SECTION",
     "HeartbeatTimeouts",
+    "InvalidTimeoutsError",
     "SectionTimeouts",
     "TimeoutsCalc",
     "TimeoutsNotReadyError",
+    "WarmupRule",
+    "apply_calculated",
     "timeouts_from_state_dict",
     "timeouts_state_dict",
 ]
 
-_MISSING = -1.0
+#: The one key of a client state dict (NVRx's ``RankMonitorClient.CURRENT_TIMEOUTS_STATE_KEY``).
+CURRENT_TIMEOUTS_KEY = "current_timeouts"
+#: The training-step section that warm-up applies to.
+STEP_SECTION = "step"
+#: When configured, its timeout (and learned value) covers ``step`` sections during warm-up.
+WARMUP_SECTION = "warmup"
+#: Weight of the new value when merging with a previously calculated one (NVRx's).
+EMA_ALPHA = 0.5
+
+_NO_DATA = -1.0  # intervals are >= 0: a negative maximum after the all-reduce means "no rank measured it"
+_ALLOWED_TIMEOUT = "a positive finite number of seconds, or None (no timeout)"
+_ALLOWED_CALCULATED = "a positive finite number of seconds (a calculated timeout cannot be None)"
+_HEARTBEAT_KEYS = ("initial", "subsequent", "were_calculated")
+_SECTION_KEYS = ("section", "out_of_section", "calculated_sections", "is_out_of_section_calculated")
 
 
 class TimeoutsNotReadyError(RuntimeError):
-    """Some rank has not observed enough intervals to calculate the requested timeouts."""
+    """No rank has observed enough intervals to calculate the requested timeouts."""
+
+
+class InvalidTimeoutsError(ValueError):
+    """A timeouts value is malformed; the message names the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: Any, allowed: str) -> None:
+        super().__init__(f"{key}: invalid value {value!r}; allowed: {allowed}")
+        self.key, self.value, self.allowed = key, value, allowed
+
+    def moved(self, old_prefix: str, new_prefix: str) -> InvalidTimeoutsError:
+        """The same error with its key under ``new_prefix`` (for values read from a state dict)."""
+        key = new_prefix + self.key[len(old_prefix):] if self.key.startswith(old_prefix) else self.key
+        return InvalidTimeoutsError(key, self.value, self.allowed)
+
+
+def _timeout(key: str, value: Any, calculated: bool = False) -> Optional[float]:
+    if value is None and not calculated:
+        return None
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            or value <= 0):
+        raise InvalidTimeoutsError(key, value, _ALLOWED_CALCULATED if calculated else _ALLOWED_TIMEOUT)
+    return float(value)
+
+
+def _flag(key: str, value: Any) -> bool:
+    # NVRx's HeartbeatTimeouts.were_calculated defaults to None.
+    if value is None or isinstance(value, bool):
+        return bool(value)
+    raise InvalidTimeoutsError(key, value, "true or false")
+
+
+def _mapping(key: str, data: Any, allowed_keys: Collection[str]) -> Mapping[str, Any]:
+    if not isinstance(data, Mapping):
+        raise InvalidTimeoutsError(key, data, f"a mapping with keys {', '.join(allowed_keys)}")
+    unknown = sorted(map(str, set(data) - set(allowed_keys)))
+    if unknown:
+        raise InvalidTimeoutsError(key, unknown, f"only the keys {', '.join(allowed_keys)}")
+    return data
 
 
 @dataclasses.dataclass
 class HeartbeatTimeouts:
+    """Heartbeat timeouts (NVRx's data class): ``initial`` until the first heartbeat, then ``subsequent``.
+
+    ``None`` disables a timeout. ``were_calculated`` says the values were
+    learned, not copied from the config. Values are validated on construction.
+    """
+
     initial: Optional[float] = None
     subsequent: Optional[float] = None
     were_calculated: bool = False
+
+    def __post_init__(self) -> None:
+        where = type(self).__name__
+        self.were_calculated = _flag(f"{where}.were_calculated", self.were_calculated)
+        self.initial = _timeout(f"{where}.initial", self.initial, self.were_calculated)
+        self.subsequent = _timeout(f"{where}.subsequent", self.subsequent, self.were_calculated)
+
+    @property
+    def are_valid(self) -> bool:
+        """Both timeouts are set (NVRx's meaning: usable as a pair)."""
+        return self.initial is not None and self.subsequent is not None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> HeartbeatTimeouts:
-        return cls(data.get("initial"), data.get("subsequent"), bool(data.get("were_calculated", False)))
+    def from_dict(cls, data: Any, where: str = "heartbeat") -> HeartbeatTimeouts:
+        """Read NVRx's ``dataclasses.asdict`` form; any subset of the keys; errors are keyed by ``where``."""
+        values = _mapping(where, data, _HEARTBEAT_KEYS)
+        try:
+            return cls(**values)
+        except InvalidTimeoutsError as exc:
+            raise exc.moved(cls.__name__, where) from None
 
 
 @dataclasses.dataclass
 class SectionTimeouts:
+    """Section timeouts (NVRx's data class). ``None`` disables a timeout.
+
+    ``calculated_sections`` (a set) and ``is_out_of_section_calculated`` say
+    which values were learned rather than copied from the config. Values are
+    validated on construction: a calculated section needs a timeout in ``section``.
+    """
+
     section: dict[str, Optional[float]] = dataclasses.field(default_factory=dict)
     out_of_section: Optional[float] = None
-    calculated_sections: list[str] = dataclasses.field(default_factory=list)
+    calculated_sections: set[str] = dataclasses.field(default_factory=set)
     is_out_of_section_calculated: bool = False
 
+    def __post_init__(self) -> None:
+        where = type(self).__name__
+        if not isinstance(self.section, Mapping):
+            raise InvalidTimeoutsError(f"{where}.section", self.section, "a mapping of section name to timeout")
+        section: dict[str, Optional[float]] = {}
+        for name, value in self.section.items():
+            if not isinstance(name, str) or not name:
+                raise InvalidTimeoutsError(f"{where}.section", name, "section names are non-empty strings")
+            section[name] = _timeout(f"{where}.section.{name}", value)
+        self.section = section
+        calculated = self.calculated_sections
+        if isinstance(calculated, (str, bytes)) or not isinstance(calculated, Iterable):
+            raise InvalidTimeoutsError(f"{where}.calculated_sections", calculated, "a list of section names")
+        self.calculated_sections = set(calculated)
+        for name in sorted(map(str, self.calculated_sections)):
+            if name not in section:
+                raise InvalidTimeoutsError(f"{where}.calculated_sections", name,
+                                           f"names of sections that have a timeout in 'section': {sorted(section)}")
+            _timeout(f"{where}.section.{name}", section[name], calculated=True)
+        self.is_out_of_section_calculated = _flag(f"{where}.is_out_of_section_calculated",
+                                                  self.is_out_of_section_calculated)
+        self.out_of_section = _timeout(f"{where}.out_of_section", self.out_of_section,
+                                       self.is_out_of_section_calculated)
+
+    @property
+    def are_valid(self) -> bool:
+        """Every section and the out-of-section timeout are set (NVRx's meaning)."""
+        return all(value is not None for value in self.section.values()) and self.out_of_section is not None
+
+    @property
+    def were_calculated(self) -> bool:
+        """Every section *and* the out-of-section timeout were calculated (NVRx's meaning)."""
+        return self.calculated_sections == set(self.section) and self.is_out_of_section_calculated
+
     def to_dict(self) -> dict[str, Any]:
+        """NVRx's form: ``calculated_sections`` as a sorted list (JSON has no sets)."""
         return {
             "section": dict(self.section),
             "out_of_section": self.out_of_section,
@@ -64,53 +205,100 @@ class SectionTimeouts:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SectionTimeouts:
-        return cls(
-            dict(data.get("section") or {}),
-            data.get("out_of_section"),
-            list(data.get("calculated_sections") or []),
-            bool(data.get("is_out_of_section_calculated", False)),
-        )
+    def from_dict(cls, data: Any, where: str = "section") -> SectionTimeouts:
+        """Read :meth:`to_dict`'s form; any subset of the keys; errors are keyed by ``where``."""
+        values = _mapping(where, data, _SECTION_KEYS)
+        try:
+            return cls(**values)
+        except InvalidTimeoutsError as exc:
+            raise exc.moved(cls.__name__, where) from None
 
 
-def timeouts_state_dict(hb: HeartbeatTimeouts, sections: SectionTimeouts) -> dict[str, Any]:
-    """The NVRx-compatible ``{"current_timeouts": {...}}`` form, JSON-safe."""
-    return {"current_timeouts": {"heartbeat": hb.to_dict(), "section": sections.to_dict()}}
+def timeouts_state_dict(hb: Optional[HeartbeatTimeouts], sections: Optional[SectionTimeouts]) -> dict[str, Any]:
+    """NVRx's ``{"current_timeouts": {...}}``: only the parts that were calculated; JSON-safe."""
+    current: dict[str, Any] = {}
+    if hb is not None and hb.were_calculated and hb.are_valid:
+        current["heartbeat"] = hb.to_dict()
+    if sections is not None and (sections.calculated_sections or sections.is_out_of_section_calculated):
+        current["section"] = sections.to_dict()
+    return {CURRENT_TIMEOUTS_KEY: current}
 
 
-def timeouts_from_state_dict(state: Mapping[str, Any]) -> tuple[HeartbeatTimeouts, SectionTimeouts]:
-    try:
-        current = state["current_timeouts"]
-        return HeartbeatTimeouts.from_dict(current["heartbeat"]), SectionTimeouts.from_dict(current["section"])
-    except (KeyError, TypeError, AttributeError) as exc:
-        raise ValueError(
-            f"not a fault tolerance state dict (expected {{'current_timeouts': {{'heartbeat': ..., "
-            f"'section': ...}}}}): missing {exc}"
-        ) from None
+def timeouts_from_state_dict(state: Any) -> tuple[Optional[HeartbeatTimeouts], Optional[SectionTimeouts]]:
+    """Parse and validate a state dict; ``None`` for a part it does not carry.
+
+    Raises :class:`InvalidTimeoutsError` (a ``ValueError``). Keys of
+    ``current_timeouts`` other than ``heartbeat`` and ``section`` are ignored, as NVRx does.
+    """
+    if not isinstance(state, Mapping) or CURRENT_TIMEOUTS_KEY not in state:
+        shown = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
+        raise InvalidTimeoutsError("state", shown, "a fault tolerance state dict, a mapping like "
+                                   "{'current_timeouts': {'heartbeat': {...}, 'section': {...}}}")
+    current = state[CURRENT_TIMEOUTS_KEY]
+    if not isinstance(current, Mapping):
+        raise InvalidTimeoutsError(CURRENT_TIMEOUTS_KEY, current, "a mapping with 'heartbeat' and/or 'section'")
+    hb = sections = None
+    if "heartbeat" in current:
+        hb = HeartbeatTimeouts.from_dict(current["heartbeat"], f"{CURRENT_TIMEOUTS_KEY}.heartbeat")
+    if "section" in current:
+        sections = SectionTimeouts.from_dict(current["section"], f"{CURRENT_TIMEOUTS_KEY}.section")
+    return hb, sections
 
 
 def apply_calculated(
     hb: HeartbeatTimeouts, sections: SectionTimeouts, state: Mapping[str, Any]
 ) -> tuple[HeartbeatTimeouts, SectionTimeouts]:
-    """Overlay the *calculated* values of ``state`` on ``hb``/``sections``.
+    """Overlay the *calculated* values of ``state`` on ``hb``/``sections`` (new objects).
 
     Values in a state dict that were never calculated are copies of an old
     config; applying them would silently undo a config change, so they are ignored.
     """
     loaded_hb, loaded_sec = timeouts_from_state_dict(state)
-    if loaded_hb.were_calculated:
+    if loaded_hb is not None and loaded_hb.were_calculated:
         hb = dataclasses.replace(loaded_hb)
-    sections = dataclasses.replace(
-        sections, section=dict(sections.section), calculated_sections=list(sections.calculated_sections)
-    )
-    for name in loaded_sec.calculated_sections:
-        sections.section[name] = loaded_sec.section.get(name)
-        if name not in sections.calculated_sections:
-            sections.calculated_sections.append(name)
-    if loaded_sec.is_out_of_section_calculated:
-        sections.out_of_section = loaded_sec.out_of_section
-        sections.is_out_of_section_calculated = True
-    return hb, sections
+    merged = dataclasses.replace(sections, section=dict(sections.section),
+                                 calculated_sections=set(sections.calculated_sections))
+    if loaded_sec is not None:
+        for name in loaded_sec.calculated_sections:
+            merged.section[name] = loaded_sec.section[name]
+        merged.calculated_sections |= loaded_sec.calculated_sections
+        if loaded_sec.is_out_of_section_calculated:
+            merged.out_of_section = loaded_sec.out_of_section
+            merged.is_out_of_section_calculated = True
+    return hb, merged
+
+
+class WarmupRule:
+    """Which section's timeout times a ``step`` section during warm-up (one connection = one cycle).
+
+    The first ``num_warmup_iterations`` iterations of a cycle are warm-up.
+    Iterations are those the rank reports with its sections (``set_iteration``,
+    Megatron's iteration counter), counted from the first one reported with a
+    ``step``; a rank that reports none counts its ``step`` sections. During
+    warm-up a ``step`` is timed by the ``warmup`` section's timeout when that
+    section is configured, as in NVRx, and is otherwise untimed (a compiling
+    first step must not be killed; the heartbeat timeout still guards it).
+    The monitor times with this rule and the client learns with it, so a
+    warm-up step feeds the ``warmup`` value, never the ``step`` one.
+    """
+
+    def __init__(self, num_warmup_iterations: int, sections: Container[str]) -> None:
+        self.num_warmup_iterations = num_warmup_iterations
+        self._warmup_section = WARMUP_SECTION if WARMUP_SECTION in sections else None
+        self._first_iteration: Optional[int] = None
+        self._steps_started = 0
+
+    def section_opened(self, name: str, iteration: Optional[int]) -> Optional[str]:
+        """Record that ``name`` opened; return the section whose timeout applies, or None (untimed)."""
+        if name != STEP_SECTION:
+            return name
+        index = self._steps_started
+        self._steps_started += 1
+        if iteration is not None:
+            if self._first_iteration is None:
+                self._first_iteration = iteration
+            index = iteration - self._first_iteration
+        return name if index >= self.num_warmup_iterations else self._warmup_section
 
 
 def _all_reduce_max(values: list[float]) -> list[float]:
@@ -131,26 +319,17 @@ def _all_reduce_max(values: list[float]) -> list[float]:
 
 
 def _synchronized(local: list[Optional[float]]) -> list[Optional[float]]:
-    """All-reduce MAX of the values, ``None`` where *any* rank had no measurement.
-
-    One collective carries both the values and "has a value" flags (negated, so
-    MAX of the negated flag is minus the MIN over ranks).
-    """
-    n = len(local)
-    vector = [_MISSING if v is None else float(v) for v in local]
-    vector += [-0.0 if v is None else -1.0 for v in local]
-    reduced = _all_reduce_max(vector)
-    return [reduced[i] if reduced[n + i] == -1.0 else None for i in range(n)]
-
-
-def _merge(previous: Optional[float], was_calculated: bool, new: float) -> float:
-    return max(previous, new) if was_calculated and previous is not None else new
+    """All-reduce MAX of the values; ``None`` only where *no* rank had a measurement."""
+    reduced = _all_reduce_max([_NO_DATA if value is None else float(value) for value in local])
+    return [None if value < 0 else value for value in reduced]
 
 
 class TimeoutsCalc:
     """Observes one rank's intervals and turns them into timeouts agreed by all ranks.
 
-    ``now`` arguments exist so tests can feed synthetic times.
+    ``now`` arguments exist so tests can feed synthetic times. ``sections``
+    are the tracked section names (they decide whether warm-up steps are
+    learned as ``warmup``, see :class:`WarmupRule`).
 
     >>> calc = TimeoutsCalc(safety_factor=2.0, start_time=0.0)
     >>> calc.update_on_heartbeat(now=3.0); calc.update_on_heartbeat(now=4.0)
@@ -163,22 +342,20 @@ class TimeoutsCalc:
         safety_factor: float = 5.0,
         start_time: Optional[float] = None,
         num_warmup_iterations: int = 0,
-        warmup_section: str = "step",
         min_timeout: float = 0.0,
+        sections: Container[str] = (),
     ) -> None:
         self.safety_factor = safety_factor
         self.min_timeout = min_timeout
         self.start_time = time.monotonic() if start_time is None else start_time
-        self.num_warmup_iterations = num_warmup_iterations
-        self.warmup_section = warmup_section
+        self.warmup = WarmupRule(num_warmup_iterations, sections)
         self.first_hb_delay: Optional[float] = None
         self.max_hb_interval: Optional[float] = None
         self.last_hb_time: Optional[float] = None
         self.section_max: dict[str, float] = {}
         self.max_out_of_section: Optional[float] = None
-        self._open: dict[str, float] = {}
+        self._open: dict[str, tuple[float, Optional[str]]] = {}  # name -> (started, learned as)
         self._out_of_section_since: Optional[float] = self.start_time
-        self._warmup_sections_seen = 0
 
     # -- observations -----------------------------------------------------
     def update_on_heartbeat(self, now: Optional[float] = None) -> None:
@@ -190,32 +367,34 @@ class TimeoutsCalc:
             self.max_hb_interval = gap if self.max_hb_interval is None else max(self.max_hb_interval, gap)
         self.last_hb_time = now
 
-    def update_on_section_start(self, name: str, now: Optional[float] = None) -> None:
+    def update_on_section_start(self, name: str, now: Optional[float] = None,
+                                iteration: Optional[int] = None) -> None:
         now = time.monotonic() if now is None else now
-        if not self._open and self._out_of_section_since is not None:
-            gap = now - self._out_of_section_since
-            self.max_out_of_section = gap if self.max_out_of_section is None else max(self.max_out_of_section, gap)
-            self._out_of_section_since = None
-        self._open[name] = now
+        self._observe_out_of_section(now)
+        self._out_of_section_since = None
+        self._open[name] = (now, self.warmup.section_opened(name, iteration))
 
     def update_on_section_end(self, name: str, now: Optional[float] = None) -> None:
         now = time.monotonic() if now is None else now
-        started = self._open.pop(name, None)
-        if started is not None and not self._in_warmup(name):
-            duration = now - started
-            self.section_max[name] = max(self.section_max.get(name, 0.0), duration)
+        started, learned_as = self._open.pop(name, (None, None))
+        if started is not None and learned_as is not None:
+            self.section_max[learned_as] = max(self.section_max.get(learned_as, 0.0), now - started)
         if not self._open:
             self._out_of_section_since = now
 
-    def _in_warmup(self, name: str) -> bool:
-        if name != self.warmup_section:
-            return False
-        self._warmup_sections_seen += 1
-        return self._warmup_sections_seen <= self.num_warmup_iterations
+    def _observe_out_of_section(self, now: float) -> None:
+        """Count the out-of-section stretch up to ``now`` (it may still be running)."""
+        if not self._open and self._out_of_section_since is not None:
+            gap = now - self._out_of_section_since
+            self.max_out_of_section = gap if self.max_out_of_section is None else max(self.max_out_of_section, gap)
 
     # -- calculation ------------------------------------------------------
-    def _scaled(self, observed: float) -> float:
-        return max(observed * self.safety_factor, self.min_timeout)
+    def _merged(self, previous: Optional[float], was_calculated: bool, observed: float) -> float:
+        """The merge rule (see the module docstring): NVRx's average, floored so it cannot kill falsely."""
+        new = max(observed * self.safety_factor, self.min_timeout)
+        if was_calculated and previous is not None:
+            new = EMA_ALPHA * new + (1.0 - EMA_ALPHA) * previous
+        return max(new, observed, self.min_timeout)
 
     def calculate_hb_timeouts(
         self, current: HeartbeatTimeouts, skip_if_not_ready: bool = False
@@ -229,12 +408,12 @@ class TimeoutsCalc:
             if skip_if_not_ready:
                 return None
             raise TimeoutsNotReadyError(
-                "cannot calculate heartbeat timeouts yet: every rank needs at least two heartbeats "
+                "cannot calculate heartbeat timeouts yet: no rank has sent two heartbeats "
                 "(pass skip_if_not_ready=True to skip instead)"
             )
         return HeartbeatTimeouts(
-            initial=_merge(current.initial, current.were_calculated, self._scaled(initial)),
-            subsequent=_merge(current.subsequent, current.were_calculated, self._scaled(subsequent)),
+            initial=self._merged(current.initial, current.were_calculated, initial),
+            subsequent=self._merged(current.subsequent, current.were_calculated, subsequent),
             were_calculated=True,
         )
 
@@ -244,13 +423,15 @@ class TimeoutsCalc:
         section_names: Iterable[str],
         calc_out_of_section: bool = True,
         skip_if_not_ready: bool = False,
+        now: Optional[float] = None,
     ) -> Optional[SectionTimeouts]:
         """New section timeouts for ``section_names`` (sorted for a rank-independent order).
 
-        Sections that some rank has not completed yet keep their current value
-        when ``skip_if_not_ready``; otherwise :class:`TimeoutsNotReadyError`.
+        Sections that no rank has completed yet keep their current value when
+        ``skip_if_not_ready``; otherwise :class:`TimeoutsNotReadyError`.
         Returns ``None`` when nothing could be calculated. Collective.
         """
+        self._observe_out_of_section(time.monotonic() if now is None else now)
         names = sorted(set(section_names))
         local = [self.section_max.get(name) for name in names]
         local.append(self.max_out_of_section if calc_out_of_section else None)
@@ -260,23 +441,19 @@ class TimeoutsCalc:
             missing.append("<out-of-section>")
         if missing and not skip_if_not_ready:
             raise TimeoutsNotReadyError(
-                f"cannot calculate section timeouts yet: no completed interval on every rank for "
-                f"{', '.join(missing)} (pass skip_if_not_ready=True to skip those)"
+                f"cannot calculate section timeouts yet: no rank has completed {', '.join(missing)} "
+                "(pass skip_if_not_ready=True to skip those)"
             )
-        result = SectionTimeouts.from_dict(current.to_dict())
-        updated = False
+        section = dict(current.section)
+        calculated = set(current.calculated_sections)
         for name, observed in zip(names, synced):
-            if observed is None:
-                continue
-            was = name in result.calculated_sections
-            result.section[name] = _merge(result.section.get(name), was, self._scaled(observed))
-            if not was:
-                result.calculated_sections.append(name)
-            updated = True
+            if observed is not None:
+                section[name] = self._merged(section.get(name), name in calculated, observed)
+                calculated.add(name)
+        out_of_section, oos_calculated = current.out_of_section, current.is_out_of_section_calculated
         if calc_out_of_section and synced[-1] is not None:
-            result.out_of_section = _merge(
-                result.out_of_section, result.is_out_of_section_calculated, self._scaled(synced[-1])
-            )
-            result.is_out_of_section_calculated = True
-            updated = True
-        return result if updated else None
+            out_of_section = self._merged(out_of_section, oos_calculated, synced[-1])
+            oos_calculated = True
+        if len(missing) == len(names) + int(calc_out_of_section):
+            return None
+        return SectionTimeouts(section, out_of_section, calculated, oos_calculated)

@@ -38,7 +38,8 @@ log = logging.getLogger("ft_core.launcher")
 
 #: A client must complete its request within this time.
 REQUEST_TIMEOUT = 5.0
-_ACTIONS = {action.value: action for action in WorkloadAction}
+#: On the wire an action is its name (stable, readable in logs), not its NVRx integer value.
+_ACTIONS = {action.name: action for action in WorkloadAction}
 
 
 @dataclasses.dataclass(frozen=True)

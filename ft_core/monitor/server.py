@@ -60,7 +60,7 @@ from ft_core.protocol import (
     WorkloadControl,
     encode,
 )
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, apply_calculated
+from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, WarmupRule, apply_calculated
 
 __all__ = ["HANDSHAKE_TIMEOUT", "OpenSection", "RankMonitorServer", "WatchedRank"]
 
@@ -74,7 +74,7 @@ _PEERCRED = struct.Struct("3i")
 @dataclasses.dataclass
 class OpenSection:
     started: float
-    timed: bool  # False for warm-up steps and sections without a timeout
+    timed_as: Optional[str]  # the section whose timeout applies (WarmupRule); None: untimed warm-up step
 
 
 @dataclasses.dataclass
@@ -94,12 +94,12 @@ class WatchedRank:
     hb: HeartbeatTimeouts
     sections: SectionTimeouts
     dump_path: Optional[str]
+    warmup: WarmupRule
     first_activity: Optional[float] = None
     last_activity: Optional[float] = None
     iteration: Optional[int] = None
     open_sections: dict[str, OpenSection] = dataclasses.field(default_factory=dict)
     out_of_section_since: Optional[float] = None
-    steps_seen: int = 0
     #: Set once a deadline passed; the rank is never watched again.
     hang: Optional[Hang] = None
 
@@ -112,13 +112,9 @@ class WatchedRank:
             self.iteration = iteration
 
     def section_start(self, name: str, now: float, iteration: Optional[int] = None) -> None:
-        """Open ``name``; the first ``num_warmup_iterations`` ``step`` sections are not timed."""
+        """Open ``name``; during warm-up a ``step`` is timed as :class:`~ft_core.timeouts.WarmupRule` says."""
         self.touch(now, iteration)
-        timed = True
-        if name == "step":
-            self.steps_seen += 1
-            timed = self.steps_seen > self.cfg.num_warmup_iterations
-        self.open_sections[name] = OpenSection(now, timed)
+        self.open_sections[name] = OpenSection(now, self.warmup.section_opened(name, iteration))
         self.out_of_section_since = None
 
     def section_end(self, name: str, now: float) -> bool:
@@ -145,8 +141,8 @@ class WatchedRank:
             candidates.append(Expiry(self.last_activity + self.hb.subsequent, HangReason.HEARTBEAT, None,
                                      self.hb.subsequent, self.last_activity))
         for name, section in self.open_sections.items():
-            timeout = self.sections.section.get(name)
-            if section.timed and timeout is not None:
+            timeout = self.sections.section.get(section.timed_as) if section.timed_as is not None else None
+            if timeout is not None:
                 candidates.append(Expiry(section.started + timeout, HangReason.SECTION, name, timeout,
                                          section.started))
         if not self.open_sections and self.sections.out_of_section is not None:
@@ -409,10 +405,12 @@ class RankMonitorServer:
         try:
             cfg = (with_fallback(self.cfg, msg.fallback_config, self.cfg.explicit_keys)
                    if msg.fallback_config else self.cfg)
+            if msg.num_warmup_iters is not None:  # NVRx: the rank's value wins (validated by the config)
+                cfg = dataclasses.replace(cfg, num_warmup_iterations=msg.num_warmup_iters)
         except ValueError as exc:
             # Tell the rank why before closing: its integration was configured wrongly.
             self._reply(conn, Ack(ok=False, error=str(exc)))
-            raise ProtocolError(f"invalid fallback config from rank {msg.rank}: {exc}") from None
+            raise ProtocolError(f"invalid config request from rank {msg.rank}: {exc}") from None
         hb = HeartbeatTimeouts(cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout)
         sections = SectionTimeouts(dict(cfg.rank_section_timeouts), cfg.rank_out_of_section_timeout)
         if msg.timeouts:
@@ -424,6 +422,7 @@ class RankMonitorServer:
         conn.rank = WatchedRank(
             rank=msg.rank, local_rank=msg.local_rank, pid=pid, cfg=cfg, restart_count=msg.restart_count,
             connected_at=now, hb=hb, sections=sections, dump_path=msg.dump_path, out_of_section_since=now,
+            warmup=WarmupRule(cfg.num_warmup_iterations, sections.section),
         )
         self._reply(conn, HelloAck(config=cfg.to_dict()))
         self._record(RankConnected(rank=msg.rank, local_rank=msg.local_rank, pid=pid,

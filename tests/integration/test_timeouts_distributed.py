@@ -16,7 +16,7 @@ SCRIPT = os.path.join(REPO_ROOT, "tests", "integration", "core_workers", "learn_
 
 @pytest.mark.timeout(180)
 def test_two_ranks_learn_identical_timeouts_from_the_slowest(tmp_path):
-    cfg = FaultToleranceConfig(rank_section_timeouts={"step": 600}, safety_factor=10.0)
+    cfg = FaultToleranceConfig(rank_section_timeouts={"step": 600}, safety_factor=10.0, num_warmup_iterations=0)
     monitor = RankMonitorServer.run_in_subprocess(cfg, str(tmp_path / "job" / "monitor.sock"), token="tok" * 6)
     port = free_port()
     procs = []

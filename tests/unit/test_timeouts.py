@@ -1,4 +1,7 @@
-"""Timeout learning on synthetic times: formulas, merging, selection, out-of-section."""
+"""Timeout learning on synthetic times: formulas, merging, selection, out-of-section.
+
+NVRx-compatibility details (state-dict shapes, validation, warm-up) are in test_nvrx_compat_unit.py.
+"""
 
 from __future__ import annotations
 
@@ -35,16 +38,16 @@ def test_heartbeat_not_ready_raises_or_skips():
     assert calc.calculate_hb_timeouts(HeartbeatTimeouts(1.0, 1.0), skip_if_not_ready=True) is None
 
 
-def test_recalculation_merges_by_max_but_replaces_config_values():
+def test_recalculation_averages_calculated_values_but_replaces_config_values():
     calc = _calc()
     calc.update_on_heartbeat(now=1.0)
     calc.update_on_heartbeat(now=2.0)
     # Config values (not calculated) are replaced, even by smaller learned values.
     first = calc.calculate_hb_timeouts(HeartbeatTimeouts(3600.0, 2700.0))
     assert (first.initial, first.subsequent) == (2.0, 2.0)
-    # Previously calculated larger values survive a quieter phase.
+    # Previously calculated values are averaged with the new ones (NVRx's merge, alpha 0.5).
     second = calc.calculate_hb_timeouts(HeartbeatTimeouts(50.0, 40.0, were_calculated=True))
-    assert (second.initial, second.subsequent) == (50.0, 40.0)
+    assert (second.initial, second.subsequent) == (26.0, 21.0)
 
 
 def test_section_formula_and_selected_sections():
@@ -57,11 +60,11 @@ def test_section_formula_and_selected_sections():
     current = SectionTimeouts({"setup": 600.0, "step": 100.0, "checkpointing": None})
     only_step = calc.calculate_section_timeouts(current, ["step"], calc_out_of_section=False)
     assert only_step.section == {"setup": 600.0, "step": 3.0, "checkpointing": None}
-    assert only_step.calculated_sections == ["step"]
+    assert only_step.calculated_sections == {"step"}
     assert not only_step.is_out_of_section_calculated
     both = calc.calculate_section_timeouts(only_step, ["setup", "step"], calc_out_of_section=False)
     assert both.section["setup"] == 6.0
-    assert sorted(both.calculated_sections) == ["setup", "step"]
+    assert both.calculated_sections == {"setup", "step"}
 
 
 def test_calculated_timeouts_never_go_below_the_floor():
@@ -72,7 +75,7 @@ def test_calculated_timeouts_never_go_below_the_floor():
     calc.update_on_section_end("step", now=0.4)
     hb = calc.calculate_hb_timeouts(HeartbeatTimeouts())
     assert (hb.initial, hb.subsequent) == (1.5, 1.5)
-    sections = calc.calculate_section_timeouts(SectionTimeouts({"step": None}), ["step"])
+    sections = calc.calculate_section_timeouts(SectionTimeouts({"step": None}), ["step"], now=0.4)
     assert sections.section["step"] == 1.5 and sections.out_of_section == 1.5
 
 
@@ -85,7 +88,7 @@ def test_section_not_ready_keeps_current_value_when_skipping():
         calc.calculate_section_timeouts(current, ["step", "checkpointing"], calc_out_of_section=False)
     result = calc.calculate_section_timeouts(current, ["step", "checkpointing"], False, skip_if_not_ready=True)
     assert result.section == {"step": 2.0, "checkpointing": 300.0}
-    assert result.calculated_sections == ["step"]
+    assert result.calculated_sections == {"step"}
     nothing = _calc().calculate_section_timeouts(current, ["step"], False, skip_if_not_ready=True)
     assert nothing is None
 
@@ -96,20 +99,20 @@ def test_out_of_section_measured_from_start_and_between_sections_and_bumped():
     calc.update_on_section_end("step", now=3.0)
     calc.update_on_section_start("step", now=3.5)  # 0.5 s gap
     calc.update_on_section_end("step", now=4.0)
-    first = calc.calculate_section_timeouts(SectionTimeouts({"step": None}), ["step"])
+    first = calc.calculate_section_timeouts(SectionTimeouts({"step": None}), ["step"], now=4.0)
     assert first.out_of_section == 4.0 and first.is_out_of_section_calculated
-    # A later, longer gap bumps the learned value up...
+    # A later, longer gap moves the learned value up: the average of 4 and 5 * 2...
     calc.update_on_section_start("step", now=9.0)  # 5 s gap
     calc.update_on_section_end("step", now=9.5)
-    bumped = calc.calculate_section_timeouts(first, ["step"])
-    assert bumped.out_of_section == 10.0
-    # ...and a value learned earlier is never lowered by a quieter phase.
+    bumped = calc.calculate_section_timeouts(first, ["step"], now=9.5)
+    assert bumped.out_of_section == 7.0
+    # ...and a quieter run lowers it by averaging too (0.1 s gaps: 0.2), as NVRx does.
     quiet = _calc()
     quiet.update_on_section_start("step", now=0.1)
     quiet.update_on_section_end("step", now=0.2)
     quiet.update_on_section_start("step", now=0.3)
-    kept = quiet.calculate_section_timeouts(bumped, ["step"])
-    assert kept.out_of_section == 10.0
+    lowered = quiet.calculate_section_timeouts(bumped, ["step"], now=0.3)
+    assert lowered.out_of_section == 0.5 * 7.0 + 0.5 * 0.2
 
 
 def test_nested_sections_count_out_of_section_only_when_all_closed():

@@ -50,10 +50,12 @@ def main() -> None:
         hang_without_heartbeat()
     elif args.scenario == "step_in_other_section":
         client.start_section("outer")  # tracked without a deadline
-        for _ in range(3):
+        for step in range(3):
+            client.set_iteration(args.beats + step)  # one iteration per step, as training loops report
             client.start_section("step")
             time.sleep(args.interval)
             client.end_section("step")
+        client.set_iteration(args.beats + 3)
         hang_in_step(client)
     elif args.scenario == "out_of_section":
         client.start_section("step")
