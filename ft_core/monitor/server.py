@@ -94,7 +94,6 @@ class WatchedRank:
     hb: HeartbeatTimeouts
     sections: SectionTimeouts
     dump_path: Optional[str]
-    warmup: WarmupRule
     first_activity: Optional[float] = None
     last_activity: Optional[float] = None
     iteration: Optional[int] = None
@@ -102,6 +101,11 @@ class WatchedRank:
     out_of_section_since: Optional[float] = None
     #: Set once a deadline passed; the rank is never watched again.
     hang: Optional[Hang] = None
+    #: Which timeout times each ``step`` during warm-up; one rule per connection (= per cycle).
+    warmup: WarmupRule = dataclasses.field(init=False)
+
+    def __post_init__(self) -> None:
+        self.warmup = WarmupRule(self.cfg.num_warmup_iterations, self.sections.section)
 
     def touch(self, now: float, iteration: Optional[int] = None) -> None:
         """Record a sign of life: heartbeats and every section event count alike."""
@@ -422,7 +426,6 @@ class RankMonitorServer:
         conn.rank = WatchedRank(
             rank=msg.rank, local_rank=msg.local_rank, pid=pid, cfg=cfg, restart_count=msg.restart_count,
             connected_at=now, hb=hb, sections=sections, dump_path=msg.dump_path, out_of_section_since=now,
-            warmup=WarmupRule(cfg.num_warmup_iterations, sections.section),
         )
         self._reply(conn, HelloAck(config=cfg.to_dict()))
         self._record(RankConnected(rank=msg.rank, local_rank=msg.local_rank, pid=pid,
