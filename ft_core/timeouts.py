@@ -14,6 +14,7 @@ This module imports torch lazily, only for the all-reduce.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
@@ -28,6 +29,28 @@ __all__ = [
 ]
 
 _MISSING = -1.0
+_TIMEOUT_ALLOWED = "a positive number of seconds or null (no timeout)"
+
+
+def _checked_timeout(key: str, value: Any) -> Optional[float]:
+    """A timeout read from a state dict (a checkpoint or the wire): None or a positive finite number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"current_timeouts.{key}: invalid value {value!r}; allowed: {_TIMEOUT_ALLOWED}")
+    return float(value)
+
+
+def _checked_bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"current_timeouts.{key}: invalid value {value!r}; allowed: true or false")
+    return value
+
+
+def _checked_mapping(key: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"current_timeouts.{key}: invalid value {value!r}; allowed: a mapping")
+    return value
 
 
 class TimeoutsNotReadyError(RuntimeError):
@@ -45,7 +68,11 @@ class HeartbeatTimeouts:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> HeartbeatTimeouts:
-        return cls(data.get("initial"), data.get("subsequent"), bool(data.get("were_calculated", False)))
+        """Parse and validate; ``ValueError`` names the key, the value and what is allowed."""
+        data = _checked_mapping("heartbeat", data)
+        return cls(_checked_timeout("heartbeat.initial", data.get("initial")),
+                   _checked_timeout("heartbeat.subsequent", data.get("subsequent")),
+                   _checked_bool("heartbeat.were_calculated", data.get("were_calculated", False)))
 
 
 @dataclasses.dataclass
@@ -65,11 +92,22 @@ class SectionTimeouts:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> SectionTimeouts:
+        """Parse and validate; ``ValueError`` names the key, the value and what is allowed."""
+        data = _checked_mapping("section", data)
+        sections = _checked_mapping("section.section", data.get("section") or {})
+        bad_names = [name for name in sections if not isinstance(name, str) or not name]
+        if bad_names:
+            raise ValueError(f"current_timeouts.section.section: invalid section names {bad_names!r}; "
+                             "allowed: non-empty strings")
+        calculated = data.get("calculated_sections") or []
+        if not isinstance(calculated, list) or not all(isinstance(name, str) for name in calculated):
+            raise ValueError(f"current_timeouts.section.calculated_sections: invalid value {calculated!r}; "
+                             "allowed: a list of section names")
         return cls(
-            dict(data.get("section") or {}),
-            data.get("out_of_section"),
-            list(data.get("calculated_sections") or []),
-            bool(data.get("is_out_of_section_calculated", False)),
+            {name: _checked_timeout(f"section.section.{name}", seconds) for name, seconds in sections.items()},
+            _checked_timeout("section.out_of_section", data.get("out_of_section")),
+            list(calculated),
+            _checked_bool("section.is_out_of_section_calculated", data.get("is_out_of_section_calculated", False)),
         )
 
 
@@ -79,6 +117,7 @@ def timeouts_state_dict(hb: HeartbeatTimeouts, sections: SectionTimeouts) -> dic
 
 
 def timeouts_from_state_dict(state: Mapping[str, Any]) -> tuple[HeartbeatTimeouts, SectionTimeouts]:
+    """Parse ``{"current_timeouts": ...}``; ``ValueError`` for a missing part or an invalid value."""
     try:
         current = state["current_timeouts"]
         return HeartbeatTimeouts.from_dict(current["heartbeat"]), SectionTimeouts.from_dict(current["section"])

@@ -318,6 +318,10 @@ class FtElasticAgent(LocalElasticAgent):
                 self._on_progress(int(ev["iteration"]), f"rank {ev['rank']}")
             elif name == "connection_rejected":
                 events.record("monitor_connection_rejected", time=ev["time"], reason=ev.get("reason"))
+            elif name == "monitor_late":
+                events.monitor_late(float(ev["late"]))
+                events.record("monitor_late", time=ev["time"], late=ev["late"], grace=ev.get("grace"),
+                              ranks=ev.get("ranks"))
 
     def _read_progress_file(self) -> None:
         iteration = self._progress.poll_file()
