@@ -28,6 +28,7 @@ demo: setup
 bench: setup
 	$(PY) benchmarks/ipc_overhead.py
 	$(PY) benchmarks/detection_latency.py
+	$(PY) benchmarks/false_kills.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -16,9 +16,13 @@ Example (the monitor is started by ``ft_launcher``, or by hand)::
     client.shutdown_workload_monitoring()
 
 Heartbeats and section events are one-way writes on a non-blocking socket:
-a stalled monitor never blocks a training step. A heartbeat that finds the
-socket buffer full is dropped (the next one carries the same information);
-section events and checkpoint reports are queued and sent in order.
+a stalled monitor never blocks a training step. When the socket buffer is full
+(the monitor reads slower than the rank writes), section events and checkpoint
+reports are queued and never lost, and heartbeats are coalesced: the next
+write that fits carries the latest one (with the latest iteration). What the
+buffer held back is sent, in order, by a small background thread as soon as
+the monitor makes room -- not at the rank's next call, which may be minutes
+away -- so a section end is never stuck behind a full buffer.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ import faulthandler
 import logging
 import numbers
 import os
+import select
 import socket
 import sys
+import threading
 from collections.abc import Mapping
 from typing import IO, Any, Optional
 
@@ -89,6 +95,9 @@ log = logging.getLogger("ft_core.client")
 #: Round trips (handshake, timeout updates) give up after this long.
 REQUEST_TIMEOUT = 30.0
 _SEND_BUFFER_BYTES = 1 << 20
+#: While frames are held back, the flusher thread retries at least this often (ms), even
+#: when the socket does not report room (Unix sockets report it only when 3/4 empty).
+_FLUSH_POLL_MS = 50
 
 
 class RankMonitorClientError(Exception):
@@ -127,7 +136,15 @@ class RankMonitorClient:
         self._loaded_state: Optional[dict[str, Any]] = None
         self._sock: Optional[socket.socket] = None
         self._decoder = FrameDecoder()
-        self._unsent = bytearray()  # one-way bytes the socket could not take yet
+        # Full-buffer state. The hot path reads only ``_congested`` (no lock); everything
+        # else below is touched under ``_lock``, shared with the flusher thread.
+        self._congested = False  # something is held back, or the monitor is lost: take the slow path
+        self._unsent = bytearray()  # one-way bytes the socket could not take yet, in order
+        self._pending_hb: Optional[bytes] = None  # the latest heartbeat coalesced while congested
+        self._lock = threading.Lock()
+        self._flush_wanted = threading.Condition(self._lock)
+        self._flusher: Optional[threading.Thread] = None
+        self._closing = False
         self._open: set[str] = set()
         self._tracked: frozenset[str] = frozenset()
         self._calc: Optional[TimeoutsCalc] = None
@@ -138,7 +155,8 @@ class RankMonitorClient:
         self._start_frames: dict[str, tuple[Optional[int], bytes]] = {}
         self._dump_file: Optional[IO[str]] = None
         self._monitor_lost = False
-        self.dropped_heartbeats = 0
+        #: Heartbeats that found the buffer full and were folded into a later write.
+        self.coalesced_heartbeats = 0
 
     # -- lifecycle --------------------------------------------------------
     def init_workload_monitoring(
@@ -222,6 +240,8 @@ class RankMonitorClient:
         sock.setblocking(False)
         self._sock = sock
         self._monitor_lost = False
+        self._congested = False
+        self._closing = False
         self._register_stack_dump()
         if self.cfg.install_exception_hook:
             _install_exception_hook()
@@ -233,6 +253,7 @@ class RankMonitorClient:
         if not self.is_initialized:
             return
         self.is_initialized = False
+        self._stop_flusher()
         sock, self._sock = self._sock, None
         try:
             assert sock is not None
@@ -245,6 +266,7 @@ class RankMonitorClient:
             log.warning("rank monitor did not confirm the shutdown: %s", exc)
         finally:
             self._unsent.clear()
+            self._pending_hb = None
             self._open.clear()
             if sock is not None:
                 sock.close()
@@ -263,7 +285,7 @@ class RankMonitorClient:
             if cached_iteration != iteration:
                 frame = encode(Heartbeat(iteration))
                 self._hb_iter_frame = (iteration, frame)
-        self._send_oneway(frame, droppable=True)
+        self._send_oneway(frame, heartbeat=True)
 
     def start_section(self, section: str) -> None:
         """Open ``section``; sections may nest and overlap, but not be opened twice.
@@ -451,34 +473,88 @@ class RankMonitorClient:
                 return iteration
         return None
 
-    def _send_oneway(self, frame: bytes, droppable: bool) -> None:
-        if self._monitor_lost:
+    def _send_oneway(self, frame: bytes, heartbeat: bool) -> None:
+        if self._congested:
+            self._hold_back(frame, heartbeat)  # keep order behind what is held back
             return
         try:
-            if self._unsent:
-                # Keep order: queued state messages go first.
-                self._unsent += frame
-                del self._unsent[:self._sock.send(self._unsent)]  # type: ignore[union-attr]
-                return
             sent = self._sock.send(frame)  # type: ignore[union-attr]
         except BlockingIOError:
             sent = 0
         except OSError as exc:
             self._on_monitor_lost(exc)
             return
-        if sent == len(frame):
+        if sent != len(frame):
+            # A heartbeat not sent at all is coalesced; a partly sent frame must be completed.
+            self._hold_back(frame[sent:], heartbeat and sent == 0)
+
+    def _hold_back(self, frame: bytes, heartbeat: bool) -> None:
+        """The slow path: queue ``frame`` (or make it the pending heartbeat) and have it flushed."""
+        with self._lock:
+            if self._monitor_lost:
+                return
+            if heartbeat:
+                self._pending_hb = frame  # the latest heartbeat replaces an older pending one
+                self.coalesced_heartbeats += 1
+            else:
+                self._unsent += frame
+            self._congested = True
+            self._flush_locked()
+            if self._congested:
+                if self._flusher is None:
+                    self._flusher = threading.Thread(target=self._flush_in_background, args=(self._sock,),
+                                                     name="ft-client-flush", daemon=True)
+                    self._flusher.start()
+                self._flush_wanted.notify()
+
+    def _flush_locked(self) -> None:
+        """Send what the socket takes: held-back bytes first, in order, then the pending heartbeat."""
+        sock = self._sock
+        assert sock is not None
+        try:
+            if self._unsent:
+                del self._unsent[:sock.send(self._unsent)]
+            if not self._unsent and self._pending_hb is not None:
+                frame = self._pending_hb
+                sent = sock.send(frame)
+                self._pending_hb = None
+                self._unsent += frame[sent:]
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            self._on_monitor_lost(exc)
             return
-        if sent == 0 and droppable:
-            self.dropped_heartbeats += 1
-        else:
-            self._unsent += frame[sent:]
+        self._congested = bool(self._unsent) or self._pending_hb is not None
+
+    def _flush_in_background(self, sock: socket.socket) -> None:
+        """Flusher thread: send what a full buffer held back as soon as the monitor makes room."""
+        poller = select.poll()
+        poller.register(sock, select.POLLOUT)
+        while True:
+            with self._lock:
+                while not self._congested and not self._closing:
+                    self._flush_wanted.wait()
+                if self._closing or self._monitor_lost:
+                    return
+            poller.poll(_FLUSH_POLL_MS)  # room in the buffer, or time to retry (outside the lock)
+            with self._lock:
+                if not self._closing:
+                    self._flush_locked()
+
+    def _stop_flusher(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._flush_wanted.notify()
+        if self._flusher is not None:
+            self._flusher.join()
+            self._flusher = None
 
     def _send_state(self, frame: bytes) -> None:
         """Section/checkpoint events: never dropped; a round trip if the config asks for replies."""
         if self.cfg is not None and not self.cfg.skip_section_response and not self._monitor_lost:
             self._round_trip_raw(frame)
         else:
-            self._send_oneway(frame, droppable=False)
+            self._send_oneway(frame, heartbeat=False)
 
     def _round_trip(self, msg: Message) -> Message:
         return self._round_trip_raw(encode(msg))
@@ -486,16 +562,19 @@ class RankMonitorClient:
     def _round_trip_raw(self, frame: bytes) -> Message:
         sock = self._sock
         assert sock is not None
-        try:
-            sock.setblocking(True)
-            sock.settimeout(REQUEST_TIMEOUT)
-            sock.sendall(bytes(self._unsent) + frame)
-            self._unsent.clear()
-            reply = recv_msg(sock, self._decoder, REQUEST_TIMEOUT)
-        except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
-            raise RankMonitorClientError(f"rank monitor did not answer: {exc}") from exc
-        finally:
-            sock.setblocking(False)
+        with self._lock:  # the flusher thread must not write while the socket blocks
+            try:
+                sock.setblocking(True)
+                sock.settimeout(REQUEST_TIMEOUT)
+                sock.sendall(bytes(self._unsent) + (self._pending_hb or b"") + frame)
+                self._unsent.clear()
+                self._pending_hb = None
+                self._congested = False
+                reply = recv_msg(sock, self._decoder, REQUEST_TIMEOUT)
+            except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
+                raise RankMonitorClientError(f"rank monitor did not answer: {exc}") from exc
+            finally:
+                sock.setblocking(False)
         if isinstance(reply, Ack) and not reply.ok:
             raise RankMonitorClientError(f"rank monitor rejected the request: {reply.error}")
         return reply
@@ -508,6 +587,9 @@ class RankMonitorClient:
         # Losing the monitor must not become a new way for training to fail;
         # the launcher notices a dead monitor and restarts the cycle.
         self._monitor_lost = True
+        self._congested = True  # every later send takes the slow path, which drops it
+        self._unsent.clear()
+        self._pending_hb = None
         log.error("rank %s lost its rank monitor connection (%s); hang detection is off for this rank",
                   self.rank, exc)
 

@@ -46,6 +46,7 @@ __all__ = [
     "LauncherStarted",
     "MonitorConnectionRejected",
     "MonitorDied",
+    "MonitorLate",
     "MonitorStarted",
     "Progress",
     "RankConnected",
@@ -78,6 +79,7 @@ class EventName(str, enum.Enum):
     CHECKPOINT_REPORTED = "checkpoint_reported"
     TIMEOUTS_UPDATED = "timeouts_updated"
     CONNECTION_REJECTED = "connection_rejected"
+    MONITOR_LATE = "monitor_late"
     # written by the launcher
     LAUNCHER_STARTED = "launcher_started"
     CYCLE_START = "cycle_start"
@@ -203,6 +205,14 @@ class ConnectionRejected(Event, frozen=True, tag=EventName.CONNECTION_REJECTED.v
 
 
 # -- records of the launcher ----------------------------------------------------
+class MonitorLate(Event, frozen=True, tag=EventName.MONITOR_LATE.value):
+    """The monitor woke ``late`` seconds after it meant to; that time was granted to the ranks as grace."""
+
+    late: float
+    grace: float
+    ranks: list[int]  # the ranks with a running deadline, which the grace moved
+
+
 class LauncherStarted(Event, frozen=True, tag=EventName.LAUNCHER_STARTED.value):
     run_id: str
     min_nodes: int
@@ -287,7 +297,7 @@ class LauncherExit(Event, frozen=True, tag=EventName.EXIT.value):
 
 AnyEvent = Union[
     MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported,
-    TimeoutsUpdated, ConnectionRejected, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
+    TimeoutsUpdated, ConnectionRejected, MonitorLate, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
     WorkersSucceeded, Restart, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
     SignalReceived, LauncherExit,
 ]

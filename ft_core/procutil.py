@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import signal
+from typing import NamedTuple, Optional
 
-__all__ = ["die_with_parent"]
+__all__ = ["CpuSample", "cpu_sample", "die_with_parent"]
 
 _PR_SET_PDEATHSIG = 1
 # Resolved once here: looking libc up inside a forked child (find_library runs
@@ -25,4 +27,27 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     prctl = getattr(_LIBC, "prctl", None)
     if prctl is not None:  # elsewhere callers also poll os.getppid()
         prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+class CpuSample(NamedTuple):
+    """What the kernel says about a process's threads at one moment."""
+
+    cpu_seconds: float  # time on a CPU, summed over threads
+    runnable: bool  # some thread is running or waiting for a CPU (state R)
+
+
+def cpu_sample(pid: int) -> Optional[CpuSample]:
+    """CPU time and run state of ``pid``'s threads (Linux ``/proc``); None when the kernel does not say."""
+    cpu_ns = 0
+    runnable = False
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as handle:
+                cpu_ns += int(handle.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
+                # "pid (comm) S ...": the comm may contain spaces and parentheses.
+                runnable |= handle.read().rpartition(b")")[2].split()[0] == b"R"
+    except (OSError, IndexError, ValueError):
+        return None
+    return CpuSample(cpu_ns / 1e9, runnable)
 

@@ -148,20 +148,27 @@ class FrameDecoder:
 
     def feed(self, data: bytes) -> list[Message]:
         self._buffer += data
+        buffer = memoryview(self._buffer)
         messages: list[Message] = []
-        while len(self._buffer) >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(self._buffer)
-            if length > self.max_frame_bytes:
-                raise ProtocolError(f"frame of {length} bytes exceeds the limit of {self.max_frame_bytes}")
-            end = _HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            payload = bytes(self._buffer[_HEADER.size:end])
-            del self._buffer[:end]
-            try:
-                messages.append(_decoder.decode(payload))
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                raise ProtocolError(f"undecodable message: {exc}") from None
+        start = 0
+        try:
+            # Walk the frames by offset and trim the buffer once: trimming per frame
+            # made a large read (a monitor catching up) quadratic in its size.
+            while len(buffer) - start >= _HEADER.size:
+                (length,) = _HEADER.unpack_from(buffer, start)
+                if length > self.max_frame_bytes:
+                    raise ProtocolError(f"frame of {length} bytes exceeds the limit of {self.max_frame_bytes}")
+                end = start + _HEADER.size + length
+                if len(buffer) < end:
+                    break
+                try:
+                    messages.append(_decoder.decode(buffer[start + _HEADER.size:end]))
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise ProtocolError(f"undecodable message: {exc}") from None
+                start = end
+        finally:
+            buffer.release()
+        del self._buffer[:start]
         return messages
 
 

@@ -65,3 +65,25 @@ def attach_monitor(tmp_path, monkeypatch):
     yield start
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture
+def start_monitor(tmp_path):
+    """``start_monitor(**cfg_kwargs)``: a monitor subprocess with its own job dir; all are stopped afterwards."""
+    from ft_core.config import FaultToleranceConfig
+    from ft_core.monitor import RankMonitorServer
+
+    monitors = []
+
+    def start(**cfg_kwargs):
+        # Every step is timed and learned unless a test is about warm-up (whatever the default).
+        cfg_kwargs.setdefault("num_warmup_iterations", 0)
+        cfg = FaultToleranceConfig.from_kwargs(**cfg_kwargs)
+        job_dir = tmp_path / f"job{len(monitors)}"
+        monitor = RankMonitorServer.run_in_subprocess(cfg, str(job_dir / "monitor.sock"), token="t0ken-" + "x" * 8)
+        monitors.append(monitor)
+        return monitor
+
+    yield start
+    for monitor in monitors:
+        monitor.stop()

@@ -37,6 +37,7 @@ from ft_core.events import (
     HangDetected,
     MonitorConnectionRejected,
     MonitorDied,
+    MonitorLate,
     MonitorStarted,
     Progress,
     RankConnected,
@@ -322,6 +323,9 @@ class FtElasticAgent(LocalElasticAgent):
                     self._on_progress(ev.iteration, f"rank {ev.rank}")
                 case ConnectionRejected():
                     self._svc.events.write(MonitorConnectionRejected(time=ev.time, pid=ev.pid, reason=ev.reason))
+                case MonitorLate():
+                    self._svc.events.monitor_late(ev.late)
+                    self._svc.events.write(ev)
 
     def _read_progress_file(self) -> None:
         iteration = self._progress.poll_file()

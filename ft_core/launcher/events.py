@@ -38,6 +38,9 @@ class EventLog:
         #: Seconds from each fault to the start of the next cycle's workers.
         self.time_lost = 0.0
         self._pending_fault_time: Optional[float] = None
+        #: Late wake-ups of the node monitor (granted to the ranks as grace) and the worst one.
+        self.monitor_late_count = 0
+        self.monitor_late_max = 0.0
 
     def write(self, record: Event) -> Event:
         """Append one record (stamped with this node); returns what was written."""
@@ -48,6 +51,11 @@ class EventLog:
     def fault(self, kind: RestartKind) -> None:
         """Count a fault seen on this node, for the summary."""
         self.faults[kind] += 1
+
+    def monitor_late(self, late: float) -> None:
+        """The node monitor woke ``late`` seconds late (a sign of an overloaded node), for the summary."""
+        self.monitor_late_count += 1
+        self.monitor_late_max = max(self.monitor_late_max, late)
 
     def interrupted(self, at: float) -> None:
         """The running cycle ended at ``at``: the time until the next cycle starts is lost."""
@@ -61,13 +69,16 @@ class EventLog:
             self._pending_fault_time = None
 
     def summary(self, exit_code: int, reason: str) -> str:
-        """A few lines for humans: cycles, faults by kind, time lost, exit code and why."""
+        """A few lines for humans: cycles, faults by kind, time lost, monitor lateness, exit code and why."""
         faults = ", ".join(f"{count} {kind.value}" for kind, count in sorted(self.faults.items())) or "none"
+        late = (f"late {self.monitor_late_count} times, worst {self.monitor_late_max:.2f} s (granted to the "
+                "ranks as grace; node overloaded?)" if self.monitor_late_count else "never late")
         return "\n".join([
             "ft_launcher summary",
             f"  cycles run : {self.cycles}",
             f"  faults     : {faults}",
             f"  time lost  : {self.time_lost:.2f} s (fault to next cycle's workers)",
+            f"  monitor    : {late}",
             f"  run time   : {time.time() - self.started:.1f} s",
             f"  exit code  : {exit_code} ({reason})",
             f"  event log  : {self.path}",

@@ -9,6 +9,18 @@ and where, asks the rank for a faulthandler stack dump, then sends ``SIGCONT``
 and the termination signal, and records every step as a JSON line the
 launcher reads.
 
+No false kills from a late monitor. Frames already sent count before any
+deadline is judged: each pass reads every readable connection first, and a
+rank's connection is read once more just before its expiry is acted on. The
+monitor also judges only time it was itself awake for: while anything is
+timed it wakes at least every :data:`AWAKE_TICK`, and a wake-up later than
+planned by more than :data:`LATE_THRESHOLD` (a stopped process, VM steal, an
+overloaded node) is granted to every rank as grace -- the monitor's clock
+(:meth:`RankMonitorServer._now`) skips it, which moves every running deadline
+by the same amount -- and recorded as a ``monitor_late`` event. A rank past
+its deadline that is runnable but not getting a CPU is starved, not hung: it
+is judged once it is asleep or blocked, or has run (see ``_cpu_probe``).
+
 This module must not import torch: one monitor per node should cost a few MB.
 """
 
@@ -24,8 +36,9 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Optional
+from typing import NoReturn, Optional
 
+from ft_core import procutil
 from ft_core.config import FaultToleranceConfig, with_fallback
 from ft_core.events import (
     CheckpointReported,
@@ -33,6 +46,7 @@ from ft_core.events import (
     Event,
     EventWriter,
     HangReason,
+    MonitorLate,
     MonitorStarted,
     RankConnected,
     RankDisconnected,
@@ -62,12 +76,27 @@ from ft_core.protocol import (
 )
 from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, WarmupRule, apply_calculated
 
-__all__ = ["HANDSHAKE_TIMEOUT", "OpenSection", "RankMonitorServer", "WatchedRank"]
+__all__ = ["AWAKE_TICK", "HANDSHAKE_TIMEOUT", "LATE_THRESHOLD", "OpenSection", "RankMonitorServer", "WatchedRank"]
 
 log = logging.getLogger("ft_core.monitor")
 
 #: An unauthenticated connection must say Hello within this time.
 HANDSHAKE_TIMEOUT = 5.0
+#: While any deadline runs, the loop sleeps at most this long, so a stall of the
+#: monitor itself is measured to within this much (it cannot see a stall that
+#: begins and ends inside one planned sleep).
+AWAKE_TICK = 0.1
+#: A wake-up later than planned by more than this was the monitor's fault, not the
+#: ranks': it is granted to every rank as grace and recorded as ``monitor_late``.
+LATE_THRESHOLD = 0.1
+#: One ``recv`` per readable connection and loop pass: a flooding rank cannot starve the others.
+READ_CHUNK = 1 << 15
+#: Before acting on an expiry the rank's connection is read until empty, at most this many
+#: chunks; a rank with more still waiting is alive and sending, and is judged on a later pass.
+REFRESH_CHUNKS = 8
+#: A runnable rank past its deadline is declared hung once it has had this much CPU time since
+#: without a sign of life; until then it is waiting for a CPU, not hung (see ``_cpu_probe``).
+CPU_PROBE = 0.02
 _PEERCRED = struct.Struct("3i")
 
 
@@ -75,6 +104,16 @@ _PEERCRED = struct.Struct("3i")
 class OpenSection:
     started: float
     timed_as: Optional[str]  # the section whose timeout applies (WarmupRule); None: untimed warm-up step
+
+
+@dataclasses.dataclass(frozen=True)
+class _CpuProbe:
+    """A rank past ``expiry`` but runnable: how much CPU it has had since (see ``_cpu_probe``)."""
+
+    expiry: Expiry
+    started: float
+    cpu_seconds: float  # the rank's CPU time when the probe started
+    warned: bool = False
 
 
 @dataclasses.dataclass
@@ -98,7 +137,10 @@ class WatchedRank:
     last_activity: Optional[float] = None
     iteration: Optional[int] = None
     open_sections: dict[str, OpenSection] = dataclasses.field(default_factory=dict)
+    #: When the last tracked section closed; None while one is open and before the first one.
     out_of_section_since: Optional[float] = None
+    #: Set while the rank is past a deadline but runnable: judged once it has had some CPU.
+    cpu_probe: Optional[_CpuProbe] = None
     #: Set once a deadline passed; the rank is never watched again.
     hang: Optional[Hang] = None
     #: Which timeout times each ``step`` during warm-up; one rule per connection (= per cycle).
@@ -149,18 +191,20 @@ class WatchedRank:
             if timeout is not None:
                 candidates.append(Expiry(section.started + timeout, HangReason.SECTION, name, timeout,
                                          section.started))
-        if not self.open_sections and self.sections.out_of_section is not None:
-            since = self.out_of_section_since if self.out_of_section_since is not None else self.connected_at
+        # Out-of-section time runs only from the end of a section (None before the first
+        # one): start-up is covered by the initial heartbeat timeout (NVRx does the same).
+        since = self.out_of_section_since
+        if not self.open_sections and since is not None and self.sections.out_of_section is not None:
             candidates.append(Expiry(since + self.sections.out_of_section, HangReason.OUT_OF_SECTION, None,
                                      self.sections.out_of_section, since))
         return min(candidates, key=lambda c: c.deadline) if candidates else None
 
 
 class _Connection:
-    def __init__(self, sock: socket.socket, max_frame_bytes: int) -> None:
+    def __init__(self, sock: socket.socket, max_frame_bytes: int, accepted_at: float) -> None:
         self.sock = sock
         self.decoder = FrameDecoder(max_frame_bytes)
-        self.accepted_at = time.monotonic()
+        self.accepted_at = accepted_at
         self.peer_pid = _peer_pid(sock)
         self.rank: Optional[WatchedRank] = None
         self.graceful = False
@@ -206,6 +250,8 @@ class RankMonitorServer:
         self._events: Optional[EventWriter] = None
         self._running = False
         self._parent_pid = os.getppid()
+        #: Seconds of monitor lateness granted to the ranks so far; see :meth:`_now`.
+        self._grace = 0.0
 
     # -- setup / teardown -------------------------------------------------
     def _listen(self) -> None:
@@ -245,6 +291,14 @@ class RankMonitorServer:
             self._events.write(record)
 
     # -- main loop --------------------------------------------------------
+    def _now(self) -> float:
+        """The monitor's clock: monotonic time minus the grace granted for its own lateness.
+
+        Every deadline and sign of life is kept on this clock, so granting grace
+        moves every running deadline at once.
+        """
+        return time.monotonic() - self._grace
+
     def serve_forever(self, ready_callback: Optional[Callable[[], None]] = None) -> None:
         self._listen()
         self._record(MonitorStarted(pid=os.getpid(), socket=self.socket_path))
@@ -254,11 +308,15 @@ class RankMonitorServer:
         self._running = True
         try:
             while self._running:
-                timeout = self._check_deadlines(time.monotonic())
-                for key, _mask in self._selector.select(timeout):
+                # Judge only after the previous pass read every readable connection.
+                timeout = self._check_deadlines(self._now())
+                planned_wake = time.monotonic() + timeout
+                ready = self._selector.select(timeout)
+                self._grant_lateness(time.monotonic() - planned_wake)
+                for key, _mask in ready:
                     if key.data is None:
                         self._accept()
-                    else:
+                    elif key.data.sock.fileno() >= 0:
                         self._read(key.data)
                 if os.getppid() != self._parent_pid:
                     log.warning("parent process exited; monitor stops")
@@ -266,29 +324,75 @@ class RankMonitorServer:
         finally:
             self.close()
 
+    def _grant_lateness(self, late: float) -> None:
+        """The loop woke ``late`` seconds after it meant to: that time is not the ranks' fault."""
+        if late <= LATE_THRESHOLD:
+            return
+        self._grace += late
+        ranks = sorted(conn.rank.rank for conn in self._connections.values()
+                       if conn.rank is not None and conn.rank.hang is None and conn.rank.next_deadline() is not None)
+        log.warning("monitor woke %.3f s late (overloaded node, VM steal or a stopped monitor?): every running "
+                    "deadline moves by %.3f s; ranks %s", late, late, ranks)
+        self._record(MonitorLate(late=round(late, 3), grace=round(late, 3), ranks=ranks))
+
     def _check_deadlines(self, now: float) -> float:
         """Act on every expired deadline; return how long the loop may sleep."""
         sleep = self.cfg.workload_check_interval
         for conn in list(self._connections.values()):
             if conn.rank is None:
-                if now - conn.accepted_at > HANDSHAKE_TIMEOUT:
-                    self._reject(conn, "no handshake within %.0f s" % HANDSHAKE_TIMEOUT)
-                else:
+                if now - conn.accepted_at <= HANDSHAKE_TIMEOUT:
                     sleep = min(sleep, conn.accepted_at + HANDSHAKE_TIMEOUT - now)
+                elif self._refresh(conn) and conn.rank is None and conn.sock.fileno() >= 0:
+                    self._reject(conn, "no handshake within %.0f s" % HANDSHAKE_TIMEOUT)
                 continue
             rank = conn.rank
             if rank.hang is not None:
                 sleep = min(sleep, self._advance_hang(rank, now))
                 continue
             expiry = rank.next_deadline()
-            if expiry is None:
-                continue
-            if expiry.deadline <= now:
-                self._on_hang(rank, expiry, now)
-                sleep = 0.0
-            else:
-                sleep = min(sleep, expiry.deadline - now)
+            if expiry is not None and expiry.deadline <= now:
+                # Frames the rank sent while this pass ran count before it is blamed.
+                if not self._refresh(conn):
+                    sleep = 0.0  # still sending: judge it once its frames are read
+                    continue
+                if conn.rank is None:
+                    continue  # it said goodbye, or its connection closed
+                now = self._now()
+                expiry = rank.next_deadline()
+                if expiry is not None and expiry.deadline <= now:
+                    wait = self._cpu_probe(rank, expiry, now)
+                    if wait is None:
+                        self._on_hang(rank, expiry, now)
+                        wait = 0.0
+                    sleep = min(sleep, wait)
+                    continue
+            if expiry is not None:
+                sleep = min(sleep, AWAKE_TICK, expiry.deadline - now)
         return max(sleep, 0.0)
+
+    def _cpu_probe(self, rank: WatchedRank, expiry: Expiry, now: float) -> Optional[float]:
+        """Seconds to wait before judging ``rank`` past ``expiry``, or None to judge it now.
+
+        A rank that is runnable but not running -- waiting for a CPU on an
+        overloaded node -- is starved, not hung. So a rank past its deadline is
+        declared hung only once it is asleep or blocked (a hang in a collective,
+        a lock, I/O), or has been on a CPU for :data:`CPU_PROBE` seconds since
+        without a sign of life (a busy hang). A sleeping rank is judged at once.
+        """
+        sample = procutil.cpu_sample(rank.pid) if rank.pid > 0 else None
+        if sample is None or not sample.runnable:
+            return None
+        probe = rank.cpu_probe
+        if probe is None or probe.expiry != expiry:
+            rank.cpu_probe = _CpuProbe(expiry, now, sample.cpu_seconds)
+            return CPU_PROBE
+        if sample.cpu_seconds - probe.cpu_seconds >= CPU_PROBE:
+            return None  # it ran and said nothing
+        if not probe.warned and now - probe.started >= 2 * CPU_PROBE:
+            rank.cpu_probe = dataclasses.replace(probe, warned=True)
+            log.warning("rank %d (pid %d) is past its %s deadline but waiting for a CPU (overloaded node?): "
+                        "it is judged once it has run", rank.rank, rank.pid, expiry.reason.value)
+        return CPU_PROBE
 
     # -- connections ------------------------------------------------------
     def _accept(self) -> None:
@@ -299,34 +403,47 @@ class RankMonitorServer:
             except (BlockingIOError, InterruptedError):
                 return
             sock.setblocking(False)
-            conn = _Connection(sock, self.cfg.max_frame_bytes)
+            conn = _Connection(sock, self.cfg.max_frame_bytes, self._now())
             self._connections[sock.fileno()] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
 
-    def _read(self, conn: _Connection) -> None:
+    def _read(self, conn: _Connection) -> bool:
+        """Read and handle one chunk; True if more may be waiting (the chunk was full)."""
         try:
-            data = conn.sock.recv(262144)
+            data = conn.sock.recv(READ_CHUNK)
         except (BlockingIOError, InterruptedError):
-            return
+            return False
         except OSError:
             data = b""
         if not data:
             self._drop(conn)
-            return
+            return False
         try:
             messages = conn.decoder.feed(data)
         except ProtocolError as exc:
             self._reject(conn, str(exc))
-            return
-        now = time.monotonic()
+            return False
+        now = self._now()
         for msg in messages:
             if conn.sock.fileno() < 0:
-                return
+                return False
             try:
                 self._handle(conn, msg, now)
             except ProtocolError as exc:
                 self._reject(conn, str(exc))
-                return
+                return False
+            except Exception as exc:  # noqa: BLE001 - one peer's input must never stop the node's monitor
+                log.exception("error handling %s from pid %d", type(msg).__name__, conn.peer_pid)
+                self._reject(conn, f"internal error handling {type(msg).__name__}: {exc!r}")
+                return False
+        return len(data) == READ_CHUNK and conn.sock.fileno() >= 0
+
+    def _refresh(self, conn: _Connection) -> bool:
+        """Read what ``conn`` sent since the last pass; False if more is still waiting."""
+        for _ in range(REFRESH_CHUNKS):
+            if not self._read(conn):
+                return True
+        return False
 
     def _reply(self, conn: _Connection, msg: Message) -> None:
         try:
@@ -376,8 +493,7 @@ class RankMonitorServer:
             try:
                 rank.hb, rank.sections = apply_calculated(rank.hb, rank.sections, msg.state)
             except ValueError as exc:
-                self._reply(conn, Ack(ok=False, error=str(exc)))
-                return
+                self._refuse(conn, f"invalid timeouts from rank {rank.rank}: {exc}")
             self._record(TimeoutsUpdated(rank=rank.rank, timeouts=msg.state))
             # All ranks send the same synchronized values: log them once, for rank 0.
             log.log(logging.INFO if rank.rank == 0 else logging.DEBUG,
@@ -394,6 +510,11 @@ class RankMonitorServer:
             self._reply(conn, Ack(ok=False, error=f"workload control requests go to {LAUNCHER_SOCKET_ENV}"))
         else:
             raise ProtocolError(f"unexpected message {type(msg).__name__}")
+
+    def _refuse(self, conn: _Connection, error: str) -> NoReturn:
+        """Tell the peer why (its integration or checkpoint is at fault), then close only its connection."""
+        self._reply(conn, Ack(ok=False, error=error))
+        raise ProtocolError(error)
 
     def _ack_section(self, conn: _Connection) -> None:
         if conn.rank is not None and not conn.rank.cfg.skip_section_response:
@@ -412,20 +533,18 @@ class RankMonitorServer:
             if msg.num_warmup_iters is not None:  # NVRx: the rank's value wins (validated by the config)
                 cfg = dataclasses.replace(cfg, num_warmup_iterations=msg.num_warmup_iters)
         except ValueError as exc:
-            # Tell the rank why before closing: its integration was configured wrongly.
-            self._reply(conn, Ack(ok=False, error=str(exc)))
-            raise ProtocolError(f"invalid config request from rank {msg.rank}: {exc}") from None
+            self._refuse(conn, f"invalid config request from rank {msg.rank}: {exc}")
         hb = HeartbeatTimeouts(cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout)
         sections = SectionTimeouts(dict(cfg.rank_section_timeouts), cfg.rank_out_of_section_timeout)
         if msg.timeouts:
             try:
                 hb, sections = apply_calculated(hb, sections, msg.timeouts)
             except ValueError as exc:
-                raise ProtocolError(str(exc)) from None
+                self._refuse(conn, f"invalid timeouts from rank {msg.rank}: {exc}")
         pid = conn.peer_pid if conn.peer_pid > 0 else -1
         conn.rank = WatchedRank(
             rank=msg.rank, local_rank=msg.local_rank, pid=pid, cfg=cfg, restart_count=msg.restart_count,
-            connected_at=now, hb=hb, sections=sections, dump_path=msg.dump_path, out_of_section_since=now,
+            connected_at=now, hb=hb, sections=sections, dump_path=msg.dump_path,
         )
         self._reply(conn, HelloAck(config=cfg.to_dict()))
         self._record(RankConnected(rank=msg.rank, local_rank=msg.local_rank, pid=pid,

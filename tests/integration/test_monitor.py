@@ -13,31 +13,11 @@ import pytest
 from helpers import REPO_ROOT, kill_group, python_env, spawn_python, wait_for, wait_for_event
 
 from ft_core.client import RankMonitorClient, RankMonitorClientError
-from ft_core.config import FaultToleranceConfig
 from ft_core.events import read_events
-from ft_core.monitor import RankMonitorServer
 from ft_core.protocol import FrameDecoder, Heartbeat, Hello, encode, recv_msg, send_msg
 
 RANK_SCRIPT = os.path.join(REPO_ROOT, "tests", "integration", "core_workers", "rank.py")
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def start_monitor(tmp_path):
-    monitors = []
-
-    def start(**cfg_kwargs):
-        # Every step is timed and learned unless a test is about warm-up (whatever the default).
-        cfg_kwargs.setdefault("num_warmup_iterations", 0)
-        cfg = FaultToleranceConfig.from_kwargs(**cfg_kwargs)
-        job_dir = tmp_path / f"job{len(monitors)}"
-        monitor = RankMonitorServer.run_in_subprocess(cfg, str(job_dir / "monitor.sock"), token="t0ken-" + "x" * 8)
-        monitors.append(monitor)
-        return monitor
-
-    yield start
-    for monitor in monitors:
-        monitor.stop()
 
 
 @pytest.fixture

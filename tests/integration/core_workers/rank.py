@@ -1,8 +1,12 @@
 """A training rank without torch: talks to the node monitor and misbehaves on request.
 
-Usage: python rank.py SCENARIO [--ready-file F] [--beats N] [--interval S] [--fallback JSON]
+Usage: python rank.py SCENARIO [--ready-file F] [--beats N] [--interval S] [--fallback JSON] ...
 
-Prints one JSON line at a graceful end: heartbeats dropped, and the config the monitor sent.
+``train`` is a healthy training loop (a tracked ``step`` section and a
+heartbeat per iteration; ``--interval 0`` is flat out) that can start slowly
+(``--startup``), hang on request (``--hang-after``, ``--hang-in``) and ends,
+``--tail`` seconds after its last step, with a clean shutdown after
+``--duration`` seconds. ``swarm.py`` runs many of them from one interpreter.
 """
 
 from __future__ import annotations
@@ -24,14 +28,56 @@ def hang_in_step(client: RankMonitorClient) -> None:
     time.sleep(3600)
 
 
-def main() -> None:
+def train(client: RankMonitorClient, args: argparse.Namespace) -> int:
+    """Train for ``args.duration`` seconds; returns the number of iterations."""
+    time.sleep(args.startup)  # start-up work before the first section (imports, data, model)
+    start = time.monotonic()
+    iteration = 0
+    while (elapsed := time.monotonic() - start) < args.duration:
+        client.set_iteration(iteration)
+        if args.hang_after is not None and elapsed >= args.hang_after:
+            client.send_heartbeat()  # the monitor knows the iteration the rank hangs in
+            _report(client, args, iteration, hung=True)
+            if args.hang_in == "step":
+                hang_in_step(client)
+            hang_without_heartbeat()  # out of every section
+        client.start_section("step")
+        if args.interval:
+            time.sleep(args.interval)
+        client.end_section("step")
+        client.send_heartbeat()
+        iteration += 1
+    time.sleep(args.tail)  # untracked work after the last step (a final save, say)
+    _report(client, args, iteration, hung=False)
+    client.shutdown_workload_monitoring()
+    return iteration
+
+
+def _report(client: RankMonitorClient, args: argparse.Namespace, iteration: int, hung: bool) -> None:
+    if args.report_dir:
+        with open(os.path.join(args.report_dir, f"rank{client.rank}.json"), "w") as handle:
+            json.dump({"iteration": iteration, "hung": hung, "time": time.time(),
+                       "coalesced": client.coalesced_heartbeats}, handle)
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     parser.add_argument("scenario")
     parser.add_argument("--ready-file")
     parser.add_argument("--beats", type=int, default=5)
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--fallback", type=json.loads, default=None, help="fallback_config as JSON")
-    args = parser.parse_args()
+    parser.add_argument("--duration", type=float, default=5.0, help="train: seconds of training")
+    parser.add_argument("--startup", type=float, default=0.0, help="train: seconds before the first step")
+    parser.add_argument("--hang-after", type=float, default=None, help="train: hang after this many seconds")
+    parser.add_argument("--hang-in", choices=("step", "out_of_section"), default="step")
+    parser.add_argument("--tail", type=float, default=0.0, help="train: seconds between the last step and shutdown")
+    parser.add_argument("--report-dir", help="train: write rank<N>.json (iteration, coalesced) there at the end")
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
 
     client = RankMonitorClient()
     client.init_workload_monitoring(fallback_config=args.fallback)
@@ -40,6 +86,9 @@ def main() -> None:
         with open(args.ready_file, "w") as handle:
             handle.write(str(os.getpid()))
 
+    if args.scenario == "train":
+        print(json.dumps({"iterations": train(client, args), "coalesced": client.coalesced_heartbeats}))
+        return
     if args.scenario == "no_first_heartbeat":
         hang_without_heartbeat()
     for i in range(args.beats):
@@ -72,7 +121,7 @@ def main() -> None:
         client.shutdown_workload_monitoring()
     else:
         raise SystemExit(f"unknown scenario {args.scenario}")
-    print(json.dumps({"dropped": client.dropped_heartbeats, "cfg": cfg}))
+    print(json.dumps({"coalesced": client.coalesced_heartbeats, "cfg": cfg}))
 
 
 if __name__ == "__main__":
