@@ -150,7 +150,7 @@ def test_start_up_longer_than_out_of_section_timeout_is_not_killed(start_monitor
 
 def _state(subsequent=10.0, step=10.0, out_of_section=10.0) -> dict:
     return {"current_timeouts": {
-        "heartbeat": {"initial": None, "subsequent": subsequent, "were_calculated": True},
+        "heartbeat": {"initial": 30.0, "subsequent": subsequent, "were_calculated": True},
         "section": {"section": {"step": step}, "out_of_section": out_of_section,
                     "calculated_sections": ["step"], "is_out_of_section_calculated": True}}}
 
