@@ -56,7 +56,7 @@ from ft_core.protocol import (
     WorkloadControl,
     encode,
 )
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, apply_calculated
+from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, apply_calculated, in_warmup
 
 __all__ = ["MonitorProcess", "RankMonitorServer", "read_events", "stack_dump_dir"]
 
@@ -410,7 +410,7 @@ class RankMonitorServer:
         timed = True
         if msg.name == "step":
             rank.steps_seen += 1
-            timed = rank.steps_seen > rank.cfg.num_warmup_iterations
+            timed = not in_warmup(rank.steps_seen, rank.cfg.num_warmup_iterations)
         rank.open_sections[msg.name] = _OpenSection(now, timed)
         rank.out_of_section_since = None
 

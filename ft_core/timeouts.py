@@ -14,20 +14,38 @@ This module imports torch lazily, only for the all-reduce.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Optional
 
 __all__ = [
+    "WARMUP_SECTION",
     "HeartbeatTimeouts",
     "SectionTimeouts",
     "TimeoutsCalc",
     "TimeoutsNotReadyError",
+    "in_warmup",
     "timeouts_from_state_dict",
     "timeouts_state_dict",
 ]
 
 _MISSING = -1.0
+
+#: The section whose first occurrences are warm-up (compilation, allocator, first collectives).
+WARMUP_SECTION = "step"
+
+
+def in_warmup(step_number: int, num_warmup_iterations: int) -> bool:
+    """The warm-up rule: the first ``num_warmup_iterations`` training steps are neither timed nor learned.
+
+    ``step_number`` counts from 1 (the first step is 1). The one home of this rule: the
+    monitor's deadlines, :class:`TimeoutsCalc` and the Megatron hooks' own warm-up all call it.
+
+    >>> [in_warmup(n, 2) for n in (1, 2, 3)]
+    [True, True, False]
+    """
+    return step_number <= num_warmup_iterations
 
 
 class TimeoutsNotReadyError(RuntimeError):
@@ -44,8 +62,14 @@ class HeartbeatTimeouts:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> HeartbeatTimeouts:
-        return cls(data.get("initial"), data.get("subsequent"), bool(data.get("were_calculated", False)))
+    def from_dict(cls, data: Mapping[str, Any], key: str = "heartbeat") -> HeartbeatTimeouts:
+        """Validated: ``ValueError`` naming ``key.<field>``, the value and what is allowed."""
+        data = _mapping(key, data)
+        return cls(
+            _timeout(f"{key}.initial", data.get("initial")),
+            _timeout(f"{key}.subsequent", data.get("subsequent")),
+            _flag(f"{key}.were_calculated", data.get("were_calculated", False)),
+        )
 
 
 @dataclasses.dataclass
@@ -64,12 +88,27 @@ class SectionTimeouts:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SectionTimeouts:
+    def from_dict(cls, data: Mapping[str, Any], key: str = "section") -> SectionTimeouts:
+        """Validated: ``ValueError`` naming ``key.<field>``, the value and what is allowed."""
+        data = _mapping(key, data)
+        section = {
+            _name(f"{key}.section", name): _timeout(f"{key}.section.{name}", seconds)
+            for name, seconds in _mapping(f"{key}.section", data.get("section", {})).items()
+        }
+        calculated = data.get("calculated_sections", [])
+        if not isinstance(calculated, (list, tuple)):
+            raise ValueError(f"{key}.calculated_sections: invalid value {_short(calculated)}; expected a list of "
+                             "section names")
+        for name in calculated:
+            if _name(f"{key}.calculated_sections", name) not in section:
+                # apply_calculated would turn the missing value into "no timeout".
+                raise ValueError(f"{key}.calculated_sections: {name!r} has no value in {key}.section; "
+                                 f"expected names among {sorted(section)}")
         return cls(
-            dict(data.get("section") or {}),
-            data.get("out_of_section"),
-            list(data.get("calculated_sections") or []),
-            bool(data.get("is_out_of_section_calculated", False)),
+            section,
+            _timeout(f"{key}.out_of_section", data.get("out_of_section")),
+            list(calculated),
+            _flag(f"{key}.is_out_of_section_calculated", data.get("is_out_of_section_calculated", False)),
         )
 
 
@@ -79,14 +118,51 @@ def timeouts_state_dict(hb: HeartbeatTimeouts, sections: SectionTimeouts) -> dic
 
 
 def timeouts_from_state_dict(state: Mapping[str, Any]) -> tuple[HeartbeatTimeouts, SectionTimeouts]:
-    try:
-        current = state["current_timeouts"]
-        return HeartbeatTimeouts.from_dict(current["heartbeat"]), SectionTimeouts.from_dict(current["section"])
-    except (KeyError, TypeError, AttributeError) as exc:
+    """Parse and validate a state dict (it crosses a boundary: checkpoint, file or socket).
+
+    NVRx leaves out ``heartbeat`` or ``section`` while nothing of that kind was calculated;
+    a missing part reads as "nothing calculated". Raises ``ValueError`` naming the bad key,
+    its value and what is allowed.
+    """
+    current = state.get("current_timeouts") if isinstance(state, Mapping) else None
+    if not isinstance(current, Mapping):
         raise ValueError(
-            f"not a fault tolerance state dict (expected {{'current_timeouts': {{'heartbeat': ..., "
-            f"'section': ...}}}}): missing {exc}"
-        ) from None
+            "not a fault tolerance state dict (expected {'current_timeouts': {'heartbeat': ..., "
+            f"'section': ...}}}}), got {_short(state)}"
+        )
+    return (HeartbeatTimeouts.from_dict(current.get("heartbeat", {}), "current_timeouts.heartbeat"),
+            SectionTimeouts.from_dict(current.get("section", {}), "current_timeouts.section"))
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _mapping(key: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{key}: invalid value {_short(value)}; expected a mapping")
+    return value
+
+
+def _name(key: str, value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{key}: invalid section name {_short(value)}; expected a non-empty string")
+    return value
+
+
+def _timeout(key: str, value: Any) -> Optional[float]:
+    # JSON numbers only: unlike a config value, a state dict never holds "none" or "30" strings.
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value) or value <= 0):
+        raise ValueError(f"{key}: invalid value {_short(value)}; expected a positive number of seconds or None")
+    return value
+
+
+def _flag(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{key}: invalid value {_short(value)}; expected true or false")
+    return value
 
 
 def apply_calculated(
@@ -163,7 +239,7 @@ class TimeoutsCalc:
         safety_factor: float = 5.0,
         start_time: Optional[float] = None,
         num_warmup_iterations: int = 0,
-        warmup_section: str = "step",
+        warmup_section: str = WARMUP_SECTION,
         min_timeout: float = 0.0,
     ) -> None:
         self.safety_factor = safety_factor
@@ -211,7 +287,7 @@ class TimeoutsCalc:
         if name != self.warmup_section:
             return False
         self._warmup_sections_seen += 1
-        return self._warmup_sections_seen <= self.num_warmup_iterations
+        return in_warmup(self._warmup_sections_seen, self.num_warmup_iterations)
 
     # -- calculation ------------------------------------------------------
     def _scaled(self, observed: float) -> float:
