@@ -68,6 +68,9 @@ _ALLOWED_CALCULATED = "a positive finite number of seconds (a calculated timeout
 _HEARTBEAT_KEYS = ("initial", "subsequent", "were_calculated")
 _SECTION_KEYS = ("section", "out_of_section", "calculated_sections", "is_out_of_section_calculated")
 
+#: The section whose first occurrences are warm-up (compilation, allocator, first collectives).
+WARMUP_SECTION = "step"
+
 
 class TimeoutsNotReadyError(RuntimeError):
     """No rank has observed enough intervals to calculate the requested timeouts."""
@@ -288,6 +291,15 @@ class WarmupRule:
         self._first_iteration: Optional[int] = None
         self._steps_started = 0
 
+    @staticmethod
+    def covers(index: int, num_warmup_iterations: int) -> bool:
+        """Whether the iteration ``index`` (0 for a cycle's first) is a warm-up iteration.
+
+        >>> [WarmupRule.covers(i, 2) for i in (0, 1, 2)]
+        [True, True, False]
+        """
+        return index < num_warmup_iterations
+
     def section_opened(self, name: str, iteration: Optional[int]) -> Optional[str]:
         """Record that ``name`` opened; return the section whose timeout applies, or None (untimed)."""
         if name != STEP_SECTION:
@@ -298,7 +310,7 @@ class WarmupRule:
             if self._first_iteration is None:
                 self._first_iteration = iteration
             index = iteration - self._first_iteration
-        return name if index >= self.num_warmup_iterations else self._warmup_section
+        return self._warmup_section if self.covers(index, self.num_warmup_iterations) else name
 
 
 def _all_reduce_max(values: list[float]) -> list[float]:

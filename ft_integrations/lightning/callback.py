@@ -7,13 +7,20 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Optional, Union
 
+from typing_extensions import override
+
 from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
 from ft_core.config import FALLBACK_FIELDS, FaultToleranceConfig
 from ft_core.data import WorkloadControlRequest
-from ft_core.fileutil import atomic_write_json, read_json
-from ft_core.jobdir import FINISHED_FLAG_ENV
 from ft_core.monitor.standalone import connect_standalone
-from ft_core.validation import ValidationError, boolean, callable_or_none, int_in_range, one_of, path_or_none
+from ft_core.validation import (
+    ValidationError,
+    boolean,
+    callable_or_none,
+    enum_member,
+    int_in_range,
+    path_or_none,
+)
 from ft_integrations.lightning._pl import (
     Callback,
     MisconfigurationException,
@@ -23,15 +30,33 @@ from ft_integrations.lightning._pl import (
 )
 from ft_integrations.lightning.checkpoint_io import FaultToleranceCheckpointIO
 from ft_integrations.lightning.fault_injection import FaultInjector, SimulatedFault
+from ft_integrations.session import (
+    FINISHED_FLAG_ENV,
+    FaultToleranceSession,
+    LearningSchedule,
+    MonitoringMode,
+    Section,
+)
+from ft_integrations.strenum import StrEnum
 
-__all__ = ["FaultToleranceCallback"]
+__all__ = ["FaultToleranceCallback", "StandalonePolicy"]
 
 log = logging.getLogger("ft_integrations.lightning")
 
-MODES = ("heartbeats", "sections")
-STANDALONE_CHOICES = ("monitor", "off", "error")
+
+class StandalonePolicy(StrEnum):
+    """What :class:`FaultToleranceCallback` does when ``ft_launcher`` did not start the run."""
+
+    #: Start a rank monitor for this node: hung ranks are detected and killed, nothing restarts them.
+    MONITOR = "monitor"
+    #: No hang detection.
+    OFF = "off"
+    #: Raise ``MisconfigurationException``.
+    ERROR = "error"
+
+
 #: The sections this callback opens in ``mode="sections"``.
-SECTIONS = ("setup", "step", "validation", "checkpointing")
+SECTIONS = (Section.SETUP, Section.STEP, Section.VALIDATION, Section.CHECKPOINTING)
 #: Timeouts of the node monitor the callback starts itself in ``mode="sections"`` (no ``config=``):
 #: the heartbeat defaults, moved onto the sections. Learning shrinks them in the first run.
 DEFAULT_SECTION_CONFIG: dict[str, Any] = {
@@ -51,14 +76,17 @@ class FaultToleranceCallback(Callback):
     (``setup``, ``step``, ``validation``, ``checkpointing``). A rank that misses its
     deadline is killed by the monitor and ``ft_launcher`` restarts all workers, which resume
     from the last checkpoint. Timeouts are learned in the first run from observed step,
-    validation and checkpoint times and are saved in the Lightning checkpoint.
+    validation and checkpoint times and are saved in the Lightning checkpoint. The callback
+    maps Lightning's hooks onto a :class:`~ft_integrations.session.FaultToleranceSession`,
+    which it shares with the Megatron integration.
 
     Args:
-        mode: ``"heartbeats"`` (a heartbeat at train start, after every training batch, around
-            validation and checkpoint saves; watched by ``rank_heartbeat_timeout``) or ``"sections"``
-            (watched by ``rank_section_timeouts`` for the sections above and
-            ``rank_out_of_section_timeout`` for everything else). The monitor's config decides
-            which sections have deadlines; ``step`` must be among them.
+        mode: a :class:`~ft_integrations.session.MonitoringMode` or its value: ``"heartbeats"``
+            (a heartbeat at train start, after every training batch, around validation and
+            checkpoint saves; watched by ``rank_heartbeat_timeout``) or ``"sections"`` (watched by
+            ``rank_section_timeouts`` for the sections above and ``rank_out_of_section_timeout``
+            for everything else). The monitor's config decides which sections have deadlines;
+            ``step`` must be among them.
         calculate_timeouts: learn timeouts after ``calculate_timeouts_after_steps`` training steps,
             again after the first checkpoint save, and at the end of training. Learned values
             only grow afterwards (max over all ranks times ``safety_factor``).
@@ -67,7 +95,8 @@ class FaultToleranceCallback(Callback):
             than ``safety_factor`` steps, use ``mode="sections"`` or pick a number past your
             first save.
         state_file: optional JSON file: learned timeouts are also written there (atomically, by
-            rank 0) and read at start, for runs that do not resume from a checkpoint.
+            rank 0) and read at start, for runs that do not resume from a checkpoint. A file that
+            cannot be read or is not valid is ignored with a warning.
         autoresume: when training is complete (``max_steps``/``max_epochs`` reached, also by a
             resumed run with nothing left to do) global rank 0 creates the file named by
             ``FAULT_TOL_FINISHED_FLAG_FILE``, so a requeue loop stops.
@@ -76,9 +105,10 @@ class FaultToleranceCallback(Callback):
         exc_handling_policy: called with the exception when training fails; a returned
             :class:`~ft_core.data.WorkloadControlRequest` (e.g. ``ShutdownWorkload``) is sent to
             ``ft_launcher``. ``SystemExit(0)`` is a graceful stop and is not passed to it.
-        standalone: what to do when not launched by ``ft_launcher`` (``FT_RANK_MONITOR_IPC_SOCKET``
-            unset): ``"monitor"`` starts a monitor for this node (hangs are still detected and the
-            rank killed, but nothing restarts it), ``"off"`` disables hang detection, ``"error"`` raises.
+        standalone: a :class:`StandalonePolicy` or its value: what to do when not launched by
+            ``ft_launcher`` (``FT_RANK_MONITOR_IPC_SOCKET`` unset): ``"monitor"`` starts a monitor
+            for this node (hangs are still detected and the rank killed, but nothing restarts it),
+            ``"off"`` disables hang detection, ``"error"`` raises.
         config: timeouts for this training script: a :class:`~ft_core.config.FaultToleranceConfig`,
             a mapping, or a YAML path (its ``fault_tolerance:`` block). The monitor started with
             ``standalone="monitor"`` uses it; under ``ft_launcher`` its timeouts fill in whatever
@@ -108,25 +138,25 @@ class FaultToleranceCallback(Callback):
 
     def __init__(
         self,
-        mode: str = "heartbeats",
+        mode: Union[MonitoringMode, str] = MonitoringMode.HEARTBEATS,
         calculate_timeouts: bool = True,
         calculate_timeouts_after_steps: int = 100,
         state_file: Optional[Union[str, os.PathLike[str]]] = None,
         autoresume: bool = False,
         simulated_fault: Optional[Union[SimulatedFault, Mapping[str, Any]]] = None,
         exc_handling_policy: Optional[ExceptionPolicy] = None,
-        standalone: str = "monitor",
+        standalone: Union[StandalonePolicy, str] = StandalonePolicy.MONITOR,
         config: Optional[Union[FaultToleranceConfig, Mapping[str, Any], str, os.PathLike[str]]] = None,
     ) -> None:
         super().__init__()
         name = "FaultToleranceCallback."
         try:
-            one_of(name + "mode", mode, MODES)
-            one_of(name + "standalone", standalone, STANDALONE_CHOICES)
+            mode = enum_member(name + "mode", mode, MonitoringMode)
+            standalone = enum_member(name + "standalone", standalone, StandalonePolicy)
             boolean(name + "calculate_timeouts", calculate_timeouts)
             boolean(name + "autoresume", autoresume)
             steps = int_in_range(name + "calculate_timeouts_after_steps", calculate_timeouts_after_steps, 1)
-            state_path = path_or_none(name + "state_file", state_file)
+            state_file = path_or_none(name + "state_file", state_file)
             callable_or_none(name + "exc_handling_policy", exc_handling_policy,
                              allowed="None or a callable (exception -> WorkloadControlRequest or None)")
         except ValidationError as exc:
@@ -135,18 +165,20 @@ class FaultToleranceCallback(Callback):
             fault = None if simulated_fault is None else SimulatedFault.coerce(simulated_fault)
         except ValidationError as exc:
             raise MisconfigurationException(f"{name}simulated_fault: {exc}") from None
-        self.mode = mode
-        self.calculate_timeouts = calculate_timeouts
-        self.calculate_timeouts_after_steps = steps
-        self.state_file = state_path
         self.autoresume = autoresume
         self.simulated_fault = fault
         self.exc_handling_policy = exc_handling_policy
         self.standalone = standalone
         self.config = _coerce_config(config, mode)
-        #: The rank's monitor client; ``client.cfg`` is the monitor's config once training started.
-        self.client = RankMonitorClient()
-        self._has_state = False  # connected or loaded: there are timeouts worth saving
+        # Learned at global step ``steps``; "setup" in any run (the callback cannot tell a
+        # resume's setup from a fresh one's); out-of-section gaps once an epoch boundary was seen.
+        schedule = LearningSchedule(enabled=calculate_timeouts, learns=mode, after_steps=steps,
+                                    out_of_section_needs_boundary=True)
+        self._session = FaultToleranceSession(schedule, state_file=state_file, name="FaultToleranceCallback",
+                                              logger=log, info=rank_zero_info, warn=rank_zero_warn)
+        #: The rank's monitor client (the session's); ``client.cfg`` is the monitor's config once connected.
+        self.client: RankMonitorClient = self._session.client
+        self._sections = mode is MonitoringMode.SECTIONS  # read on every step: an attribute, not a property
         self._trainer: Optional[pl.Trainer] = None
         self._checkpoint_io: Optional[FaultToleranceCheckpointIO] = None
         self._injector: Optional[FaultInjector] = None
@@ -154,16 +186,34 @@ class FaultToleranceCallback(Callback):
 
     def _reset_run_state(self) -> None:
         self._save_pending = False  # a checkpoint save started whose end this rank has not seen yet
-        self._saves_seen = 0
-        self._learned_after_steps = False
-        self._learned_after_save = False
         self._first_epoch: Optional[int] = None
-        self._crossed_epoch = False  # out-of-section gaps at an epoch boundary were observed
         self._in_setup = False
         self._checkpointing_open = False
         self._last_reported: Optional[int] = None
 
+    # The arguments the session owns, read-only so that the callback and its session cannot disagree.
     @property
+    def mode(self) -> MonitoringMode:
+        """``mode=``: what the rank reports, and so which timeouts are learned."""
+        return self._session.schedule.learns
+
+    @property
+    def calculate_timeouts(self) -> bool:
+        """``calculate_timeouts=``."""
+        return self._session.schedule.enabled
+
+    @property
+    def calculate_timeouts_after_steps(self) -> int:
+        """``calculate_timeouts_after_steps=``."""
+        return self._session.schedule.after_steps
+
+    @property
+    def state_file(self) -> Optional[str]:
+        """``state_file=`` as a string path, or None."""
+        return self._session.state_file
+
+    @property
+    @override
     def state_key(self) -> str:
         # One key whatever the arguments: changing ``mode`` must not orphan learned timeouts.
         return type(self).__qualname__
@@ -174,12 +224,14 @@ class FaultToleranceCallback(Callback):
         return self.client.is_initialized
 
     # -- lifecycle --------------------------------------------------------
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
         self._reset_run_state()
         self._trainer = trainer
-        if self.autoresume and not os.environ.get(FINISHED_FLAG_ENV):
+        self._session.begin_run(writer=trainer.is_global_zero)
+        if self.autoresume and self._session.finished_flag_path() is None:
             rank_zero_warn(f"FaultToleranceCallback(autoresume=True) but {FINISHED_FLAG_ENV} is not set: "
                            "no finished flag will be written")
         if not self._connect():
@@ -190,35 +242,32 @@ class FaultToleranceCallback(Callback):
         trainer.strategy.checkpoint_io = self._checkpoint_io
         if self.simulated_fault is not None:
             self._injector = FaultInjector(self.simulated_fault, trainer.global_rank, trainer.world_size)
-        if self.mode == "sections":
-            self.client.start_section("setup")
+        if self._sections:
+            self.client.start_section(Section.SETUP)
             self._in_setup = True
 
     def _connect(self) -> bool:
         """Connect to ft_launcher's monitor, or handle ``standalone``; False if fault tolerance is off."""
-        if self.state_file and os.path.exists(self.state_file):
-            self._load_client_state(read_json(self.state_file), f"state_file {self.state_file}")
+        self._session.load_state_file()
         if os.environ.get(MONITOR_SOCKET_ENV):
             # Settings given at launch (--ft-*, --ft-cfg-path) win; ours fill in the keys not set there.
             cfg = self.config if self.config is not None else _coerce_config(None, self.mode, default=True)
             assert cfg is not None
             fallback = {key: value for key, value in cfg.to_dict().items() if key in FALLBACK_FIELDS}
             self.client.init_workload_monitoring(fallback_config=fallback)
-            self._has_state = True
             return True
-        if self.standalone == "error":
+        if self.standalone is StandalonePolicy.ERROR:
             raise MisconfigurationException(
                 f"FaultToleranceCallback(standalone='error'): {MONITOR_SOCKET_ENV} is not set, so this run was "
                 "not launched by ft_launcher. Launch it with `ft_launcher` (a drop-in for torchrun), or pass "
                 "standalone='monitor' or 'off'")
-        if self.standalone == "off":
+        if self.standalone is StandalonePolicy.OFF:
             rank_zero_info("FaultToleranceCallback: not launched by ft_launcher and standalone='off': "
                            "hang detection is disabled")
             return False
         cfg = self.config if self.config is not None else _coerce_config(None, self.mode, default=True)
         assert cfg is not None
         path = connect_standalone(self.client, cfg)
-        self._has_state = True
         rank_zero_info(f"FaultToleranceCallback: not launched by ft_launcher; started a rank monitor for this "
                        f"node ({path}). Hung ranks are detected and killed, but restarts need ft_launcher.")
         return True
@@ -228,7 +277,7 @@ class FaultToleranceCallback(Callback):
         assert cfg is not None
         problem = None
         sections = cfg.rank_section_timeouts
-        if self.mode == "heartbeats":
+        if self.mode is MonitoringMode.HEARTBEATS:
             if cfg.rank_out_of_section_timeout is not None:
                 problem = (f"rank_out_of_section_timeout={cfg.rank_out_of_section_timeout} is set, but "
                            "mode='heartbeats' opens no sections, so every rank would be killed that long after "
@@ -242,17 +291,19 @@ class FaultToleranceCallback(Callback):
                 rank_zero_warn(f"FaultToleranceCallback(mode='heartbeats') opens no sections; "
                                f"rank_section_timeouts {sorted(sections)} have no effect")
         else:
-            if "step" not in sections:
+            if Section.STEP not in sections:
                 problem = (f"mode='sections' needs 'step' in rank_section_timeouts (got {dict(sections)}); "
                            "e.g. --ft-rank-section-timeouts=setup:600,step:180,validation:600,checkpointing:600")
             unknown = sorted(set(sections) - set(SECTIONS))
             if unknown:
-                rank_zero_warn(f"FaultToleranceCallback(mode='sections') opens only {list(SECTIONS)}; "
+                opened = [str(section) for section in SECTIONS]
+                rank_zero_warn(f"FaultToleranceCallback(mode='sections') opens only {opened}; "
                                f"rank_section_timeouts {unknown} are never opened by it")
         if problem is not None:
             self.client.shutdown_workload_monitoring()
             raise MisconfigurationException(f"FaultToleranceCallback: the monitor's config does not fit: {problem}")
 
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":
             self._disconnect(trainer)
@@ -272,89 +323,92 @@ class FaultToleranceCallback(Callback):
         self._save_pending = self._in_setup = self._checkpointing_open = False
 
     # -- training ---------------------------------------------------------
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.active:
             return
         self._first_epoch = trainer.current_epoch
         self.client.set_iteration(trainer.global_step)
-        if self.mode == "heartbeats":
+        if not self._sections:
             self.client.send_heartbeat()
         if self._injector is not None:
             self._injector.on_train_start()
 
+    @override
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any,
                              batch_idx: int) -> None:
         if not self.active:
             return
-        self._finish_pending_save(trainer)
+        self._finish_pending_save()
         if self._in_setup:
-            self.client.end_section("setup")
+            self.client.end_section(Section.SETUP)
             self._in_setup = False
         if batch_idx == 0 and trainer.current_epoch != self._first_epoch:
-            self._crossed_epoch = True
+            self._session.saw_boundary()
         step = trainer.global_step
         self.client.set_iteration(step)
-        if self.mode == "sections":
-            self.client.start_section("step")
+        if self._sections:
+            self.client.start_section(Section.STEP)
         if self._injector is not None:
             self._injector.on_step_start(step)
 
+    @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         if not self.active:
             return
-        if self.mode == "sections":
-            self.client.end_section("step")
+        if self._sections:
+            self.client.end_section(Section.STEP)
         else:
             self.client.send_heartbeat()
-        if not self._learned_after_steps and trainer.global_step >= self.calculate_timeouts_after_steps:
-            self._learned_after_steps = True
-            self._learn(trainer, f"after {trainer.global_step} steps")
+        self._session.step_completed(trainer.global_step)
 
+    @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.active:
-            self._finish_pending_save(trainer)
+            self._finish_pending_save()
 
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.active:
             return
-        self._finish_pending_save(trainer, learn=False)
-        self._crossed_epoch = True  # the last chance to learn: use every gap observed
-        self._learn(trainer, "at the end of training")
+        self._finish_pending_save(learn=False)
+        self._session.learn_at_end("at the end of training")
 
+    @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.autoresume and trainer.is_global_zero and _training_complete(trainer):
-            flag = os.environ.get(FINISHED_FLAG_ENV)
-            if flag:
-                os.makedirs(os.path.dirname(os.path.abspath(flag)), exist_ok=True)
-                with open(flag, "a", encoding="utf-8"):
-                    pass
-                rank_zero_info(f"FaultToleranceCallback: training is complete; created {flag}")
+        # Global rank 0 (the session's writer) creates the flag, also when fault tolerance is off.
+        if self.autoresume and _training_complete(trainer):
+            self._session.write_finished_flag()
 
     # -- validation -------------------------------------------------------
+    @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.active:
             return
-        self._finish_pending_save(trainer, learn=False)
-        if self.mode == "sections":
-            self.client.start_section("validation")
+        self._finish_pending_save(learn=False)
+        if self._sections:
+            self.client.start_section(Section.VALIDATION)
         elif not trainer.sanity_checking:  # before training, the initial heartbeat timeout applies
             self.client.send_heartbeat()
 
+    @override
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                                 batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        if self.active and self.mode == "heartbeats" and not trainer.sanity_checking:
+        if self.active and not self._sections and not trainer.sanity_checking:
             self.client.send_heartbeat()
 
+    @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.active:
             return
-        if self.mode == "sections":
-            self.client.end_section("validation")
+        if self._sections:
+            self.client.end_section(Section.VALIDATION)
         elif not trainer.sanity_checking:
             self.client.send_heartbeat()
 
     # -- checkpointing ----------------------------------------------------
+    @override
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                            checkpoint: dict[str, Any]) -> None:
         # Called on every rank right before the write. Only some ranks write (rank 0 under DDP);
@@ -362,7 +416,6 @@ class FaultToleranceCallback(Callback):
         # ends: the section stays open until this rank's next hook.
         if not self.active:
             return
-        self._saves_seen += 1
         self._save_pending = True
         self._open_checkpointing()
 
@@ -388,21 +441,21 @@ class FaultToleranceCallback(Callback):
         self._close_checkpointing()
 
     def _open_checkpointing(self) -> None:
-        if self.mode == "heartbeats":
+        if not self._sections:
             self.client.send_heartbeat()
         elif not self._checkpointing_open:
-            self.client.start_section("checkpointing")
+            self.client.start_section(Section.CHECKPOINTING)
             self._checkpointing_open = True
 
     def _close_checkpointing(self) -> None:
-        if self.mode == "heartbeats":
+        if not self._sections:
             self.client.send_heartbeat()
         elif self._checkpointing_open:
-            self.client.end_section("checkpointing")
+            self.client.end_section(Section.CHECKPOINTING)
             self._checkpointing_open = False
 
-    def _finish_pending_save(self, trainer: pl.Trainer, learn: bool = True) -> None:
-        """At the first hook after a save: close its section; learn once after the first save.
+    def _finish_pending_save(self, learn: bool = True) -> None:
+        """At the first hook after a save: close its section; with ``learn``, the session may learn.
 
         Callers are hooks every rank reaches in the same order, so the learning collective is safe.
         """
@@ -410,56 +463,23 @@ class FaultToleranceCallback(Callback):
             return
         self._save_pending = False
         self._close_checkpointing()
-        if learn and not self._learned_after_save and self._saves_seen > 0:
-            self._learned_after_save = True
-            self._learn(trainer, "after the first checkpoint save")
+        if learn:
+            self._session.save_completed()
 
     # -- timeouts ---------------------------------------------------------
-    def _learn(self, trainer: pl.Trainer, when: str) -> None:
-        """Calculate timeouts (a collective: call only where all ranks are in lockstep)."""
-        if not self.calculate_timeouts:
-            return
-        try:
-            if self.mode == "heartbeats":
-                changed = self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
-            else:
-                # Out-of-section gaps grow at epoch boundaries (data loader restarts): learn them
-                # only once one was observed, so a quiet first epoch cannot set a deadline the next
-                # epoch's start would miss.
-                changed = self.client.calculate_and_set_section_timeouts(
-                    calc_out_of_section=self._crossed_epoch, skip_if_not_ready=True)
-        except RankMonitorClientError as exc:
-            # Never fail training because timeouts could not be learned.
-            rank_zero_warn(f"FaultToleranceCallback: timeouts not updated {when}: {exc}")
-            return
-        if not changed:
-            log.debug("timeouts not calculated %s: not enough data yet", when)
-            return
-        current = self.client.state_dict()["current_timeouts"]
-        shown = current["heartbeat"] if self.mode == "heartbeats" else current["section"]
-        rank_zero_info(f"FaultToleranceCallback: learned timeouts {when}: {shown}")
-        if self.state_file and trainer.is_global_zero:
-            atomic_write_json(self.state_file, self.client.state_dict())
-
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The learned timeouts (``{"current_timeouts": ...}``), saved in the Lightning checkpoint."""
-        if not self._has_state:
-            return {}
-        return self.client.state_dict()
+        return self._session.state_dict()
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore learned timeouts; works before and after the rank connected to its monitor."""
         if state_dict:
-            self._load_client_state(state_dict, "the checkpoint")
-
-    def _load_client_state(self, state: Any, source: str) -> None:
-        try:
-            self.client.load_state_dict(state)
-            self._has_state = True
-        except RankMonitorClientError as exc:
-            rank_zero_warn(f"FaultToleranceCallback: ignoring the timeouts in {source}: {exc}")
+            self._session.restore(state_dict, "the checkpoint")
 
     # -- failures ---------------------------------------------------------
+    @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         graceful = isinstance(exception, SystemExit) and exception.code in (0, None)
         if not graceful and self.exc_handling_policy is not None:
@@ -497,7 +517,7 @@ def _training_complete(trainer: pl.Trainer) -> bool:
 
 def _coerce_config(
     config: Optional[Union[FaultToleranceConfig, Mapping[str, Any], str, os.PathLike[str]]],
-    mode: str,
+    mode: MonitoringMode,
     default: bool = False,
 ) -> Optional[FaultToleranceConfig]:
     """``config=`` as a FaultToleranceConfig; with ``default``, the mode's default for a missing one."""
@@ -515,5 +535,5 @@ def _coerce_config(
         raise MisconfigurationException(str(exc) if exc.name == name else f"{name}: {exc}") from None
     if not default:
         return None
-    return FaultToleranceConfig.from_mapping(DEFAULT_SECTION_CONFIG) if mode == "sections" \
+    return FaultToleranceConfig.from_mapping(DEFAULT_SECTION_CONFIG) if mode is MonitoringMode.SECTIONS \
         else FaultToleranceConfig()

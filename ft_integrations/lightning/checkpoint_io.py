@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Protocol
 
+from typing_extensions import override
+
 from ft_integrations.lightning._pl import CheckpointIO
 
 __all__ = ["CheckpointWriteObserver", "FaultToleranceCheckpointIO"]
@@ -38,16 +40,20 @@ class FaultToleranceCheckpointIO(CheckpointIO):
         self.checkpoint_io = checkpoint_io
         self.observer = observer
 
+    @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         self.observer.on_checkpoint_write_start(str(path))
         self.checkpoint_io.save_checkpoint(checkpoint, path, storage_options=storage_options)
         self.observer.on_checkpoint_write_end(checkpoint, str(path))
 
+    @override
     def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return self.checkpoint_io.load_checkpoint(path, *args, **kwargs)
 
+    @override
     def remove_checkpoint(self, path: Any) -> None:
         self.checkpoint_io.remove_checkpoint(path)
 
+    @override
     def teardown(self) -> None:
         self.checkpoint_io.teardown()

@@ -24,16 +24,37 @@ from typing import Annotated, Any, Optional, Union
 
 import msgspec
 
-from ft_core.validation import ValidationError, convert, int_in_range, non_negative_seconds, one_of
+from ft_core.validation import (
+    ValidationError,
+    convert,
+    enum_member,
+    int_in_range,
+    non_negative_seconds,
+)
+from ft_integrations.strenum import StrEnum
 
-__all__ = ["FAULT_KINDS", "FaultInjector", "SimulatedFault", "SimulatedFaultError"]
+__all__ = ["FAULT_KINDS", "FaultInjector", "FaultKind", "SimulatedFault", "SimulatedFaultError"]
 
 log = logging.getLogger("ft_integrations.lightning")
 
-#: kill: SIGKILL this rank. hang_step: sleep forever inside a training step.
-#: hang_checkpoint: sleep forever inside a checkpoint write (on a rank that writes).
-#: sigstop: SIGSTOP this rank (a frozen process). exception: raise SimulatedFaultError in a step.
-FAULT_KINDS = ("kill", "hang_step", "hang_checkpoint", "sigstop", "exception")
+
+class FaultKind(StrEnum):
+    """What a :class:`SimulatedFault` does to the rank it targets."""
+
+    #: SIGKILL this rank.
+    KILL = "kill"
+    #: Sleep forever inside a training step.
+    HANG_STEP = "hang_step"
+    #: Sleep forever inside a checkpoint write (on a rank that writes).
+    HANG_CHECKPOINT = "hang_checkpoint"
+    #: SIGSTOP this rank (a frozen process).
+    SIGSTOP = "sigstop"
+    #: Raise :class:`SimulatedFaultError` in a step.
+    EXCEPTION = "exception"
+
+
+#: The values of :class:`FaultKind`.
+FAULT_KINDS = tuple(kind.value for kind in FaultKind)
 
 
 class SimulatedFaultError(RuntimeError):
@@ -45,7 +66,7 @@ class SimulatedFault:
     """Which fault to inject, where and when.
 
     Args:
-        kind: one of :data:`FAULT_KINDS`.
+        kind: a :class:`FaultKind` or its value (one of :data:`FAULT_KINDS`).
         rank: global rank that fails; ``None`` picks one at random (same choice on every rank).
         step: fire at the first training step whose ``global_step`` is >= this (for
             ``hang_checkpoint``: the first checkpoint written at or after this step).
@@ -55,7 +76,7 @@ class SimulatedFault:
         all_cycles: also fire after a restart (default: first cycle only).
     """
 
-    kind: str
+    kind: Union[FaultKind, str]
     rank: Optional[int] = 0
     step: Optional[int] = None
     delay: Optional[float] = None
@@ -63,7 +84,8 @@ class SimulatedFault:
     all_cycles: bool = False
 
     def __post_init__(self) -> None:
-        one_of("SimulatedFault.kind", self.kind, FAULT_KINDS)
+        # frozen: the kind is converted once, here
+        object.__setattr__(self, "kind", enum_member("SimulatedFault.kind", self.kind, FaultKind))
         if (self.step is None) == (self.delay is None):
             raise ValidationError("SimulatedFault", {"step": self.step, "delay": self.delay},
                                   "exactly one of step= or delay=",
@@ -71,7 +93,7 @@ class SimulatedFault:
         if self.step is not None:
             int_in_range("SimulatedFault.step", self.step, 0)
         if self.delay is not None:
-            if self.kind == "hang_checkpoint":
+            if self.kind == FaultKind.HANG_CHECKPOINT:
                 raise ValidationError("SimulatedFault.delay", self.delay,
                                       "None for kind='hang_checkpoint', which fires at a checkpoint write: use step=")
             non_negative_seconds("SimulatedFault.delay", self.delay)
@@ -115,21 +137,21 @@ class FaultInjector:
     def on_train_start(self) -> None:
         if not self.armed or self.fault.delay is None:
             return
-        log.warning("simulated fault %r armed on this rank: fires in %.1f s", self.fault.kind, self.fault.delay)
+        log.warning("simulated fault %s armed on this rank: fires in %.1f s", self.fault.kind, self.fault.delay)
         self._timer = threading.Timer(self.fault.delay, self._on_delay)
         self._timer.daemon = True
         self._timer.start()
 
     def on_step_start(self, global_step: int) -> None:
         """Called inside the training step (after the ``step`` section opened)."""
-        if not self.armed or self.fault.kind == "hang_checkpoint":
+        if not self.armed or self.fault.kind == FaultKind.HANG_CHECKPOINT:
             return
         if self._due.is_set() or (self.fault.step is not None and global_step >= self.fault.step):
             self._fire(f"at step {global_step}")
 
     def on_checkpoint_write(self, global_step: int) -> None:
         """Called inside a checkpoint write (after the ``checkpointing`` section opened)."""
-        if self.armed and self.fault.kind == "hang_checkpoint" and global_step >= (self.fault.step or 0):
+        if self.armed and self.fault.kind == FaultKind.HANG_CHECKPOINT and global_step >= (self.fault.step or 0):
             self._fire(f"in the checkpoint write at step {global_step}")
 
     def cancel(self) -> None:
@@ -140,7 +162,7 @@ class FaultInjector:
     def _on_delay(self) -> None:
         # A dying or frozen process is asynchronous by nature: do it from the timer.
         # Hangs and exceptions must happen in the training thread, at the next step.
-        if self.fault.kind in ("kill", "sigstop"):
+        if self.fault.kind in (FaultKind.KILL, FaultKind.SIGSTOP):
             self._fire(f"after {self.fault.delay} s")
         else:
             self._due.set()
@@ -151,11 +173,11 @@ class FaultInjector:
         log.warning("simulated fault: %s %s (pid %d)", kind, when, os.getpid())
         for handler in logging.getLogger().handlers + log.handlers:
             handler.flush()
-        if kind == "kill":
+        if kind == FaultKind.KILL:
             os.kill(os.getpid(), signal.SIGKILL)
-        elif kind == "sigstop":
+        elif kind == FaultKind.SIGSTOP:
             os.kill(os.getpid(), signal.SIGSTOP)
-        elif kind == "exception":
+        elif kind == FaultKind.EXCEPTION:
             raise SimulatedFaultError(f"simulated fault {when}")
         else:  # hang_step / hang_checkpoint
             while True:

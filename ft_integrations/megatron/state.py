@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Optional
 
 from ft_core.client import RankMonitorClient
+from ft_integrations.session import FaultToleranceSession, Section
 
 __all__ = ["FT_STATE_FILENAME", "HookState", "get_state", "reset_state"]
 
@@ -20,30 +20,22 @@ class HookState:
 
     #: None until ``setup(args)``; then whether ``--enable-ft`` was given.
     enabled: Optional[bool] = None
-    #: Connected client; None when disabled, before setup and after shutdown/abort.
-    client: Optional[RankMonitorClient] = None
-    calc_timeouts: bool = False
-    num_warmup_iters: int = 0
-    calc_timeouts_after_iters: int = 1
-    state_file: Optional[str] = None
+    #: The rank's session (client, learning schedule, state file); None when disabled, before
+    #: setup and after shutdown/abort.
+    session: Optional[FaultToleranceSession] = None
     #: Section opened by the eval hooks: "eval", or "validation" when only that one is tracked.
-    eval_section: str = "eval"
+    eval_section: Section = Section.EVAL
     #: No tracked section among ours: send heartbeats instead, or the monitor sees no sign of life.
     heartbeat_mode: bool = False
     #: Iteration of the current (or last) training step, as passed to on_training_step_start.
     iteration: Optional[int] = None
-    steps_seen: int = 0
-    saves_seen: int = 0
     in_setup: bool = False
     in_step: bool = False
-    persistent_checkpoint_loaded: bool = False
-    learned_after_steps: bool = False
-    learned_after_save: bool = False
 
     @property
-    def is_writer(self) -> bool:
-        """Local rank 0 writes the state file (one writer per node, whether or not --save is shared)."""
-        return int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0"))) == 0
+    def client(self) -> Optional[RankMonitorClient]:
+        """The connected client; None when disabled, before setup and after shutdown/abort."""
+        return self.session.client if self.session is not None else None
 
 
 _STATE = HookState()

@@ -192,6 +192,17 @@ def test_not_under_ft_launcher_error_and_off(tmp_path):
 
 
 @pytest.mark.timeout(120)
+def test_a_torn_state_file_is_ignored_with_a_warning(tmp_path):
+    state_file = tmp_path / "timeouts.json"
+    state_file.write_text('{"current_timeouts": {"heart')  # a write cut short
+    callback = FaultToleranceCallback(standalone="off", state_file=state_file, autoresume=True)
+    with pytest.warns(UserWarning, match="ignoring the timeouts in .*timeouts.json"):
+        fit(tmp_path, [callback], max_steps=2)
+    assert callback.state_dict() == {}
+    assert (tmp_path / "finished.flag").exists()  # training ran to the end
+
+
+@pytest.mark.timeout(120)
 def test_standalone_monitor_is_started_for_a_single_process(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the monitor's private directory goes
     callback = FaultToleranceCallback(mode="sections", calculate_timeouts_after_steps=2)

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 from lightning.pytorch.utilities.exceptions import MisconfigurationException  # noqa: E402
 
-from ft_integrations.lightning import FaultToleranceCallback, SimulatedFault  # noqa: E402
+from ft_integrations.lightning import (  # noqa: E402
+    FaultKind,
+    FaultToleranceCallback,
+    FaultToleranceCheckpointIO,
+    MonitoringMode,
+    SimulatedFault,
+    StandalonePolicy,
+)
+from ft_integrations.lightning._pl import Callback, CheckpointIO  # noqa: E402
 
 
 @pytest.mark.timeout(30)
@@ -64,3 +72,25 @@ def test_valid_arguments_are_kept(tmp_path):
     assert callback.config is not None and callback.config.rank_section_timeouts == {"step": 30.0}
     assert callback.state_key == "FaultToleranceCallback"
     assert callback.state_dict() == {}  # nothing learned or loaded yet: nothing to checkpoint
+
+
+@pytest.mark.timeout(30)
+def test_closed_sets_are_str_enums_that_accept_their_values():
+    callback = FaultToleranceCallback(mode="sections", standalone=StandalonePolicy.OFF,
+                                      simulated_fault={"kind": "kill", "step": 1})
+    assert callback.mode is MonitoringMode.SECTIONS and callback.standalone is StandalonePolicy.OFF
+    assert callback.simulated_fault is not None and callback.simulated_fault.kind is FaultKind.KILL
+    assert FaultToleranceCallback(mode=MonitoringMode.HEARTBEATS).mode == "heartbeats"
+    # Members print as the value users wrote, in messages and configs alike.
+    assert f"{callback.mode}/{callback.standalone}" == "sections/off" and str(FaultKind.HANG_STEP) == "hang_step"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("cls", "base"), [(FaultToleranceCallback, Callback), (FaultToleranceCheckpointIO, CheckpointIO)])
+def test_every_overridden_lightning_hook_is_marked_override(cls, base):
+    overridden = [name for name in vars(cls) if not name.startswith("_") and hasattr(base, name)]
+    assert overridden
+    for name in overridden:
+        member = vars(cls)[name]
+        function = member.fget if isinstance(member, property) else member
+        assert getattr(function, "__override__", False), f"{cls.__name__}.{name} lacks @override"

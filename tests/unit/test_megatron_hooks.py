@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 
 import pytest
@@ -179,6 +180,22 @@ def test_state_file_in_the_save_dir_is_sent_with_the_handshake(start_monitor, tm
     (tmp_path / "ckpt" / ft.FT_STATE_FILENAME).write_text(json.dumps(state))
     ft.setup(make_args(tmp_path))
     assert ft.get_state().client.section_timeouts.section == {**SECTIONS, "step": 123.0}
+
+
+def test_invalid_timeouts_in_the_state_file_or_checkpoint_are_ignored_with_a_warning(start_monitor, tmp_path,
+                                                                                      caplog):
+    start_monitor()
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / ft.FT_STATE_FILENAME).write_text(json.dumps(
+        {"current_timeouts": {"section": {"section": {"step": -1}}}}))
+    with caplog.at_level(logging.WARNING, logger="ft_integrations.megatron"):
+        ft.setup(make_args(tmp_path))
+        ft.load_state_dict({"current_timeouts": {"heartbeat": {"initial": "soon"}}})  # training goes on
+    assert ft.get_state().client.section_timeouts.section == SECTIONS  # the configured values
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("ignoring the timeouts in" in w and "section.step: invalid value -1" in w for w in warnings)
+    assert any("ignoring the timeouts in the checkpoint" in w and "initial: invalid value 'soon'" in w
+               for w in warnings)
 
 
 def test_abort_disconnects_without_learning(start_monitor, tmp_path):

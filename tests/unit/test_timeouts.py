@@ -12,6 +12,7 @@ from ft_core.timeouts import (
     SectionTimeouts,
     TimeoutsCalc,
     TimeoutsNotReadyError,
+    WarmupRule,
     apply_calculated,
     timeouts_from_state_dict,
     timeouts_state_dict,
@@ -150,3 +151,36 @@ def test_state_dict_round_trip_and_apply_only_calculated():
     assert new_sections.out_of_section == 4.0
     with pytest.raises(ValueError, match="current_timeouts"):
         timeouts_from_state_dict({"heartbeat": {}})
+
+
+def test_warmup_rule_covers_the_first_n_iterations_of_a_cycle():
+    assert [WarmupRule.covers(i, 2) for i in (0, 1, 2, 3)] == [True, True, False, False]
+    assert not WarmupRule.covers(0, 0)
+
+
+def test_nvrx_state_dicts_without_a_calculated_part_load_as_nothing_calculated():
+    # NVRx leaves out "heartbeat"/"section" until that kind was calculated.
+    assert timeouts_from_state_dict({"current_timeouts": {}}) == (HeartbeatTimeouts(), SectionTimeouts())
+    hb, sections = timeouts_from_state_dict({"current_timeouts": {"section": {
+        "section": {"step": 5.0}, "out_of_section": None, "calculated_sections": ["step"],
+        "is_out_of_section_calculated": False}}})
+    assert not hb.were_calculated and sections.section == {"step": 5.0}
+
+
+@pytest.mark.parametrize(
+    ("current", "message"),
+    [
+        ({"heartbeat": {"initial": "60"}}, r"current_timeouts\.heartbeat\.initial: invalid value '60'.*positive number"),
+        ({"heartbeat": {"subsequent": float("nan")}}, r"heartbeat\.subsequent: invalid value nan"),
+        ({"heartbeat": {"were_calculated": "yes"}}, r"heartbeat\.were_calculated: invalid value 'yes'.*true or false"),
+        ({"heartbeat": []}, r"current_timeouts\.heartbeat: invalid value \[\]; expected a mapping"),
+        ({"section": {"section": {"step": 0}}}, r"section\.section\.step: invalid value 0"),
+        ({"section": {"section": {1: 5.0}}}, r"section\.section: invalid section name 1"),
+        ({"section": {"out_of_section": True}}, r"section\.out_of_section: invalid value True"),
+        ({"section": {"calculated_sections": "step"}}, r"calculated_sections: invalid value 'step'.*list"),
+        ({"section": {"section": {}, "calculated_sections": ["step"]}}, r"'step' has no value"),
+    ],
+)
+def test_bad_state_dict_values_are_rejected_naming_the_key(current, message):
+    with pytest.raises(ValueError, match=message):
+        timeouts_from_state_dict({"current_timeouts": current})
