@@ -68,9 +68,6 @@ _ALLOWED_CALCULATED = "a positive finite number of seconds (a calculated timeout
 _HEARTBEAT_KEYS = ("initial", "subsequent", "were_calculated")
 _SECTION_KEYS = ("section", "out_of_section", "calculated_sections", "is_out_of_section_calculated")
 
-#: The section whose first occurrences are warm-up (compilation, allocator, first collectives).
-WARMUP_SECTION = "step"
-
 
 class TimeoutsNotReadyError(RuntimeError):
     """No rank has observed enough intervals to calculate the requested timeouts."""

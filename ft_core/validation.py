@@ -164,7 +164,9 @@ def enum_member(name: str, value: Any, enum_type: type[E], *, coerce: bool = Fal
         for member_name, member in enum_type.__members__.items():
             if member_name.upper() == wanted:
                 return member
-    allowed = "one of " + ", ".join(member.name for member in enum_type)
+    # Users write a str enum's values (``mode="sections"``); other enums are named (``SIGTERM``).
+    allowed = "one of " + ", ".join(member.value if isinstance(member.value, str) else member.name
+                                    for member in enum_type)
     by_value: E = convert(name, value, enum_type, allowed, coerce=coerce)
     return by_value
 

@@ -33,13 +33,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Optional, Union
 
 from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.fileutil import atomic_write_json, read_json
 from ft_core.jobdir import FINISHED_FLAG_ENV  # re-exported: the integrations' name for it
-from ft_core.timeouts import STEP_SECTION, WarmupRule
+from ft_core.timeouts import CURRENT_TIMEOUTS_KEY, STEP_SECTION, WarmupRule
 from ft_integrations.strenum import StrEnum
 
 __all__ = [
@@ -220,6 +220,11 @@ class FaultToleranceSession:
         An invalid ``state`` is ignored with a warning naming ``source``: the timeouts in
         force stay. Returns whether it was applied.
         """
+        if not isinstance(state, Mapping) or CURRENT_TIMEOUTS_KEY not in state:
+            # The client ignores such a state with a log line (as NVRx); the integration says why.
+            self._warn(f"{self.name}: ignoring the timeouts in {source}: not a fault tolerance state dict "
+                       f"(expected {{'{CURRENT_TIMEOUTS_KEY}': ...}}), got {type(state).__name__}")
+            return False
         try:
             self.client.load_state_dict(state)
         except RankMonitorClientError as exc:
