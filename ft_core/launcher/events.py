@@ -19,6 +19,8 @@ from typing import Any, Optional, TextIO
 __all__ = ["EventLog", "EVENTS_FILE_NAME"]
 
 EVENTS_FILE_NAME = "ft_events.jsonl"
+#: The summary names the causes of at most this many (the last) restarts.
+SUMMARY_RESTARTS = 3
 
 
 class EventLog:
@@ -35,6 +37,8 @@ class EventLog:
         #: Seconds from each fault to the start of the next cycle's workers.
         self.time_lost = 0.0
         self._pending_fault_time: Optional[float] = None
+        #: (cycle, job-wide cause) of every restart, in order.
+        self.restarts: list[tuple[int, str]] = []
 
     def record(self, event: str, **fields: Any) -> dict[str, Any]:
         """Write one event; returns the record (with its timestamp)."""
@@ -53,6 +57,10 @@ class EventLog:
         if self._pending_fault_time is None:
             self._pending_fault_time = at
 
+    def restarted(self, cycle: int, cause: str) -> None:
+        """``cycle`` ended in a restart for ``cause``: the job-wide decision, the same on every node."""
+        self.restarts.append((cycle, cause))
+
     def cycle_started(self, start_time: float) -> None:
         self.cycles += 1
         if self._pending_fault_time is not None:
@@ -62,10 +70,15 @@ class EventLog:
     def summary(self, exit_code: int, reason: str) -> str:
         """A few lines for humans: cycles, faults by kind, time lost, exit code and why."""
         faults = ", ".join(f"{count} {kind}" for kind, count in sorted(self.faults.items())) or "none"
+        shown = self.restarts[-SUMMARY_RESTARTS:]
+        restarts = [f"  restart    : cycle {cycle}: {cause}" for cycle, cause in shown]
+        if len(self.restarts) > len(shown):
+            restarts.insert(0, f"  restarts   : {len(self.restarts)} (the last {len(shown)} below)")
         return "\n".join([
             "ft_launcher summary",
             f"  cycles run : {self.cycles}",
             f"  faults     : {faults}",
+            *restarts,
             f"  time lost  : {self.time_lost:.2f} s (fault to next cycle's workers)",
             f"  run time   : {time.time() - self.started:.1f} s",
             f"  exit code  : {exit_code} ({reason})",
