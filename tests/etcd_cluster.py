@@ -93,30 +93,39 @@ class EtcdCluster:
         return self.members[0].endpoint
 
     def start(self, timeout: float = 60.0) -> EtcdCluster:
-        initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
-        token = f"ft-test-{os.getpid()}-{self.members[0].client_port}"  # one per cluster: members must agree
         for member in self.members:
-            os.makedirs(member.data_dir, exist_ok=True)
-            log = open(os.path.join(self.directory, f"{member.name}.log"), "wb")  # noqa: SIM115
-            with log:
-                member.proc = subprocess.Popen(
-                    ["etcd", "--name", member.name, "--data-dir", member.data_dir, "--enable-v2",
-                     "--listen-client-urls", member.client_url, "--advertise-client-urls", member.client_url,
-                     "--listen-peer-urls", member.peer_url, "--initial-advertise-peer-urls", member.peer_url,
-                     "--initial-cluster", initial, "--initial-cluster-state", "new",
-                     "--initial-cluster-token", token,
-                     "--log-level", "warn"],
-                    stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-            SERVICE_PIDS.add(member.proc.pid)
+            self._spawn(member)
         try:
             for member in self.members:
-                wait_for(lambda m=member: m.healthy() or self._died(m), timeout, f"etcd member {member.name}")
-                if self._died(member):
-                    raise RuntimeError(f"etcd member {member.name} exited:\n{self.log(member)[-2000:]}")
+                self._wait_healthy(member, timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def restart(self, member: EtcdMember, timeout: float = 60.0) -> None:
+        """Start a killed member again on its ports and data (it rejoins with what it had)."""
+        self._spawn(member)
+        self._wait_healthy(member, timeout)
+
+    def _spawn(self, member: EtcdMember) -> None:
+        initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
+        token = f"ft-test-{os.getpid()}-{self.members[0].client_port}"  # one per cluster: members must agree
+        os.makedirs(member.data_dir, exist_ok=True)
+        with open(os.path.join(self.directory, f"{member.name}.log"), "ab") as log:
+            member.proc = subprocess.Popen(
+                ["etcd", "--name", member.name, "--data-dir", member.data_dir, "--enable-v2",
+                 "--listen-client-urls", member.client_url, "--advertise-client-urls", member.client_url,
+                 "--listen-peer-urls", member.peer_url, "--initial-advertise-peer-urls", member.peer_url,
+                 "--initial-cluster", initial, "--initial-cluster-state", "new", "--initial-cluster-token", token,
+                 "--log-level", "warn"],
+                stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
+        SERVICE_PIDS.add(member.proc.pid)
+
+    def _wait_healthy(self, member: EtcdMember, timeout: float) -> None:
+        wait_for(lambda: member.healthy() or self._died(member), timeout, f"etcd member {member.name}")
+        if self._died(member):
+            raise RuntimeError(f"etcd member {member.name} exited:\n{self.log(member)[-2000:]}")
 
     @staticmethod
     def _died(member: EtcdMember) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import wait_for
-from launcher_helpers import LauncherGroup, Rendezvous
+from launcher_helpers import LauncherGroup, Rendezvous, exit_event
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -27,6 +27,20 @@ def resume_step(path) -> int:
             return int(handle.read())
     except (FileNotFoundError, ValueError):
         return 0
+
+
+def test_c10d_loses_the_job_with_the_node_that_hosts_its_store(launchers, tmp_path):
+    """The limit etcd removes: the other launcher fails promptly (exit 1) instead of waiting forever."""
+    rdzv = Rendezvous("c10d")
+    env = {"FT_TEST_FAULT_AFTER": str(tmp_path / "never")}  # workers step until stopped
+    host = launchers.start(*rdzv.flags("2"), name="A", nproc=1, **env)
+    rdzv.wait_ready()
+    other = launchers.start(*rdzv.flags("2"), name="B", nproc=1, **env)
+    for node in (host, other):
+        node.wait_event("rank_connected", 180)
+    host.kill()
+    assert other.wait(120) == 1, other.output()[-3000:]
+    assert exit_event(other)["reason"].startswith("launcher error"), exit_event(other)
 
 
 def test_sigkill_of_the_first_node_is_survived_by_the_others_and_the_spare(launchers, tmp_path, etcd_server):
