@@ -73,9 +73,9 @@ def run_scale_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, hangs:
     flags = [*rdzv.flags(str(nodes), max_restarts=hangs), f"--ft-rank-heartbeat-timeout={heartbeat_timeout}",
              "--ft-stack-dump-timeout=0.2", "--monitor-interval=0.1"]
     started = time.time()
-    group = [launchers.start(*flags, name="node0", nproc=1, **env)]
-    rdzv.wait_ready()
-    group += [launchers.start(*flags, name=f"node{i}", nproc=1, **env) for i in range(1, nodes)]
+    # All at once, also on c10d: whichever launcher binds the endpoint first hosts the rendezvous store
+    # and the others connect to it (torch retries until it serves). Which one hosts does not matter here.
+    group = [launchers.start(*flags, name=f"node{i}", nproc=1, **env) for i in range(nodes)]
     codes = [node.wait(max(1.0, started + timeout - time.time())) for node in group]
     wall = time.time() - started
 
