@@ -146,6 +146,7 @@ class EtcdJobStore:
         """Run ``operation``, retrying while etcd is unreachable or electing a leader."""
         etcd = self._etcd
         failure: list[BaseException] = []
+        warned: list[bool] = []
 
         def attempt() -> Optional[tuple[T]]:
             try:
@@ -156,7 +157,9 @@ class EtcdJobStore:
                 if type(exc) is not etcd.EtcdException:  # key, value and permission errors are answers
                     raise
                 failure[:] = [exc]  # an internal server error (e.g. raft) without a specific type
-            log.warning("etcd job store: %s; retrying", failure[0])
+            if not warned:
+                warned.append(True)
+                log.warning("etcd job store: %s; retrying for up to %g s", failure[0], self._unavailable_timeout)
             return None
 
         result = wait_until(attempt, self._unavailable_timeout, interval=0.2)
