@@ -257,9 +257,10 @@ class WorkersSucceeded(Event, frozen=True, tag=EventName.WORKERS_SUCCEEDED.value
 class Restart(Event, frozen=True, tag=EventName.RESTART.value):
     cycle: int  # the cycle that ended
     kind: RestartKind
-    reason: str
+    reason: str  # what this node saw
     restarts: int
     max_restarts: int
+    cause: Optional[str] = None  # the job-wide decision's reason: the same on every node
 
 
 class Progress(Event, frozen=True, tag=EventName.PROGRESS.value):

@@ -1,4 +1,4 @@
-"""Shared fixtures: every test must leave no child process behind."""
+"""Shared fixtures: every test must leave no child process behind; real etcd servers on loopback."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 
 import psutil
 import pytest
+from etcd_cluster import SERVICE_PIDS, EtcdCluster, etcd_missing
 
 #: Children may take a moment to be reaped after a test's own cleanup.
 ORPHAN_GRACE_S = 15.0
@@ -17,7 +18,7 @@ def _live_descendants() -> list[psutil.Process]:
     alive = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if child.status() != psutil.STATUS_ZOMBIE:
+            if child.pid not in SERVICE_PIDS and child.status() != psutil.STATUS_ZOMBIE:
                 alive.append(child)
         except psutil.NoSuchProcess:
             pass
@@ -87,3 +88,25 @@ def start_monitor(tmp_path):
     yield start
     for monitor in monitors:
         monitor.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory):
+    """One etcd server (v2 API on) for the whole test session; tests use their own run ids."""
+    reason = etcd_missing()
+    if reason:
+        pytest.skip(f"etcd tests need a real etcd server: {reason}")
+    cluster = EtcdCluster(str(tmp_path_factory.mktemp("etcd")), size=1).start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def etcd_cluster3(tmp_path_factory):
+    """A fresh 3-member etcd cluster on loopback (the test may kill members)."""
+    reason = etcd_missing()
+    if reason:
+        pytest.skip(f"etcd tests need a real etcd server: {reason}")
+    cluster = EtcdCluster(str(tmp_path_factory.mktemp("etcd3")), size=3).start()
+    yield cluster
+    cluster.stop()

@@ -61,6 +61,7 @@ from ft_core.launcher.coordination import (
     spares_waiting,
 )
 from ft_core.launcher.events import EventLog
+from ft_core.launcher.job_store import open_job_store
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.process import workers_die_with_agent
@@ -113,7 +114,8 @@ class FtElasticAgent(LocalElasticAgent):
         self._svc = services
         self._opts = options
         self._coord = JobCoordinator(spec.rdzv_handler.get_run_id(), services.events.node, spec.max_restarts,
-                                     options.max_no_progress_cycles, options.no_restart_exit_code)
+                                     options.max_no_progress_cycles, options.no_restart_exit_code,
+                                     store=open_job_store(spec.rdzv_handler))
         self._progress = ProgressTracker(options.checkpoint_iteration_file)
         self._cycle: Optional[CycleInfo] = None
         #: hang_detected records of this cycle's workers, by pid.
@@ -249,8 +251,10 @@ class FtElasticAgent(LocalElasticAgent):
             self._stop_workers(self._worker_group)
             return self._finish(Outcome(decision.exit_code, decision.reason), result)
         restarts = decision.restarts if decision is not None else self._cycle.restarts if self._cycle else 0
-        self._svc.events.write(Restart(cycle=cycle, kind=trigger.kind, reason=trigger.reason,
+        cause = decision.reason if decision is not None else trigger.reason  # job-wide: same on every node
+        self._svc.events.write(Restart(cycle=cycle, kind=trigger.kind, reason=trigger.reason, cause=cause,
                                        restarts=restarts, max_restarts=self._worker_group.spec.max_restarts))
+        self._svc.events.restarted(cycle, cause)
         log.warning("cycle %d ended (%s: %s); restarting all workers (%d/%d restarts used)", cycle,
                     trigger.kind.value, trigger.reason, restarts, self._worker_group.spec.max_restarts)
         self._restart_workers(self._worker_group)
@@ -400,10 +404,7 @@ class FtElasticAgent(LocalElasticAgent):
         return RunResult(state=WorkerState.FAILED, failures=result.failures if result is not None else {})
 
     def _stop_decision(self) -> Optional[Decision]:
-        """The job-wide stop, also for a spare that never joined (it has not seen the job store yet)."""
-        base = getattr(self._worker_group.spec.rdzv_handler, "_store", None)
-        if base is not None:
-            self._coord.attach(base)
+        """The job-wide stop, also for a spare that never joined a round."""
         try:
             return self._coord.stop_decision()
         except Exception:  # noqa: BLE001 - the store host may be gone already; then nobody left a decision

@@ -1,8 +1,9 @@
-"""Job-wide state shared by the launchers of all nodes through the rendezvous store.
+"""Job-wide state shared by the launchers of all nodes through the job store.
 
 Torch's elastic agent keeps its restart budget per node and hands workers a
 store that outlives a restart. This module adds what fault tolerance needs on
-top, using only the rendezvous store that every node already shares:
+top, in the job store (:mod:`.job_store`: the c10d rendezvous store, or the
+etcd cluster with ``--rdzv-backend=etcd-v2``):
 
 * **Cycles.** After each rendezvous the node with group rank 0 takes the next
   job-wide cycle number (``TORCHELASTIC_RESTART_COUNT`` for the workers) and
@@ -10,29 +11,70 @@ top, using only the rendezvous store that every node already shares:
   port the OS picks while the previous cycle's server is still bound. Workers
   therefore never see a previous cycle's keys, nor a port that another process
   may have taken. The address travels in the rendezvous round's own key space.
-* **Decisions.** A cycle ends at most once: the first node to report a fault
-  writes the decision (restart, or stop with an exit code) with an atomic
-  ``compare_set``; the others read it. The restart budget and the no-progress
-  count are therefore counted once per cycle for the whole job.
-* **Stop.** A job-wide ``stop`` key (budget spent, no progress, shutdown
-  requested) makes every launcher stop its workers and exit with the same code.
+  That worker store lives in one launcher for one cycle only: losing its node
+  ends the cycle (its ranks are gone anyway), and the next cycle's group rank
+  0, on a surviving node, serves a new one.
+* **Decisions.** A cycle ends at most once. The job's counters (restarts
+  spent, faulty cycles without progress) and the decision that ended the last
+  cycle are **one record** (key ``state``), changed only by compare-and-set:
+  the first node to report a fault decides (restart, or stop with an exit
+  code) and the counters move with the decision in the same atomic write, so
+  the budget is spent once per cycle whatever the number of nodes that saw the
+  fault, and a launcher that dies right after deciding leaves nothing half
+  written. :func:`decide_cycle_end` is the policy.
+* **Stop.** The same record carries the job-wide stop (budget spent, no
+  progress, shutdown requested): every launcher stops its workers and exits
+  with the same code. A launcher learns about both with one read per pass.
 * **Progress.** The highest checkpointed iteration any node has seen
-  (an atomic max built on ``compare_set``).
+  (key ``progress``, an atomic max built on compare-and-set).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import enum
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, Optional
 
+import msgspec
 import torch.distributed as dist
 
-__all__ = ["CycleInfo", "Decision", "JobCoordinator", "leave_rendezvous", "spares_waiting"]
+from ft_core.deadline import wait_until
+from ft_core.launcher.job_store import JobStore, job_store_on
+
+__all__ = [
+    "CoordinationError",
+    "CycleInfo",
+    "Decision",
+    "DecisionAction",
+    "JobCoordinator",
+    "JobState",
+    "RestartPolicy",
+    "decide_cycle_end",
+    "leave_rendezvous",
+    "spares_waiting",
+]
 
 log = logging.getLogger("ft_core.launcher")
+
+#: Job store keys.
+STATE_KEY = "state"
+CYCLES_KEY = "cycles"
+PROGRESS_KEY = "progress"
+SPARES_RELEASED_KEY = "spares_released"
+
+
+class CoordinationError(RuntimeError):
+    """A job store value that is not what a launcher of this version writes."""
+
+
+class DecisionAction(str, enum.Enum):
+    """How a cycle ends: the workers of every node restart, or the job stops."""
+
+    RESTART = "restart"
+    STOP = "stop"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,61 +89,139 @@ class CycleInfo:
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
-    """How a cycle ends (``restart``) or the job ends (``stop``), decided once for the whole job."""
+    """How a cycle ends (restart) or the job ends (stop), decided once for the whole job."""
 
-    action: str
+    action: DecisionAction
     reason: str
     exit_code: int = 0
+    #: Restarts spent by the job once this decision is in force.
     restarts: int = 0
+    #: The launcher that decided (``host:pid``).
     node: str = ""
 
+
+@dataclasses.dataclass(frozen=True)
+class JobState:
+    """The job-wide record (key ``state``): counters, the last cycle's end and the stop, changed together."""
+
+    #: Restarts spent (faults that were followed by a restart).
+    restarts: int = 0
+    #: Consecutive faulty cycles that ended without a newer checkpoint.
+    no_progress: int = 0
+    #: The job's latest checkpointed iteration when the last decision was taken (-1: none).
+    progress_mark: int = -1
+    #: The last cycle whose end was decided (-1: none yet), and how it ended.
+    cycle: int = -1
+    decision: Optional[Decision] = None
+    #: The job-wide stop; once set it never changes.
+    stop: Optional[Decision] = None
+
     def encode(self) -> str:
-        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+        return msgspec.json.encode(self).decode()
 
     @classmethod
-    def decode(cls, raw: bytes) -> Decision:
-        return cls(**json.loads(raw))
+    def decode(cls, raw: str) -> JobState:
+        return _decode(STATE_KEY, raw, cls)
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartPolicy:
+    """The job's limits: the restart budget and the no-progress rule."""
+
+    max_restarts: int
+    #: Stop after this many consecutive faulty cycles without a newer checkpoint (0 disables).
+    max_no_progress_cycles: int
+    no_restart_exit_code: int
+
+
+def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, progress_active: bool,
+                     best_progress: int, policy: RestartPolicy, node: str) -> JobState:
+    """The job state after ``cycle`` ended for ``reason`` (a fault, or a membership change).
+
+    A fault spends one restart of the job's budget and, when progress is
+    tracked, counts as a cycle without progress unless a newer checkpoint
+    (``best_progress``) appeared since the previous decision. A stop spends no
+    restart. Progress counts as tracked once any checkpoint was seen job-wide.
+    """
+    restarts = state.restarts + int(fault)
+    no_progress = 0 if best_progress > state.progress_mark else state.no_progress + int(fault)
+    progress_active = progress_active or best_progress >= 0
+    if fault and progress_active and 0 < policy.max_no_progress_cycles <= no_progress:
+        latest = "none yet" if best_progress < 0 else str(best_progress)
+        decision = Decision(DecisionAction.STOP,
+                            f"no progress: {no_progress} consecutive faulty cycles without a newer checkpoint "
+                            f"(latest checkpointed iteration: {latest})",
+                            exit_code=policy.no_restart_exit_code, restarts=state.restarts, node=node)
+    elif restarts > policy.max_restarts:
+        decision = Decision(DecisionAction.STOP, f"restart budget spent: {policy.max_restarts} restart(s) used",
+                            exit_code=1, restarts=state.restarts, node=node)
+    else:
+        decision = Decision(DecisionAction.RESTART, reason, restarts=restarts, node=node)
+    return JobState(restarts=decision.restarts, no_progress=no_progress, progress_mark=best_progress,
+                    cycle=cycle, decision=decision,
+                    stop=decision if decision.action is DecisionAction.STOP else None)
 
 
 class JobCoordinator:
-    """The launcher's view of the job-wide state; see the module docstring."""
+    """The launcher's view of the job-wide state; see the module docstring.
+
+    ``store`` is the job store when the rendezvous handler has one from the
+    start (c10d, etcd-v2: see :func:`~ft_core.launcher.job_store.open_job_store`);
+    otherwise (static) the first rendezvous round provides it.
+    """
 
     def __init__(self, run_id: str, node: str, max_restarts: int, max_no_progress_cycles: int,
-                 no_restart_exit_code: int) -> None:
+                 no_restart_exit_code: int, store: Optional[JobStore] = None) -> None:
         self.run_id = run_id
         self.node = node
-        self.max_restarts = max_restarts
-        self.max_no_progress_cycles = max_no_progress_cycles
-        self.no_restart_exit_code = no_restart_exit_code
-        self._job: Optional[dist.Store] = None
+        self.policy = RestartPolicy(max_restarts, max_no_progress_cycles, no_restart_exit_code)
+        self._job = store
         self._rendezvous_count = 0
         # Held so the server lives exactly as long as the cycle it serves.
         self._worker_store_server: Optional[dist.TCPStore] = None
 
     # -- store plumbing ---------------------------------------------------
-    def attach(self, base_store: dist.Store) -> None:
-        """Use ``base_store`` (the rendezvous backend's store, shared by every node) for job-wide keys."""
-        if self._job is None:
-            self._job = dist.PrefixStore(f"ft_launcher/{self.run_id}", base_store)
+    def _state(self) -> JobState:
+        assert self._job is not None
+        raw = self._job.get(STATE_KEY)
+        return JobState.decode(raw) if raw is not None else JobState()
+
+    def _update(self, change: Callable[[JobState], Optional[JobState]]) -> JobState:
+        """Apply ``change`` to the job state atomically; returns the state in force afterwards.
+
+        ``change`` returns None when the state already says what it wanted (e.g.
+        another node decided first); it is called again whenever another node
+        changed the state in between.
+        """
+        assert self._job is not None
+        raw = self._job.get(STATE_KEY)
+        while True:
+            state = JobState.decode(raw) if raw is not None else JobState()
+            wanted = change(state)
+            if wanted is None:
+                return state
+            encoded = wanted.encode()
+            raw = self._job.compare_set(STATE_KEY, raw, encoded)
+            if raw == encoded:
+                return wanted
 
     def _get_int(self, key: str, default: int) -> int:
         assert self._job is not None
-        return int(self._job.get(key)) if self._job.check([key]) else default
+        raw = self._job.get(key)
+        return default if raw is None else _decode(key, raw, int)
 
     # -- cycles -----------------------------------------------------------
     def begin_cycle(self, rdzv_store: dist.Store, group_rank: int, master_addr: str, static: bool) -> CycleInfo:
         """Agree on the cycle number and the workers' fresh store (call right after each rendezvous).
 
-        ``rdzv_store`` is the store the rendezvous returned: for c10d/etcd it is
-        already private to the rendezvous round; the static backend reuses one
-        key space, so a per-rendezvous prefix is added (static nodes always
+        ``rdzv_store`` is the store the rendezvous returned: for c10d/etcd-v2 it
+        is already private to the rendezvous round; the static backend reuses
+        one key space, so a per-rendezvous prefix is added (static nodes always
         rendezvous together, so their counts agree).
         """
-        if isinstance(rdzv_store, dist.PrefixStore):
-            self.attach(rdzv_store.underlying_store)
-        else:
-            self.attach(rdzv_store)
-        assert self._job is not None
+        if self._job is None:
+            base = rdzv_store.underlying_store if isinstance(rdzv_store, dist.PrefixStore) else rdzv_store
+            self._job = job_store_on(base, self.run_id)
         namespace = f"ft_launcher/rdzv{self._rendezvous_count}" if static else "ft_launcher"
         self._rendezvous_count += 1
         cycle_store = dist.PrefixStore(namespace, rdzv_store)
@@ -109,104 +229,98 @@ class JobCoordinator:
             # Bind the new server before releasing the old one: the OS cannot give the same port back.
             server = dist.TCPStore(master_addr, 0, is_master=True, wait_for_workers=False)
             self._worker_store_server = server
-            info = CycleInfo(cycle=self._job.add("cycles", 1) - 1, restarts=self._get_int("restarts", 0),
+            info = CycleInfo(cycle=self._job.add(CYCLES_KEY, 1) - 1, restarts=self._state().restarts,
                              store_addr=master_addr, store_port=server.port)
-            cycle_store.set("cycle", json.dumps(dataclasses.asdict(info)))
+            cycle_store.set("cycle", msgspec.json.encode(info).decode())
         else:
             self._worker_store_server = None
-            info = CycleInfo(**json.loads(cycle_store.get("cycle")))
+            info = _decode("cycle", cycle_store.get("cycle").decode(), CycleInfo)
         return info
 
     # -- decisions --------------------------------------------------------
     def poll(self, cycle: int) -> Optional[Decision]:
-        """The job-wide stop, else the decision that ended ``cycle``, else None (cheap: one or two checks)."""
+        """The job-wide stop, else the decision that ended ``cycle`` (or a later one), else None.
+
+        One read of the job store: cheap enough for every monitoring pass.
+        """
         if self._job is None:
             return None
-        for key in ("stop", f"cycle/{cycle}/end"):
-            if self._job.check([key]):
-                return Decision.decode(self._job.get(key))
-        return None
+        state = self._state()
+        if state.stop is not None:
+            return state.stop
+        return state.decision if state.decision is not None and state.cycle >= cycle else None
 
     def stop_decision(self) -> Optional[Decision]:
-        if self._job is None or not self._job.check(["stop"]):
-            return None
-        return Decision.decode(self._job.get("stop"))
+        """The job-wide stop, if any."""
+        return self._state().stop if self._job is not None else None
 
     def request_stop(self, reason: str, exit_code: int) -> Decision:
         """Stop the whole job; if another node stopped it first, its decision wins."""
-        assert self._job is not None
-        wanted = Decision("stop", reason, exit_code=exit_code, node=self.node)
-        return Decision.decode(self._job.compare_set("stop", "", wanted.encode()))
+        wanted = Decision(DecisionAction.STOP, reason, exit_code=exit_code, node=self.node)
+
+        def stop(state: JobState) -> Optional[JobState]:
+            if state.stop is not None:
+                return None
+            return dataclasses.replace(state, stop=dataclasses.replace(wanted, restarts=state.restarts))
+
+        stopped = self._update(stop).stop
+        assert stopped is not None
+        return stopped
 
     def end_cycle(self, cycle: int, reason: str, fault: bool, progress_active: bool) -> Decision:
         """Decide how ``cycle`` ends after a fault (``fault=True``) or a membership change.
 
-        A fault spends one restart of the job's budget and, when progress is
-        tracked, counts as a cycle without progress unless a newer checkpoint
-        appeared since the previous decision. Returns the decision in force,
-        which is another node's if it decided first.
+        Returns the decision in force, which is another node's if it decided
+        first (or the job-wide stop, if the job was stopped meanwhile).
         """
-        assert self._job is not None
-        existing = self.poll(cycle)
-        if existing is not None:
-            return existing
-        restarts = self._get_int("restarts", 0) + int(fault)
-        best = self._get_int("progress", -1)
-        mark = self._get_int("progress_mark", -1)
-        no_progress = 0 if best > mark else self._get_int("no_progress", 0) + int(fault)
-        progress_active = progress_active or best >= 0
-        if fault and progress_active and 0 < self.max_no_progress_cycles <= no_progress:
-            latest = "none yet" if best < 0 else str(best)
-            decision = Decision("stop", f"no progress: {no_progress} consecutive faulty cycles without a newer "
-                                        f"checkpoint (latest checkpointed iteration: {latest})",
-                                exit_code=self.no_restart_exit_code, restarts=restarts - 1, node=self.node)
-        elif restarts > self.max_restarts:
-            decision = Decision("stop", f"restart budget spent: {self.max_restarts} restart(s) used",
-                                exit_code=1, restarts=restarts - 1, node=self.node)
-        else:
-            decision = Decision("restart", reason, restarts=restarts, node=self.node)
-        encoded = decision.encode()
-        current = self._job.compare_set(f"cycle/{cycle}/end", "", encoded)
-        if current.decode() != encoded:
-            return Decision.decode(current)
-        # We decided; the next cycle's decider reads these (it cannot start before we rejoin).
-        self._job.set("restarts", str(decision.restarts))
-        self._job.set("progress_mark", str(best))
-        self._job.set("no_progress", str(no_progress))
-        if decision.action == "stop":
-            return self.request_stop(decision.reason, decision.exit_code)
+        best = self._get_int(PROGRESS_KEY, -1)
+
+        def decide(state: JobState) -> Optional[JobState]:
+            if state.stop is not None or state.cycle >= cycle:
+                return None
+            return decide_cycle_end(state, cycle, reason, fault=fault, progress_active=progress_active,
+                                    best_progress=best, policy=self.policy, node=self.node)
+
+        state = self._update(decide)
+        decision = state.stop or state.decision
+        assert decision is not None
         return decision
 
     # -- hot spares at the end of the job ---------------------------------
     def spare_released(self) -> None:
         """Called by a spare that saw the rendezvous close: the nodes that closed it may exit now."""
         if self._job is not None:
-            self._job.add("spares_released", 1)
+            self._job.add(SPARES_RELEASED_KEY, 1)
 
     def wait_spares_released(self, count: int, timeout: float) -> bool:
-        """Keep the store up until ``count`` spares have read how the job ended (the first
-        launcher hosts the rendezvous store: when it exits, a spare cannot learn anything)."""
+        """Keep the job store up until ``count`` spares have read how the job ended.
+
+        With c10d the first launcher hosts the store: when it exits, a spare
+        cannot learn anything. A store outside the launchers (etcd) needs no wait.
+        """
         if self._job is None:
             return False
-        deadline = time.monotonic() + timeout
-        while self._job.add("spares_released", 0) < count:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.05)
-        return True
+        if self._job.survives_node_loss:
+            return True
+        store = self._job
+        return bool(wait_until(lambda: int(store.get(SPARES_RELEASED_KEY) or 0) >= count, timeout))
 
     # -- progress ---------------------------------------------------------
     def publish_progress(self, iteration: int) -> None:
         """Raise the job-wide latest checkpointed iteration to ``iteration`` (atomic max)."""
         if self._job is None:
             return
-        while True:
-            current: Any = self._job.get("progress") if self._job.check(["progress"]) else None
-            if current is not None and int(current) >= iteration:
-                return
-            expected = "" if current is None else current.decode()
-            if self._job.compare_set("progress", expected, str(iteration)).decode() == str(iteration):
-                return
+        current = self._job.get(PROGRESS_KEY)
+        while current is None or _decode(PROGRESS_KEY, current, int) < iteration:
+            current = self._job.compare_set(PROGRESS_KEY, current, str(iteration))
+
+
+def _decode(key: str, raw: str, kind: Any) -> Any:
+    """``raw`` (JSON) as ``kind``; a clear error naming the key when another writer left something else."""
+    try:
+        return msgspec.json.decode(raw, type=kind)
+    except msgspec.DecodeError as exc:
+        raise CoordinationError(f"job store key {key!r}: invalid value {raw[:200]!r}: {exc}") from None
 
 
 def spares_waiting(handler: Any) -> int:

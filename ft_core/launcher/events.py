@@ -22,6 +22,8 @@ from ft_core.jobdir import LAUNCHER_EVENTS_FILE
 __all__ = ["EventLog", "EVENTS_FILE_NAME"]
 
 EVENTS_FILE_NAME = LAUNCHER_EVENTS_FILE
+#: The summary names the causes of at most this many (the last) restarts.
+SUMMARY_RESTARTS = 3
 
 
 class EventLog:
@@ -41,6 +43,8 @@ class EventLog:
         #: Late wake-ups of the node monitor (granted to the ranks as grace) and the worst one.
         self.monitor_late_count = 0
         self.monitor_late_max = 0.0
+        #: (cycle, job-wide cause) of every restart, in order.
+        self.restarts: list[tuple[int, str]] = []
 
     def write(self, record: Event) -> Event:
         """Append one record (stamped with this node); returns what was written."""
@@ -62,6 +66,10 @@ class EventLog:
         if self._pending_fault_time is None:
             self._pending_fault_time = at
 
+    def restarted(self, cycle: int, cause: str) -> None:
+        """``cycle`` ended in a restart for ``cause``: the job-wide decision, the same on every node."""
+        self.restarts.append((cycle, cause))
+
     def cycle_started(self, start_time: float) -> None:
         self.cycles += 1
         if self._pending_fault_time is not None:
@@ -73,10 +81,15 @@ class EventLog:
         faults = ", ".join(f"{count} {kind.value}" for kind, count in sorted(self.faults.items())) or "none"
         late = (f"late {self.monitor_late_count} times, worst {self.monitor_late_max:.2f} s (granted to the "
                 "ranks as grace; node overloaded?)" if self.monitor_late_count else "never late")
+        shown = self.restarts[-SUMMARY_RESTARTS:]
+        restarts = [f"  restart    : cycle {cycle}: {cause}" for cycle, cause in shown]
+        if len(self.restarts) > len(shown):
+            restarts.insert(0, f"  restarts   : {len(self.restarts)} (the last {len(shown)} below)")
         return "\n".join([
             "ft_launcher summary",
             f"  cycles run : {self.cycles}",
             f"  faults     : {faults}",
+            *restarts,
             f"  time lost  : {self.time_lost:.2f} s (fault to next cycle's workers)",
             f"  monitor    : {late}",
             f"  run time   : {time.time() - self.started:.1f} s",

@@ -10,14 +10,19 @@ the end, checks that none of the processes it ever saw is still alive.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
+import socket
 import subprocess
 import threading
 import time
+import uuid
+from datetime import timedelta
 from typing import Any, Optional
 
 import psutil
-from helpers import REPO_ROOT, python_env, spawn_python, wait_for
+from etcd_cluster import EtcdCluster
+from helpers import REPO_ROOT, free_port, python_env, spawn_python, wait_for
 
 from ft_core.events import read_events
 
@@ -39,7 +44,8 @@ GONE_TIMEOUT = 20.0
 class ProcessTracker:
     """Remembers every process in the trees of the registered roots (pid + start time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval: float = 0.05) -> None:
+        self._interval = interval
         self._roots: list[int] = []
         self._seen: dict[int, float] = {}
         self._lock = threading.Lock()
@@ -63,14 +69,21 @@ class ProcessTracker:
     def _sample_forever(self) -> None:
         while not self._stop.is_set():
             with self._lock:
-                roots = list(self._roots)
-            for root in roots:
-                try:
-                    for child in psutil.Process(root).children(recursive=True):
-                        self.add(child.pid)
-                except psutil.NoSuchProcess:
-                    pass
-            self._stop.wait(0.05)
+                roots = set(self._roots)
+            # One pass over the process table for all roots (a scan per root costs a core with many nodes).
+            children: dict[int, list[psutil.Process]] = {}
+            for proc in psutil.process_iter(["ppid"]):
+                children.setdefault(proc.info["ppid"], []).append(proc)
+            pending = list(roots)
+            while pending:
+                for child in children.get(pending.pop(), ()):
+                    try:
+                        with self._lock:
+                            self._seen.setdefault(child.pid, child.create_time())
+                    except psutil.NoSuchProcess:
+                        continue
+                    pending.append(child.pid)
+            self._stop.wait(self._interval)
 
     def alive(self) -> list[psutil.Process]:
         """Tracked processes still running (zombies are dead: only their parent can reap them)."""
@@ -161,10 +174,11 @@ class Launcher:
 class LauncherGroup:
     """Starts launchers for one test; on exit kills whatever is left and fails if anything survived."""
 
-    def __init__(self, tmp_path: Any) -> None:
+    def __init__(self, tmp_path: Any, sample_interval: float = 0.05) -> None:
+        """``sample_interval``: how often the process trees are sampled (a scan of the process table)."""
         self.tmp_path = str(tmp_path)
         self.record_path = os.path.join(self.tmp_path, "workers.jsonl")
-        self.tracker = ProcessTracker()
+        self.tracker = ProcessTracker(sample_interval)
         self.launchers: list[Launcher] = []
 
     def start(self, *flags: str, name: Optional[str] = None, nproc: int = 2, **worker_env: str) -> Launcher:
@@ -197,3 +211,49 @@ class LauncherGroup:
 def exit_event(launcher: Launcher) -> dict[str, Any]:
     (event,) = launcher.events("exit")
     return event
+
+
+class Rendezvous:
+    """One job's rendezvous on loopback: c10d (the first launcher hosts the store) or etcd-v2 (``etcd``)."""
+
+    def __init__(self, backend: str, etcd: Optional[EtcdCluster] = None, keep_alive: Optional[int] = None) -> None:
+        if backend not in ("c10d", "etcd-v2") or (backend == "etcd-v2") != (etcd is not None):
+            raise ValueError(f"backend {backend!r} with etcd={etcd!r}")
+        self.backend = backend
+        self.etcd = etcd
+        # A fresh id per job: the etcd server is shared by the test session.
+        self.run_id = f"ft-test-{uuid.uuid4().hex[:12]}"
+        self.port = free_port() if etcd is None else etcd.members[0].client_port
+        #: torch's keep-alive interval (s); a dead node leaves the rendezvous after 3 missed ones.
+        self.keep_alive = keep_alive
+
+    def flags(self, nnodes: str, max_restarts: int = 3) -> list[str]:
+        conf = [f"--rdzv-conf=keep_alive_interval={self.keep_alive}"] if self.keep_alive else []
+        return [f"--nnodes={nnodes}", f"--rdzv-backend={self.backend}", f"--rdzv-endpoint=127.0.0.1:{self.port}",
+                f"--rdzv-id={self.run_id}", "--local-addr=127.0.0.1", f"--max-restarts={max_restarts}", *conf]
+
+    def wait_ready(self) -> None:
+        """c10d: the first launcher hosts the rendezvous store; start the others once it serves."""
+        if self.etcd is not None:
+            return
+
+        def listening() -> bool:
+            with socket.socket() as sock:
+                return sock.connect_ex(("127.0.0.1", self.port)) == 0
+
+        wait_for(listening, 60, f"the rendezvous store on port {self.port}")
+
+    def spares_waiting(self) -> int:
+        """How many nodes wait in the redundancy list of torch's rendezvous state (read from its backend)."""
+        if self.etcd is None:
+            from torch.distributed import TCPStore
+            from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+            store = TCPStore("127.0.0.1", self.port, is_master=False, timeout=timedelta(seconds=10))
+            backend: Any = C10dRendezvousBackend(store, self.run_id)
+        else:
+            from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import EtcdRendezvousBackend
+
+            backend = EtcdRendezvousBackend(self.etcd.client(), self.run_id, key_prefix="/torch/elastic/rendezvous")
+        state = backend.get_state()
+        return len(pickle.loads(state[0]).redundancy_list) if state is not None else 0

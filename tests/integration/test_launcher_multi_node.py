@@ -1,21 +1,16 @@
-"""Several ft_launcher processes on loopback acting as nodes of one job (c10d rendezvous).
+"""Several ft_launcher processes on loopback acting as nodes of one job, on each rendezvous backend.
 
-One worker per node keeps these tests affordable: every worker imports torch.
+Every test runs on c10d (the first launcher hosts the rendezvous store) and on
+etcd-v2 (a real etcd server, the session's ``etcd_server`` fixture; skipped
+with the reason when etcd is not installed). One worker per node keeps these
+tests affordable: every worker imports torch.
 """
 
 from __future__ import annotations
 
-import pickle
-import socket
-from datetime import timedelta
-
 import pytest
-from helpers import free_port, wait_for
-from launcher_helpers import LauncherGroup, exit_event
-from torch.distributed import TCPStore
-from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-
-RUN_ID = "ft-test"
+from helpers import wait_for
+from launcher_helpers import LauncherGroup, Rendezvous, exit_event
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -26,67 +21,55 @@ def launchers(tmp_path):
         yield group
 
 
-def rendezvous_flags(port: int, nnodes: str) -> list[str]:
-    return [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-            f"--rdzv-id={RUN_ID}", "--local-addr=127.0.0.1", "--max-restarts=3"]
+@pytest.fixture(params=["c10d", "etcd-v2"])
+def rdzv(request) -> Rendezvous:
+    if request.param == "c10d":
+        return Rendezvous("c10d")
+    return Rendezvous("etcd-v2", request.getfixturevalue("etcd_server"))
 
 
-def wait_listening(port: int) -> None:
-    """The first launcher hosts the rendezvous store; start the others once it serves."""
-
-    def listening() -> bool:
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_for(listening, 60, f"the rendezvous store on port {port}")
-
-
-def spares_waiting(port: int) -> int:
-    """How many nodes wait in the redundancy list of torch's rendezvous state (read from its store)."""
-    store = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
-    state = C10dRendezvousBackend(store, RUN_ID).get_state()
-    return len(pickle.loads(state[0]).redundancy_list) if state is not None else 0
-
-
-def start_job_with_spare(launchers, tmp_path, **fault_env):
+def start_job_with_spare(launchers, tmp_path, rdzv, **fault_env):
     """Nodes A and B run the job (--nnodes=2:2); C waits as a hot spare in torch's redundancy list.
 
     The fault (``fault_env``) fires once the trigger file exists, i.e. after C is a spare.
     """
-    port = free_port()
     trigger = tmp_path / "fire"
-    flags = rendezvous_flags(port, "2:2")
+    flags = rdzv.flags("2:2")
     env = {"FT_TEST_FAULT_AFTER": str(trigger)}
     a = launchers.start(*flags, name="A", nproc=1, **env)
-    wait_listening(port)
+    rdzv.wait_ready()
     b = launchers.start(*flags, name="B", nproc=1, **env, **fault_env)
     for node in (a, b):
         node.wait_event("rank_connected", 180)
     c = launchers.start(*flags, name="C", nproc=1, **env)
-    wait_for(lambda: spares_waiting(port) == 1, 120, "C to wait as a hot spare", interval=0.5)
+    wait_for(lambda: rdzv.spares_waiting() == 1, 120, "C to wait as a hot spare", interval=0.5)
     trigger.touch()
     return a, b, c
 
 
-def test_hang_on_one_node_restarts_the_workers_of_every_node(launchers):
-    port = free_port()
-    flags = rendezvous_flags(port, "2")
+def test_crash_then_hang_on_one_node_restart_the_workers_of_every_node(launchers, rdzv):
+    flags = rdzv.flags("2")
     # A would only notice the hang after 60 s by itself: its restart must come from B's decision.
     a = launchers.start(*flags, "--ft-rank-heartbeat-timeout=60", name="A", nproc=1)
-    wait_listening(port)
-    b = launchers.start(*flags, name="B", nproc=1, FT_TEST_FAULT="hang", FT_TEST_FAULT_RANK="local0")
+    rdzv.wait_ready()
+    b = launchers.start(*flags, name="B", nproc=1, FT_TEST_FAULT="exit3,hang", FT_TEST_FAULT_RANK="local0")
     assert b.wait(240) == 0, b.output()[-3000:]
     assert a.wait(60) == 0, a.output()[-3000:]
     assert b.events("hang_detected") and not a.events("hang_detected")
     for node in (a, b):
-        assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1]
-        assert [e["restarts"] for e in node.events("cycle_start")] == [0, 1]  # one restart, counted once
-        assert len(node.events("restart")) == 1
-    assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(0, 1), (1, 1)}
+        assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1, 2]
+        assert [e["restarts"] for e in node.events("cycle_start")] == [0, 1, 2]  # each fault counted once
+        # Every node names the same cause: B's worker, which crashed in cycle 0 and hung in cycle 1.
+        crashed, hung = (next(iter(e["workers"])) for e in b.events("cycle_start")[:2])
+        causes = [e["cause"] for e in node.events("restart")]
+        assert len(causes) == 2, causes
+        assert causes[0].startswith(f"rank {crashed} (pid") and "exited with code 3" in causes[0], causes
+        assert causes[1].startswith(f"rank {hung} (pid") and "hung" in causes[1], causes
+    assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(0, 2), (1, 2)}
 
 
-def test_excluded_node_is_replaced_by_the_hot_spare(launchers, tmp_path):
-    a, b, c = start_job_with_spare(launchers, tmp_path, FT_TEST_FAULT="exclude", FT_TEST_FAULT_RANK="local0")
+def test_excluded_node_is_replaced_by_the_hot_spare(launchers, tmp_path, rdzv):
+    a, b, c = start_job_with_spare(launchers, tmp_path, rdzv, FT_TEST_FAULT="exclude", FT_TEST_FAULT_RANK="local0")
     assert b.wait(120) == 0, b.output()[-3000:]
     assert "ExcludeThisNode" in exit_event(b)["reason"]
     assert a.wait(180) == 0, a.output()[-3000:]
@@ -98,8 +81,8 @@ def test_excluded_node_is_replaced_by_the_hot_spare(launchers, tmp_path):
     assert {r["cycle"] for r in launchers.worker_records("finished")} == {1}
 
 
-def test_shutdown_workload_stops_every_launcher(launchers, tmp_path):
-    a, b, c = start_job_with_spare(launchers, tmp_path, FT_TEST_FAULT="shutdown", FT_TEST_FAULT_RANK="local0")
+def test_shutdown_workload_stops_every_launcher(launchers, tmp_path, rdzv):
+    a, b, c = start_job_with_spare(launchers, tmp_path, rdzv, FT_TEST_FAULT="shutdown", FT_TEST_FAULT_RANK="local0")
     for node in (b, a, c):
         assert node.wait(120) == 93, node.output()[-3000:]
         assert "ShutdownWorkload" in exit_event(node)["reason"]

@@ -21,6 +21,12 @@ FT_TEST_ON_SIGTERM    "exit0" (exit 0 on SIGTERM) | "ignore"; default: Python's 
 FT_TEST_FALLBACK      JSON object: the fallback_config this worker offers the monitor
 FT_TEST_RECORD        JSON-lines file: pid, rank, cycle and timestamps of each worker, and the config
                       the monitor sent it ("monitor_config")
+FT_TEST_RESUME_FILE   a "checkpoint": global rank 0 writes the number of steps done so far (all cycles);
+                      every cycle resumes from it (recorded as "resumed") and runs FT_TEST_STEPS more
+FT_TEST_TORCH         "0": never import torch (no process group, no all-reduce; only RankMonitorClient),
+                      so many nodes fit on a few cores. Nothing holds the healthy ranks back then, so in a
+                      cycle where some rank faults, the others step until they are stopped (as they
+                      would block in the all-reduce)
 """
 
 from __future__ import annotations
@@ -48,16 +54,34 @@ def record(**fields) -> None:
             os.close(fd)
 
 
-def fault_kind() -> str:
-    """The fault this worker injects in this cycle, or "none"."""
+def cycle_fault() -> str:
+    """The fault some rank injects in this cycle, or "none"."""
     kinds = os.environ.get("FT_TEST_FAULT", "none").split(",")
     if len(kinds) > 1:
-        kind = kinds[CYCLE] if CYCLE < len(kinds) else "none"
-    else:
-        kind = kinds[0] if cycle_selected() else "none"
+        return kinds[CYCLE] if CYCLE < len(kinds) else "none"
+    return kinds[0] if cycle_selected() else "none"
+
+
+def fault_kind() -> str:
+    """The fault this worker injects in this cycle, or "none"."""
+    kind = cycle_fault()
     who = os.environ.get("FT_TEST_FAULT_RANK", "0")
     selected = LOCAL_RANK == 0 if who == "local0" else RANK == int(who)
     return kind if selected or kind == "forever" else "none"
+
+
+def read_resume_step(path) -> int:
+    try:
+        with open(path) as handle:
+            return int(handle.read())
+    except FileNotFoundError:
+        return 0
+
+
+def write_resume_step(path, step: int) -> None:
+    with open(path + ".tmp", "w") as handle:
+        handle.write(str(step))
+    os.replace(path + ".tmp", path)  # a reader never sees a half-written checkpoint
 
 
 def cycle_selected() -> bool:
@@ -113,13 +137,16 @@ def main() -> int:
     if kind == "early_exit":
         os._exit(5)
 
-    import torch
-    import torch.distributed as dist
+    use_torch = os.environ.get("FT_TEST_TORCH", "1") != "0"
+    if use_torch:
+        import torch
+        import torch.distributed as dist
 
     from ft_core.client import RankMonitorClient
 
     imported = time.time()
-    dist.init_process_group("gloo")
+    if use_torch:
+        dist.init_process_group("gloo")
     # Under plain torchrun (the benchmark's baseline) there is no monitor to talk to.
     monitored = bool(os.environ.get("FT_RANK_MONITOR_IPC_SOCKET"))
     client = RankMonitorClient() if monitored else NoMonitor()
@@ -134,9 +161,14 @@ def main() -> int:
     trigger_file = os.environ.get("FT_TEST_FAULT_AFTER")
     # Cycles that start before the trigger file exists step until they are stopped.
     waiting = trigger_file is not None and not os.path.exists(trigger_file)
-    steps = "forever" if kind == "forever" or waiting else os.environ.get("FT_TEST_STEPS", "5")
+    peers_fault = not use_torch and cycle_fault() not in ("none", "forever")
+    steps = "forever" if kind == "forever" or waiting or peers_fault else os.environ.get("FT_TEST_STEPS", "5")
     step_time = float(os.environ.get("FT_TEST_STEP_TIME", "0.05"))
     checkpoint = os.environ.get("FT_TEST_CHECKPOINT")
+    resume_file = os.environ.get("FT_TEST_RESUME_FILE")
+    resumed = read_resume_step(resume_file) if resume_file else 0
+    if resume_file:
+        record(event="resumed", step=resumed, time=time.time())
     step = 0
     while steps == "forever" or step < int(steps):
         if step == 0 and checkpoint is not None:
@@ -144,13 +176,17 @@ def main() -> int:
         if step >= fault_step and kind not in ("none", "forever"):
             if not trigger_file or os.path.exists(trigger_file):
                 inject(kind, client)
-        value = torch.ones(1)
-        dist.all_reduce(value)
+        if use_torch:
+            value = torch.ones(1)
+            dist.all_reduce(value)
         client.send_heartbeat()
         time.sleep(step_time)
         step += 1
+        if resume_file and RANK == 0:
+            write_resume_step(resume_file, resumed + step)
     client.shutdown_workload_monitoring()
-    dist.destroy_process_group()
+    if use_torch:
+        dist.destroy_process_group()
     record(event="finished", time=time.time())
     return 0
 
