@@ -26,6 +26,7 @@ etcd-server:
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test: lint etcd-server
 	$(PY) -m pytest -q -rs

@@ -330,8 +330,8 @@ _FIELD_HELP = {
 
 
 def _default_text(field: dataclasses.Field) -> str:
-    if field.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
-        return str(field.default_factory())  # type: ignore[misc]
+    if field.default_factory is not dataclasses.MISSING:
+        return str(field.default_factory())
     default = field.default
     return default.name if isinstance(default, enum.Enum) else str(default)
 

@@ -12,6 +12,7 @@ __all__ = ["CpuSample", "cpu_sample", "die_with_parent"]
 _PR_SET_PDEATHSIG = 1
 # Resolved once here: looking libc up inside a forked child (find_library runs
 # ldconfig) would add ~20 ms to every process start.
+_LIBC: Optional[ctypes.CDLL]
 try:
     _LIBC = ctypes.CDLL(None, use_errno=True)
 except OSError:  # pragma: no cover - no dynamic libc

@@ -310,6 +310,7 @@ class FaultToleranceSession:
 
     def _sections_to_learn(self) -> tuple[list[str], bool]:
         timeouts = self.client.section_timeouts
+        assert timeouts is not None, "learning runs only on a connected client"
         setup_ok = not self.schedule.setup_needs_checkpoint_load or self._persistent_checkpoint_loaded
         names = sorted(name for name in timeouts.section if name != Section.SETUP or setup_ok)
         # Only where the monitor watches it: learning must not switch on a timeout the launcher disabled.

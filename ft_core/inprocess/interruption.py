@@ -103,6 +103,7 @@ class Interruptor:
             return True
 
     def notify_main(self) -> None:
+        assert self._main_ident is not None  # set by the constructor's thread lookup
         signal.pthread_kill(self._main_ident, self._signum)
 
     def _handle(self, _signum: int, frame: Optional[FrameType]) -> None:

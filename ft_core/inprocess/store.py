@@ -31,7 +31,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol, cast
 
 from ft_core.deadline import wait_until
 from ft_core.validation import ValidationError, int_in_range
@@ -107,6 +107,8 @@ class TCPStoreFactory:
         import torch.distributed as dist
 
         resolved = self.resolve()
+        # resolve() fills in every field or raises.
+        assert resolved.host_name is not None and resolved.port is not None and resolved.prefix is not None
         store = dist.TCPStore(
             resolved.host_name,
             resolved.port,
@@ -150,11 +152,26 @@ def _fmt(ids: Iterable[int]) -> str:
     return ",".join(str(i) for i in sorted(ids))
 
 
+class KeyValueStore(Protocol):
+    """The operations of a ``torch.distributed.Store`` this module uses.
+
+    Torch's type stubs omit ``append`` (the runtime has it on every c10d store),
+    so :class:`CoordinationStore` types its store by what it calls.
+    """
+
+    def get(self, key: str) -> bytes: ...
+    def check(self, keys: list[str]) -> bool: ...
+    def compare_set(self, key: str, expected_value: str, desired_value: str) -> bytes: ...
+    def add(self, key: str, value: int) -> int: ...
+    def multi_get(self, keys: list[str]) -> list[bytes]: ...
+    def append(self, key: str, value: str) -> None: ...
+
+
 class CoordinationStore:
     """Typed access to the records above, and the barriers built on them."""
 
     def __init__(self, store: torch.distributed.Store, world_size: int, poll_interval: float) -> None:
-        self.store = store
+        self.store = cast(KeyValueStore, store)  # the stubs lack Store.append; the runtime has it
         self.world_size = world_size
         self.poll_interval = poll_interval
 

@@ -129,9 +129,12 @@ class FtElasticAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         super()._rendezvous(worker_group)
         spec = worker_group.spec
-        self._cycle = self._coord.begin_cycle(
-            worker_group.store, worker_group.group_rank, worker_group.master_addr,
-            static=spec.rdzv_handler.get_backend() == "static")
+        # Torch's WorkerGroup declares these None until its rendezvous has run, as it just did.
+        store, group_rank, master_addr = worker_group.store, worker_group.group_rank, worker_group.master_addr
+        assert store is not None and group_rank is not None and master_addr is not None
+        self._cycle = self._coord.begin_cycle(store, group_rank, master_addr,
+                                              static=spec.rdzv_handler.get_backend() == "static")
+        # Point the workers at the cycle's own store.
         worker_group.master_addr = self._cycle.store_addr
         worker_group.master_port = self._cycle.store_port
         # Torch derives its logs and TORCHELASTIC_RESTART_COUNT from this; keep it job-wide.

@@ -132,7 +132,7 @@ class EtcdJobStore:
     survives_node_loss = True
 
     def __init__(self, client: Any, prefix: str, unavailable_timeout: float = ETCD_UNAVAILABLE_TIMEOUT) -> None:
-        import etcd  # type: ignore[import-untyped]  # python-etcd: the `etcd` extra
+        import etcd  # python-etcd: the `etcd` extra (untyped: see [tool.mypy] overrides)
 
         self._etcd = etcd
         self._client = client

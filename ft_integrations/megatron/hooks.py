@@ -93,7 +93,9 @@ def setup(args: Any) -> None:
     client.start_section(Section.SETUP)
     state.in_setup = True
 
-    tracked = set(client.section_timeouts.section)
+    timeouts = client.section_timeouts
+    assert timeouts is not None  # set by init_workload_monitoring() above
+    tracked = set(timeouts.section)
     if Section.EVAL not in tracked and Section.VALIDATION in tracked:
         state.eval_section = Section.VALIDATION  # the Lightning callback's name, e.g. from a shared YAML
     ours = {Section.SETUP, Section.STEP, Section.CHECKPOINTING, state.eval_section}
@@ -104,7 +106,7 @@ def setup(args: Any) -> None:
                      "checkpointing:600 to ft_launcher for section timeouts)")
     else:
         session.info(f"fault tolerance: monitored sections {sorted(tracked)}, timeouts "
-                     f"{client.section_timeouts.to_dict()}, warm-up steps {schedule.warmup_steps}, "
+                     f"{timeouts.to_dict()}, warm-up steps {schedule.warmup_steps}, "
                      f"learning {'on' if schedule.enabled else 'off'}")
 
 
