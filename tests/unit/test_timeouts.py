@@ -160,25 +160,26 @@ def test_warmup_rule_covers_the_first_n_iterations_of_a_cycle():
 
 def test_nvrx_state_dicts_without_a_calculated_part_load_as_nothing_calculated():
     # NVRx leaves out "heartbeat"/"section" until that kind was calculated.
-    assert timeouts_from_state_dict({"current_timeouts": {}}) == (HeartbeatTimeouts(), SectionTimeouts())
+    # A part that is left out is None: nothing of that kind is applied.
+    assert timeouts_from_state_dict({"current_timeouts": {}}) == (None, None)
     hb, sections = timeouts_from_state_dict({"current_timeouts": {"section": {
         "section": {"step": 5.0}, "out_of_section": None, "calculated_sections": ["step"],
         "is_out_of_section_calculated": False}}})
-    assert not hb.were_calculated and sections.section == {"step": 5.0}
+    assert hb is None and sections is not None and sections.section == {"step": 5.0}
 
 
 @pytest.mark.parametrize(
     ("current", "message"),
     [
-        ({"heartbeat": {"initial": "60"}}, r"current_timeouts\.heartbeat\.initial: invalid value '60'.*positive number"),
+        ({"heartbeat": {"initial": "60"}}, r"current_timeouts\.heartbeat\.initial: invalid value '60'; allowed: a positive finite number"),
         ({"heartbeat": {"subsequent": float("nan")}}, r"heartbeat\.subsequent: invalid value nan"),
         ({"heartbeat": {"were_calculated": "yes"}}, r"heartbeat\.were_calculated: invalid value 'yes'.*true or false"),
-        ({"heartbeat": []}, r"current_timeouts\.heartbeat: invalid value \[\]; expected a mapping"),
+        ({"heartbeat": []}, r"current_timeouts\.heartbeat: invalid value \[\]; allowed: a mapping"),
         ({"section": {"section": {"step": 0}}}, r"section\.section\.step: invalid value 0"),
-        ({"section": {"section": {1: 5.0}}}, r"section\.section: invalid section name 1"),
+        ({"section": {"section": {1: 5.0}}}, r"section\.section: invalid value 1; allowed: section names are non-empty strings"),
         ({"section": {"out_of_section": True}}, r"section\.out_of_section: invalid value True"),
         ({"section": {"calculated_sections": "step"}}, r"calculated_sections: invalid value 'step'.*list"),
-        ({"section": {"section": {}, "calculated_sections": ["step"]}}, r"'step' has no value"),
+        ({"section": {"section": {}, "calculated_sections": ["step"]}}, r"calculated_sections: invalid value 'step'; allowed: names of sections that have a timeout"),
     ],
 )
 def test_bad_state_dict_values_are_rejected_naming_the_key(current, message):
