@@ -30,6 +30,8 @@ from typing import Any, Optional
 
 import torch.distributed as dist
 
+from ft_core.launcher.progress import made_progress
+
 __all__ = ["CycleInfo", "Decision", "JobCoordinator", "leave_rendezvous", "spares_waiting"]
 
 log = logging.getLogger("ft_core.launcher")
@@ -67,11 +69,12 @@ class JobCoordinator:
     """The launcher's view of the job-wide state; see the module docstring."""
 
     def __init__(self, run_id: str, node: str, max_restarts: int, max_no_progress_cycles: int,
-                 no_restart_exit_code: int) -> None:
+                 no_restart_exit_code: int, min_progress_iterations: int = 1) -> None:
         self.run_id = run_id
         self.node = node
         self.max_restarts = max_restarts
         self.max_no_progress_cycles = max_no_progress_cycles
+        self.min_progress_iterations = min_progress_iterations
         self.no_restart_exit_code = no_restart_exit_code
         self._job: Optional[dist.Store] = None
         self._rendezvous_count = 0
@@ -142,9 +145,10 @@ class JobCoordinator:
         """Decide how ``cycle`` ends after a fault (``fault=True``) or a membership change.
 
         A fault spends one restart of the job's budget and, when progress is
-        tracked, counts as a cycle without progress unless a newer checkpoint
-        appeared since the previous decision. Returns the decision in force,
-        which is another node's if it decided first.
+        tracked, counts as a cycle without progress unless the checkpointed
+        iteration grew by ``min_progress_iterations`` since the previous
+        decision (:func:`made_progress`). Returns the decision in force, which
+        is another node's if it decided first.
         """
         assert self._job is not None
         existing = self.poll(cycle)
@@ -153,12 +157,14 @@ class JobCoordinator:
         restarts = self._get_int("restarts", 0) + int(fault)
         best = self._get_int("progress", -1)
         mark = self._get_int("progress_mark", -1)
-        no_progress = 0 if best > mark else self._get_int("no_progress", 0) + int(fault)
+        progressed = made_progress(best, mark, self.min_progress_iterations)
+        no_progress = 0 if progressed else self._get_int("no_progress", 0) + int(fault)
         progress_active = progress_active or best >= 0
         if fault and progress_active and 0 < self.max_no_progress_cycles <= no_progress:
             latest = "none yet" if best < 0 else str(best)
             decision = Decision("stop", f"no progress: {no_progress} consecutive faulty cycles without a newer "
-                                        f"checkpoint (latest checkpointed iteration: {latest})",
+                                        f"checkpoint (latest checkpointed iteration: {latest}, progress means "
+                                        f"+{self.min_progress_iterations})",
                                 exit_code=self.no_restart_exit_code, restarts=restarts - 1, node=self.node)
         elif restarts > self.max_restarts:
             decision = Decision("stop", f"restart budget spent: {self.max_restarts} restart(s) used",
@@ -171,6 +177,7 @@ class JobCoordinator:
             return Decision.decode(current)
         # We decided; the next cycle's decider reads these (it cannot start before we rejoin).
         self._job.set("restarts", str(decision.restarts))
+        # As in NVRx, each cycle is judged on its own: the next one must add min_progress_iterations again.
         self._job.set("progress_mark", str(best))
         self._job.set("no_progress", str(no_progress))
         if decision.action == "stop":

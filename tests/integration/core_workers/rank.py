@@ -1,6 +1,7 @@
 """A training rank without torch: talks to the node monitor and misbehaves on request.
 
 Usage: python rank.py SCENARIO [--ready-file F] [--beats N] [--interval S] [--fallback JSON]
+                      [--step-times S,S,...] [--then finish|hang]
 
 Prints one JSON line at a graceful end: heartbeats dropped, and the config the monitor sent.
 """
@@ -31,6 +32,8 @@ def main() -> None:
     parser.add_argument("--beats", type=int, default=5)
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--fallback", type=json.loads, default=None, help="fallback_config as JSON")
+    parser.add_argument("--step-times", default="", help="'steps': seconds of each step section, comma-separated")
+    parser.add_argument("--then", choices=["finish", "hang"], default="finish", help="'steps': after the steps")
     args = parser.parse_args()
 
     client = RankMonitorClient()
@@ -55,6 +58,14 @@ def main() -> None:
             time.sleep(args.interval)
             client.end_section("step")
         hang_in_step(client)
+    elif args.scenario == "steps":
+        for seconds in filter(None, args.step_times.split(",")):
+            client.start_section("step")
+            time.sleep(float(seconds))
+            client.end_section("step")
+        if args.then == "hang":
+            hang_in_step(client)
+        client.shutdown_workload_monitoring()
     elif args.scenario == "out_of_section":
         client.start_section("step")
         client.end_section("step")
