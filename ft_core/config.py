@@ -12,57 +12,76 @@ Example::
 
 Values are checked and converted by :mod:`ft_core.validation`; a bad one
 raises :class:`ConfigError` naming the key, the value and what is allowed.
+
+NVRx compatibility: a YAML file or keyword arguments written for
+nvidia-resiliency-ext load here. Keys of NVRx's ``FaultToleranceConfig`` that
+this project does not implement (:data:`NVRX_ONLY_KEYS`) are skipped with one
+warning listing them (``ignore_not_recognized=True``, NVRx's default); a key
+that neither knows is an error with a "did you mean" suggestion, where NVRx
+silently ignores it.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
+import difflib
 import enum
+import errno
 import functools
 import json
 import logging
 import os
 import signal
+import stat
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
+import msgspec
 import yaml
 
+from ft_core.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES_LIMIT
 from ft_core.validation import (
     ValidationError,
     boolean,
-    enum_member,
+    convert,
     int_in_range,
-    non_negative_int,
+    is_none_word,
     positive_seconds,
     signal_or_none,
 )
 
 __all__ = [
-    "FALLBACK_FIELDS", "ConfigError", "FaultToleranceConfig", "LogLevel", "parse_signal", "with_fallback",
+    "FALLBACK_FIELDS", "NVRX_ONLY_KEYS", "ConfigError", "FaultToleranceConfig", "LogLevel", "parse_log_level",
+    "parse_signal", "with_fallback",
 ]
 
-
-class LogLevel(str, enum.Enum):
-    """``log_level`` values (the names of the standard ``logging`` levels)."""
-
-    DEBUG = "DEBUG"
-    INFO = "INFO"
-    WARNING = "WARNING"
-    ERROR = "ERROR"
-    CRITICAL = "CRITICAL"
-
-    def __str__(self) -> str:
-        # ``logging`` accepts a level name only if ``str(level) == level``.
-        return self.value
+log = logging.getLogger(__name__)
 
 
-LOG_LEVELS = tuple(level.value for level in LogLevel)
+class LogLevel(enum.IntEnum):
+    """The level names ``log_level`` accepts (any case), NVRx's aliases ``DBG`` and ``WARN`` included.
+
+    The config holds the level as a plain ``int`` (as NVRx does); a number from
+    ``DEBUG`` to ``CRITICAL`` is accepted as well.
+    """
+
+    DEBUG = logging.DEBUG
+    DBG = logging.DEBUG
+    INFO = logging.INFO
+    WARNING = logging.WARNING
+    WARN = logging.WARNING
+    ERROR = logging.ERROR
+    CRITICAL = logging.CRITICAL
 
 
 class ConfigError(ValidationError):
     """A configuration value is invalid; the message names the key, the value and what is allowed."""
+
+
+def _config_error(exc: ValidationError) -> ConfigError:
+    return exc if isinstance(exc, ConfigError) else ConfigError(exc.name, exc.value, exc.allowed, exc.problem)
 
 
 def parse_signal(value: Any, key: str = "rank_termination_signal") -> signal.Signals:
@@ -73,15 +92,81 @@ def parse_signal(value: Any, key: str = "rank_termination_signal") -> signal.Sig
         raise _config_error(exc) from None
 
 
-def _config_error(exc: ValidationError) -> ConfigError:
-    return exc if isinstance(exc, ConfigError) else ConfigError(exc.name, exc.value, exc.allowed, exc.problem)
+def parse_log_level(value: Any, key: str = "fault_tolerance.log_level") -> int:
+    """A ``logging`` level number from a name (``"debug"``, ``"WARN"``, ...; see :class:`LogLevel`) or a number.
+
+    Raises:
+        ConfigError: naming ``key``, the value and what is allowed.
+    """
+    try:
+        return _log_level(key, value)
+    except ValidationError as exc:
+        raise _config_error(exc) from None
+
+
+_LOG_LEVEL_ALLOWED = (
+    "a level name (" + ", ".join(LogLevel.__members__) + "; any case) or a number from "
+    f"{logging.DEBUG} (DEBUG) to {logging.CRITICAL} (CRITICAL)"
+)
+
+
+def _log_level(name: str, value: Any) -> int:
+    if isinstance(value, str) and value.strip().upper() in LogLevel.__members__:
+        return int(LogLevel[value.strip().upper()])
+    level_type = Annotated[int, msgspec.Meta(ge=logging.DEBUG, le=logging.CRITICAL)]
+    return int(convert(name, value, level_type, _LOG_LEVEL_ALLOWED, coerce=True))
+
+
+# -- signals: which ones can do each job ------------------------------------------------------------
+
+#: Signals that would not end a hung rank that has no handler for them, and why (a predicate of the name).
+_NOT_TERMINATING: dict[signal.Signals, str] = {
+    **dict.fromkeys((signal.SIGCHLD, signal.SIGURG, signal.SIGWINCH), "is ignored by default"),
+    signal.SIGCONT: "continues a process instead of ending it",
+    **dict.fromkeys((signal.SIGSTOP, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU),
+                    "stops a process instead of ending it"),
+    **dict.fromkeys((signal.SIGPIPE, signal.SIGXFSZ), "is ignored by every Python process"),
+    signal.SIGINT: "becomes KeyboardInterrupt in a Python process, which a rank stuck in C code never "
+                   "raises",
+}
+_TERMINATION_ALLOWED = "a signal whose default action ends a process, e.g. SIGKILL or SIGTERM"
+
+#: Signals a rank's faulthandler cannot or must not catch for a stack dump, and why (a predicate of the name).
+_NOT_FOR_DUMPS: dict[signal.Signals, str] = {
+    **dict.fromkeys((signal.SIGKILL, signal.SIGSTOP), "cannot be caught"),
+    **dict.fromkeys((signal.SIGSEGV, signal.SIGFPE, signal.SIGABRT, signal.SIGBUS, signal.SIGILL),
+                    "is reserved by faulthandler for fatal errors"),
+    signal.SIGCONT: "is sent by the monitor to every hung rank before the dump and the termination signal",
+    **dict.fromkeys((signal.SIGTERM, signal.SIGINT),
+                    "stops workers: a dump handler would keep them running"),
+    signal.SIGCHLD: "is delivered whenever a child process (e.g. a data-loader worker) exits",
+}
+_DUMP_ALLOWED = "a signal a rank can catch and does not otherwise use, e.g. SIGUSR2 or SIGUSR1, or none"
+
+
+def _signal_for(name: str, value: Any, unsuitable: Mapping[signal.Signals, str], allowed: str,
+                allow_none: bool) -> Optional[signal.Signals]:
+    sig = signal_or_none(name, value, allow_none=allow_none)
+    if sig is not None and sig in unsuitable:
+        raise ValidationError(name, value, allowed, problem=f"invalid value {value!r}: {sig.name} {unsuitable[sig]}")
+    return sig
+
+
+# -- the other checks ---------------------------------------------------------------------------------
+
+#: Counts travel in msgpack and JSON to every rank: keep them in a range every format holds.
+_MAX_COUNT = 2**31 - 1
+#: The monitor sleeps at most this long between checks; epoll cannot wait much longer than 24 days.
+_MAX_CHECK_INTERVAL = 86400.0
 
 
 def _section_timeouts(name: str, value: Any) -> dict[str, Optional[float]]:
-    """``{"step": 30}`` or the CLI form ``"step:30,checkpointing:none"``."""
-    if value is None:
+    """``{"step": 30}`` or the CLI form ``"step:30,checkpointing:none"``; None/"none" = no sections."""
+    if is_none_word(value):
         return {}
     if isinstance(value, str):
+        if not value.strip():
+            raise ValidationError(name, value, "'name:seconds,name:none' pairs, or none for no sections")
         parsed: dict[str, Any] = {}
         for item in filter(None, (part.strip() for part in value.split(","))):
             section, sep, seconds = item.partition(":")
@@ -99,30 +184,67 @@ def _section_timeouts(name: str, value: Any) -> dict[str, Optional[float]]:
     return result
 
 
-def _log_level(name: str, value: Any) -> LogLevel:
-    if isinstance(value, int) and not isinstance(value, bool) and logging.getLevelName(value) in LOG_LEVELS:
-        return LogLevel(logging.getLevelName(value))  # logging.DEBUG and friends
-    return enum_member(name, value, LogLevel, coerce=True)
+def _optional_file(name: str, value: Any) -> Optional[str]:
+    """A path to a file (which need not exist yet), or None/"none"; never empty, never a directory."""
+    if is_none_word(value):
+        return None
+    allowed = "a file path, or none"
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValidationError(name, value, allowed)
+    path = os.fspath(value)
+    if not isinstance(path, str) or not path.strip():
+        raise ValidationError(name, value, allowed, problem=f"invalid value {value!r}: empty path")
+    if os.path.isdir(path):
+        raise ValidationError(name, value, allowed, problem=f"{path!r} is a directory")
+    return path
+
+
+def _seconds(*, allow_none: bool = False, maximum: Optional[float] = None) -> Callable[[str, Any], Any]:
+    if maximum is None:
+        return functools.partial(positive_seconds, allow_none=allow_none, coerce=True)
+    bounded = Annotated[float, msgspec.Meta(gt=0, le=maximum)]
+    return functools.partial(convert, type_=bounded, allowed=f"a positive number of seconds up to {maximum:g}",
+                             coerce=True)
+
+
+def _count(minimum: int, maximum: int = _MAX_COUNT) -> Callable[[str, Any], int]:
+    return functools.partial(int_in_range, minimum=minimum, maximum=maximum, coerce=True)
 
 
 #: How each field is checked and converted; values from YAML and the command line arrive as text.
 _CHECKS: dict[str, Callable[[str, Any], Any]] = {
-    "workload_check_interval": functools.partial(positive_seconds, coerce=True),
-    "initial_rank_heartbeat_timeout": functools.partial(positive_seconds, allow_none=True, coerce=True),
-    "rank_heartbeat_timeout": functools.partial(positive_seconds, allow_none=True, coerce=True),
+    "workload_check_interval": _seconds(maximum=_MAX_CHECK_INTERVAL),
+    "initial_rank_heartbeat_timeout": _seconds(allow_none=True),
+    "rank_heartbeat_timeout": _seconds(allow_none=True),
     "rank_section_timeouts": _section_timeouts,
-    "rank_out_of_section_timeout": functools.partial(positive_seconds, allow_none=True, coerce=True),
-    "safety_factor": functools.partial(positive_seconds, coerce=True),
-    "min_calculated_timeout": functools.partial(positive_seconds, coerce=True),
-    "rank_termination_signal": signal_or_none,
+    "rank_out_of_section_timeout": _seconds(allow_none=True),
+    "safety_factor": _seconds(),
+    "min_calculated_timeout": _seconds(),
+    "rank_termination_signal": functools.partial(
+        _signal_for, unsuitable=_NOT_TERMINATING, allowed=_TERMINATION_ALLOWED, allow_none=False),
     "log_level": _log_level,
     "skip_section_response": functools.partial(boolean, coerce=True),
     "install_exception_hook": functools.partial(boolean, coerce=True),
-    "num_warmup_iterations": functools.partial(non_negative_int, coerce=True),
-    "stack_dump_signal": functools.partial(signal_or_none, allow_none=True),
-    "stack_dump_timeout": functools.partial(positive_seconds, coerce=True),
-    "max_frame_bytes": functools.partial(int_in_range, minimum=4096, coerce=True),
+    "num_warmup_iterations": _count(0),
+    "stack_dump_signal": functools.partial(
+        _signal_for, unsuitable=_NOT_FOR_DUMPS, allowed=_DUMP_ALLOWED, allow_none=True),
+    "stack_dump_timeout": _seconds(),
+    "max_frame_bytes": _count(4096, MAX_FRAME_BYTES_LIMIT),
+    "max_no_progress_cycles": _count(-1),
+    "min_progress_iterations": _count(1),
+    "checkpoint_iteration_file": _optional_file,
 }
+
+#: Keys of NVRx's ``FaultToleranceConfig`` (releases 0.3 to 0.6 and its main branch) that this
+#: project does not implement: accepted and skipped with one warning (``ignore_not_recognized``).
+NVRX_ONLY_KEYS = frozenset({
+    "node_health_check_interval", "restart_check_interval", "enable_nic_monitor", "enable_nic_healthcheck",
+    "pci_topo_file", "link_down_path_template", "link_state_path_template", "enable_dist_storage_healthcheck",
+    "storage_healthcheck_path", "use_infra_group_rank", "segment", "numa_bind_strict",
+    "gpu_memory_reclaim_timeout", "gpu_memory_tolerance_mb", "gpu_memory_poll_interval",
+    "check_remaining_processes", "attribution_endpoint", "attribution_stop_action", "attribution_export_url",
+    "cycle_info_dir",
+})
 
 
 @dataclasses.dataclass
@@ -161,21 +283,29 @@ class FaultToleranceConfig:
     min_calculated_timeout: float = 1.0
     #: Signal the monitor sends to a hung rank (after SIGCONT).
     rank_termination_signal: signal.Signals = signal.SIGKILL
-    log_level: LogLevel = LogLevel.INFO
+    #: Level of the fault tolerance loggers, a ``logging`` number (names are accepted and converted).
+    log_level: int = LogLevel.INFO
     #: Section open/close are one-way messages (no round trip in the step).
     skip_section_response: bool = True
     #: Install a ``sys.excepthook`` that logs and hard-exits the rank, so an
     #: unhandled exception cannot hang interpreter shutdown on live threads.
     install_exception_hook: bool = False
-    #: The first N ``step`` sections of each rank connection are not timed
-    #: (compilation, allocator and data-loader warm-up).
-    num_warmup_iterations: int = 0
+    #: The first N ``step`` sections of each rank connection are not timed, and
+    #: not used to learn timeouts (compilation, allocator and data-loader warm-up).
+    num_warmup_iterations: int = 5
     #: Signal on which each rank's faulthandler dumps all stacks; None disables.
     stack_dump_signal: Optional[signal.Signals] = signal.SIGUSR2
     #: How long the monitor waits for a stack dump before terminating the rank.
     stack_dump_timeout: float = 2.0
     #: Largest accepted IPC frame; bigger frames close the connection.
-    max_frame_bytes: int = 1 << 20
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    #: ft_launcher stops the job (exit code ``--ft-no-restart-exit-code``) after this many
+    #: consecutive faulty cycles without progress; 0 or -1 disables the rule.
+    max_no_progress_cycles: int = 3
+    #: A cycle made progress if the latest checkpointed iteration grew by at least this much.
+    min_progress_iterations: int = 1
+    #: File holding the latest checkpointed iteration (one integer), read by ft_launcher.
+    checkpoint_iteration_file: Optional[str] = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FaultToleranceConfig:
         # The generated __init__ cannot tell a value that was given from a default that equals
@@ -190,11 +320,24 @@ class FaultToleranceConfig:
                 setattr(self, name, _CHECKS[name](f"fault_tolerance.{name}", getattr(self, name)))
         except ValidationError as exc:
             raise _config_error(exc) from None
+        if self.stack_dump_signal is not None and self.stack_dump_signal == self.rank_termination_signal:
+            # The rank's dump handler would catch the termination signal too: the hung rank would survive.
+            raise ConfigError(
+                "fault_tolerance.stack_dump_signal", self.stack_dump_signal.name,
+                f"a signal other than rank_termination_signal ({self.rank_termination_signal.name}), or none",
+                problem=f"{self.stack_dump_signal.name} is also rank_termination_signal: the rank's dump "
+                        "handler would catch it and a hung rank would not end",
+            )
 
     @property
     def explicit_keys(self) -> frozenset[str]:
         """The fields that were set (given to the constructor or a loader), not left at their defaults."""
         return self._explicit_keys
+
+    @property
+    def is_progress_tracking_enabled(self) -> bool:
+        """Whether ft_launcher applies the no-progress rule (``max_no_progress_cycles > 0``), as in NVRx."""
+        return self.max_no_progress_cycles > 0
 
     # -- constructors -----------------------------------------------------
     @classmethod
@@ -202,36 +345,41 @@ class FaultToleranceConfig:
         return list(_FIELD_NAMES)
 
     @classmethod
-    def from_kwargs(cls, ignore_not_recognized: bool = False, **kwargs: Any) -> FaultToleranceConfig:
-        """Build from keyword arguments; unknown keys are an error unless ``ignore_not_recognized``."""
+    def from_kwargs(cls, ignore_not_recognized: bool = True, **kwargs: Any) -> FaultToleranceConfig:
+        """Build from keyword arguments; see :meth:`from_dict` for ``ignore_not_recognized``."""
         return cls.from_dict(kwargs, ignore_not_recognized)
 
     @classmethod
-    def from_dict(cls, mapping: Mapping[str, Any], ignore_not_recognized: bool = False) -> FaultToleranceConfig:
-        """Build from a mapping of field names to values; unknown keys are an error unless
-        ``ignore_not_recognized``. The keys given become :attr:`explicit_keys`."""
+    def from_dict(cls, mapping: Mapping[str, Any], ignore_not_recognized: bool = True) -> FaultToleranceConfig:
+        """Build from a mapping of field names to values. The keys given become :attr:`explicit_keys`.
+
+        With ``ignore_not_recognized`` (the default, as in NVRx), keys of NVRx's
+        config that this project does not implement (:data:`NVRX_ONLY_KEYS`)
+        are skipped with one warning; without it they are an error. Any other
+        unknown key is always an error, with a "did you mean" suggestion.
+        """
         if not isinstance(mapping, Mapping):
             raise ConfigError("fault_tolerance", mapping, "a mapping of config keys to values")
-        known = set(_FIELD_NAMES)
-        unknown = sorted(set(mapping) - known, key=str)
-        if unknown and not ignore_not_recognized:
-            raise ConfigError(
-                "fault_tolerance", unknown, "keys " + ", ".join(sorted(known)),
-                problem=f"unknown key(s) {', '.join(map(repr, unknown))}",
-            )
-        return cls(**{key: value for key, value in mapping.items() if key in known})
+        unknown = [key for key in mapping if key not in _FIELD_NAMES]
+        nvrx_only = sorted(key for key in unknown if key in NVRX_ONLY_KEYS)
+        typos = [key for key in unknown if key not in NVRX_ONLY_KEYS]
+        if typos or (nvrx_only and not ignore_not_recognized):
+            raise _unknown_keys_error(typos, nvrx_only if not ignore_not_recognized else [])
+        if nvrx_only:
+            log.warning("fault_tolerance: ignoring %d key(s) of NVRx's FaultToleranceConfig that ft-suite does "
+                        "not implement: %s", len(nvrx_only), ", ".join(nvrx_only))
+        return cls(**{key: value for key, value in mapping.items() if key in _FIELD_NAMES})
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> FaultToleranceConfig:
-        """Build from a mapping of field names to values; unknown keys are an error."""
-        return cls.from_dict(mapping)
+        """Build from a mapping of field names to values; every key must be one of ours."""
+        return cls.from_dict(mapping, ignore_not_recognized=False)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON/YAML-safe dict (signals as names) that ``from_mapping`` reads back."""
         data = dataclasses.asdict(self)
         for key in ("rank_termination_signal", "stack_dump_signal"):
             data[key] = data[key].name if data[key] is not None else None
-        data["log_level"] = self.log_level.value
         return data
 
     def to_json(self) -> str:
@@ -257,9 +405,22 @@ class FaultToleranceConfig:
         return cfg
 
     @classmethod
-    def from_yaml_file(cls, path: str | os.PathLike[str]) -> FaultToleranceConfig:
-        """Read the first ``fault_tolerance:`` mapping found at any depth of a YAML file."""
-        return cls.from_mapping(_load_yaml_section(path))
+    def from_yaml_file(cls, cfg_path: str | os.PathLike[str],
+                       ignore_not_recognized: bool = True) -> FaultToleranceConfig:
+        """Read the first ``fault_tolerance:`` mapping found at any depth of a YAML file.
+
+        ``ignore_not_recognized`` as in :meth:`from_dict`.
+
+        Raises:
+            FileNotFoundError: ``cfg_path`` does not exist (as NVRx).
+            ConfigError: the file cannot be read, is not YAML, repeats a key, has no
+                ``fault_tolerance:`` mapping, or holds a bad key or value.
+        """
+        section = _load_yaml_section(cfg_path, "cfg_path")
+        if section is None:
+            raise ConfigError("cfg_path", os.fspath(cfg_path), _YAML_ALLOWED,
+                              problem=f"{os.fspath(cfg_path)!r} has no 'fault_tolerance:' mapping")
+        return cls.from_dict(section, ignore_not_recognized)
 
     def to_yaml_file(self, path: str | os.PathLike[str]) -> None:
         """Write ``{"fault_tolerance": {...}}`` atomically (temp file + fsync + rename)."""
@@ -274,6 +435,8 @@ class FaultToleranceConfig:
 
         ``--ft-rank-heartbeat-timeout``, ``--ft-rank_heartbeat_timeout`` and the
         NVRx spelling ``--ft-param-rank-heartbeat-timeout`` all set the same field.
+        The keys of :data:`NVRX_ONLY_KEYS` get hidden flags of the same forms, so
+        an NVRx command line works (they are skipped with a warning).
         Values are strings here; validation happens in :meth:`from_args`.
         """
         group = parser.add_argument_group("fault tolerance", "Override fields of FaultToleranceConfig.")
@@ -282,32 +445,41 @@ class FaultToleranceConfig:
             help="YAML file; its first 'fault_tolerance:' mapping (at any depth) is read.",
         )
         for field in dataclasses.fields(cls):
-            dashed = field.name.replace("_", "-")
-            spellings = dict.fromkeys(
-                [f"--ft-{dashed}", f"--ft-{field.name}", f"--ft_{field.name}",
-                 f"--ft-param-{dashed}", f"--ft-param-{field.name}", f"--ft_param_{field.name}"]
-            )
             group.add_argument(
-                *spellings, dest=f"ft_{field.name}", default=None, metavar="VALUE",
-                help=_FIELD_HELP.get(field.name, field.name.replace("_", " ")) + f" (default: {_default_text(field)})",
+                *_flag_spellings(field.name), dest=f"ft_{field.name}", default=None, metavar="VALUE",
+                help=_FIELD_HELP[field.name] + f" (default: {_default_text(field)})",
             )
+        for key in sorted(NVRX_ONLY_KEYS):
+            group.add_argument(*_flag_spellings(key), dest=f"ft_{key}", default=None, help=argparse.SUPPRESS)
         return parser
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FaultToleranceConfig:
         """Merge defaults < YAML (``args.ft_cfg_path``) < ``--ft-<field>`` flags.
 
-        The YAML keys and the flags given become :attr:`explicit_keys`.
+        The YAML keys and the flags given become :attr:`explicit_keys`. A YAML
+        file without a ``fault_tolerance:`` mapping gives the defaults and the
+        flags, with a warning (as NVRx); a missing or unreadable file is a
+        :class:`ConfigError` naming ``--ft-cfg-path``.
         """
-        values: dict[str, Any] = {}
+        values: dict[Any, Any] = {}
         cfg_path = getattr(args, "ft_cfg_path", None)
-        if cfg_path:
-            values.update(_load_yaml_section(cfg_path))
-        for name in cls.field_names():
+        if cfg_path is not None:
+            try:
+                section = _load_yaml_section(cfg_path, "--ft-cfg-path")
+            except FileNotFoundError:
+                raise ConfigError("--ft-cfg-path", cfg_path, _YAML_ALLOWED,
+                                  problem=f"{cfg_path!r} does not exist") from None
+            if section is None:
+                log.warning("--ft-cfg-path %s has no 'fault_tolerance:' mapping: using the defaults and the "
+                            "--ft-* flags", cfg_path)
+            else:
+                values.update(section)
+        for name in (*_FIELD_NAMES, *sorted(NVRX_ONLY_KEYS)):
             flag_value = getattr(args, f"ft_{name}", None)
             if flag_value is not None:
                 values[name] = flag_value
-        return cls.from_kwargs(**values)
+        return cls.from_dict(values)
 
 
 _FIELD_HELP = {
@@ -318,29 +490,155 @@ _FIELD_HELP = {
     "rank_out_of_section_timeout": "max seconds outside every tracked section, or none",
     "safety_factor": "calculated timeout = observed max * safety factor",
     "min_calculated_timeout": "lower bound in seconds for calculated timeouts",
-    "rank_termination_signal": "signal sent to a hung rank, e.g. SIGKILL",
-    "log_level": "one of " + ", ".join(LOG_LEVELS),
+    "rank_termination_signal": "signal sent to a hung rank, e.g. SIGKILL or SIGTERM",
+    "log_level": "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case; also DBG, WARN) or a number",
     "skip_section_response": "one-way section messages (true/false)",
     "install_exception_hook": "hard-exit a rank on an unhandled exception (true/false)",
     "num_warmup_iterations": "untimed 'step' sections at the start of each rank",
     "stack_dump_signal": "signal for faulthandler stack dumps, or none",
     "stack_dump_timeout": "seconds to wait for a hung rank's stack dump",
     "max_frame_bytes": "largest accepted IPC frame in bytes",
+    "max_no_progress_cycles": "stop after N consecutive faulty cycles without a newer checkpointed iteration; "
+                              "0 or -1 disables",
+    "min_progress_iterations": "a cycle made progress if the checkpointed iteration grew by at least N",
+    "checkpoint_iteration_file": "file holding the latest checkpointed iteration (one integer); progress signal "
+                                 "in addition to RankMonitorClient.report_checkpoint()",
 }
 
 
-def _default_text(field: dataclasses.Field) -> str:
+def _flag_spellings(key: str) -> list[str]:
+    dashed = key.replace("_", "-")
+    return list(dict.fromkeys([f"--ft-{dashed}", f"--ft-{key}", f"--ft_{key}",
+                               f"--ft-param-{dashed}", f"--ft-param-{key}", f"--ft_param_{key}"]))
+
+
+def _default_text(field: dataclasses.Field[Any]) -> str:
     if field.default_factory is not dataclasses.MISSING:
         return str(field.default_factory())
     default = field.default
     return default.name if isinstance(default, enum.Enum) else str(default)
 
 
-def _find_section(node: Any, key: str = "fault_tolerance") -> Optional[Mapping[str, Any]]:
-    """Breadth-first search so the shallowest ``fault_tolerance`` mapping wins."""
-    queue: list[Any] = [node]
+def _unknown_keys_error(typos: Sequence[Any], nvrx_only: Sequence[str]) -> ConfigError:
+    problems = []
+    if typos:
+        described = []
+        for key in typos:
+            close = difflib.get_close_matches(str(key), [*_FIELD_NAMES, *NVRX_ONLY_KEYS], n=1)
+            described.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        problems.append("unknown key(s) " + ", ".join(described))
+    if nvrx_only:
+        problems.append("key(s) of NVRx's FaultToleranceConfig that ft-suite does not implement: "
+                        + ", ".join(map(repr, nvrx_only)) + " (ignore_not_recognized=True skips them with a warning)")
+    return ConfigError("fault_tolerance", [*typos, *nvrx_only], "keys " + ", ".join(sorted(_FIELD_NAMES)),
+                       problem="; ".join(problems))
+
+
+# -- reading a YAML file --------------------------------------------------------------------------------
+
+_YAML_ALLOWED = "a YAML file with a 'fault_tolerance:' mapping (at any depth)"
+#: A config file is small; anything bigger is a wrong path (a dataset, a device) and is not read.
+_MAX_YAML_BYTES = 16 << 20
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def _load_yaml_section(path: str | os.PathLike[str], source: str) -> Optional[dict[Any, Any]]:
+    """The first ``fault_tolerance:`` mapping of the YAML file at ``path``, or None if it has none.
+
+    ``source`` names the path in errors (the flag or the argument it came from).
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist and ``source`` is an argument (not a flag).
+        ConfigError: anything else wrong with the file.
+    """
+    shown = os.fspath(path)
+
+    def error(problem: str, allowed: str = _YAML_ALLOWED) -> ConfigError:
+        return ConfigError(source, shown, allowed, problem=f"{shown!r} {problem}")
+
+    text = _read_small_text_file(shown, error)
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        duplicate = _first_duplicate_key(node)
+        if duplicate is not None:
+            key, mark = duplicate
+            raise error(f"line {mark.line + 1}: duplicate key {key!r}",
+                        "a YAML file in which no mapping repeats a key")
+        document = loader.construct_document(node) if node is not None else None
+    except yaml.YAMLError as exc:
+        raise error(f"is not valid YAML: {' '.join(str(exc).split())}") from None
+    finally:
+        loader.dispose()
+    section = _find_section(document)
+    return None if section is None else dict(section)
+
+
+def _read_small_text_file(path: str, error: Callable[[str], ConfigError]) -> str:
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (regular files ignore the flag).
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "config file not found", path) from None
+    except OSError as exc:
+        raise error(f"cannot be read: {exc.strerror or exc}") from None
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        # A directory, a FIFO or a device (/dev/zero would be read forever).
+        raise error("is a directory" if stat.S_ISDIR(info.st_mode) else "is not a regular file")
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            data = handle.read(_MAX_YAML_BYTES + 1)
+        except OSError as exc:
+            raise error(f"cannot be read: {exc.strerror or exc}") from None
+    if len(data) > _MAX_YAML_BYTES:
+        raise error(f"is larger than {_MAX_YAML_BYTES >> 20} MiB")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error("is not UTF-8 text") from None
+
+
+def _first_duplicate_key(root: Optional[yaml.Node]) -> Optional[tuple[str, yaml.Mark]]:
+    """A key written twice in one mapping (YAML would silently keep the last one), with where.
+
+    Checked on the composed nodes, before merge keys (``<<``) are expanded: a merged
+    key that the mapping overrides is not a duplicate. Each node is visited once,
+    so aliases cannot make the walk explode.
+    """
+    seen: set[int] = set()
+    pending: list[yaml.Node] = [root] if root is not None else []
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            keys: set[tuple[str, str]] = set()
+            for key_node, value_node in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                    if (key_node.tag, key_node.value) in keys:
+                        return key_node.value, key_node.start_mark
+                    keys.add((key_node.tag, key_node.value))
+                pending.extend((value_node, key_node))
+        elif isinstance(node, yaml.SequenceNode):
+            pending.extend(reversed(node.value))
+    return None
+
+
+def _find_section(node: Any, key: str = "fault_tolerance") -> Optional[Mapping[Any, Any]]:
+    """Breadth-first search so the shallowest ``fault_tolerance`` mapping wins.
+
+    Each container is visited once: YAML aliases can share one node many times over.
+    """
+    queue: collections.deque[Any] = collections.deque([node])
+    seen: set[int] = set()
     while queue:
-        current = queue.pop(0)
+        current = queue.popleft()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
         if isinstance(current, Mapping):
             if isinstance(current.get(key), Mapping):
                 return current[key]
@@ -348,26 +646,6 @@ def _find_section(node: Any, key: str = "fault_tolerance") -> Optional[Mapping[s
         elif isinstance(current, Sequence) and not isinstance(current, (str, bytes)):
             queue.extend(current)
     return None
-
-
-def _load_yaml_section(path: str | os.PathLike[str]) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            document = yaml.safe_load(handle)
-    except (FileNotFoundError, IsADirectoryError):
-        raise ConfigError("--ft-cfg-path", str(path), _YAML_ALLOWED,
-                          problem=f"config file {str(path)!r} does not exist") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError("--ft-cfg-path", str(path), _YAML_ALLOWED,
-                          problem=f"{str(path)!r} is not valid YAML: {exc}") from None
-    section = _find_section(document)
-    if section is None:
-        raise ConfigError("--ft-cfg-path", str(path), _YAML_ALLOWED,
-                          problem=f"{str(path)!r} has no 'fault_tolerance:' mapping")
-    return dict(section)
-
-
-_YAML_ALLOWED = "a YAML file with a 'fault_tolerance:' mapping (at any depth)"
 
 
 #: Fields a rank's integration may fill in when the launcher's user did not set them.
@@ -397,7 +675,7 @@ def with_fallback(
     if unknown:
         raise ConfigError("fallback config", unknown, "keys " + ", ".join(FALLBACK_FIELDS),
                           problem=f"keys {unknown} cannot come from a rank")
-    requested = FaultToleranceConfig.from_dict(fallback)
+    requested = FaultToleranceConfig.from_mapping(fallback)
     merged = cfg.to_dict()
     for key in fallback:
         if key == "rank_section_timeouts":
@@ -409,3 +687,5 @@ def with_fallback(
 
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(FaultToleranceConfig))
 assert set(_CHECKS) == set(_FIELD_NAMES), "every field has exactly one check"
+assert set(_FIELD_HELP) == set(_FIELD_NAMES), "every field has a flag help text"
+assert not NVRX_ONLY_KEYS & set(_FIELD_NAMES), "a key is either implemented or NVRx-only"

@@ -28,6 +28,7 @@ __all__ = [
     "Heartbeat",
     "Hello",
     "HelloAck",
+    "MAX_FRAME_BYTES_LIMIT",
     "Message",
     "ProtocolError",
     "ReportCheckpoint",
@@ -44,6 +45,8 @@ __all__ = [
 
 DEFAULT_MAX_FRAME_BYTES = 1 << 20
 _HEADER = struct.Struct(">I")
+#: The largest payload a frame can announce: its length prefix is a 4-byte unsigned integer.
+MAX_FRAME_BYTES_LIMIT = 2 ** (8 * _HEADER.size) - 1
 
 
 class ProtocolError(Exception):

@@ -56,7 +56,8 @@ T = TypeVar("T")
 E = TypeVar("E", bound=enum.Enum)
 
 #: Text that means "no value" (e.g. "no timeout") where ``None`` is allowed and text is accepted.
-NONE_WORDS = frozenset({"none", "null", "off", ""})
+#: Not the empty string: ``--ft-rank-heartbeat-timeout=$UNSET`` must not silently disable a timeout.
+NONE_WORDS = frozenset({"none", "null", "off"})
 _BOOL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 # Finite only: inf and nan are not a number of seconds (msgspec's le/ge reject both).
 _POSITIVE = Annotated[float, msgspec.Meta(gt=0, le=sys.float_info.max)]
@@ -84,7 +85,7 @@ class ValidationTypeError(ValidationError, TypeError):
 
 
 def is_none_word(value: Any) -> bool:
-    """``None``, or text meaning none (``"none"``, ``"null"``, ``"off"``, ``""``; any case)."""
+    """``None``, or text meaning none (``"none"``, ``"null"``, ``"off"``; any case). Empty text is not none."""
     return value is None or (isinstance(value, str) and value.strip().lower() in NONE_WORDS)
 
 

@@ -26,6 +26,7 @@ from recipe_lib.schema import register  # noqa: E402
 from ft_core.config import (
     FALLBACK_FIELDS,  # noqa: E402
     FaultToleranceConfig,  # noqa: E402
+    parse_log_level,  # noqa: E402
 )
 
 register()
@@ -54,10 +55,11 @@ def main(cfg: DictConfig) -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(f"[%(asctime)s rank {os.environ.get('RANK', '0')}] %(name)s "
                                            "%(levelname)s: %(message)s"))
+    level = parse_log_level(cfg.log_level, "log_level")
     # Our loggers only: Lightning already prints its own messages once.
     for name in ("recipes", "ft_core", "ft_integrations"):
         logging.getLogger(name).addHandler(handler)
-        logging.getLogger(name).setLevel(cfg.log_level)
+        logging.getLogger(name).setLevel(level)
     import lightning.pytorch as pl
 
     pl.seed_everything(cfg.seed, workers=True, verbose=False)

@@ -115,7 +115,8 @@ class FtElasticAgent(LocalElasticAgent):
         self._opts = options
         self._coord = JobCoordinator(spec.rdzv_handler.get_run_id(), services.events.node, spec.max_restarts,
                                      options.max_no_progress_cycles, options.no_restart_exit_code,
-                                     store=open_job_store(spec.rdzv_handler))
+                                     store=open_job_store(spec.rdzv_handler),
+                                     min_progress_iterations=options.min_progress_iterations)
         self._progress = ProgressTracker(options.checkpoint_iteration_file)
         self._cycle: Optional[CycleInfo] = None
         #: hang_detected records of this cycle's workers, by pid.

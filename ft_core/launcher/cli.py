@@ -29,7 +29,7 @@ exit codes:
   0    all workers finished successfully; or SIGTERM/SIGINT was forwarded and every worker exited 0;
        or this node was excluded (ExcludeThisNode) / was a hot spare that was not needed
   1    the restart budget (--max-restarts, counted for the whole job) is spent, or the launcher failed
-  93   do not requeue: no progress (--ft-max-no-progress-cycles) or a rank requested ShutdownWorkload
+  93   do not requeue: no progress (max_no_progress_cycles) or a rank requested ShutdownWorkload
        (the code is --ft-no-restart-exit-code)
   128+N  signal N was forwarded and some worker did not exit 0 (e.g. 143 for SIGTERM)
 """
@@ -67,19 +67,21 @@ def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of the ``ft_launcher`` console script; returns the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    # Before the config is read: it may warn (e.g. about NVRx keys that are not implemented).
+    logging.basicConfig(format="[%(asctime)s %(name)s] %(levelname)s: %(message)s", stream=sys.stderr)
     try:
         cfg = FaultToleranceConfig.from_args(args)
-        options = LauncherOptions.from_args(args)
+        options = LauncherOptions.from_args(args, cfg)
         try:
             _normalize_rendezvous(args)
         except (ValueError, RuntimeError):
             raise ValidationError("--nnodes", args.nnodes, "a number of nodes N or a range MIN:MAX") from None
         config, entrypoint, cmd_args = config_from_args(args)
     except ValidationError as exc:
-        parser.error(str(exc))
+        # One line, as for any argparse error but without the (long) usage: the message says it all.
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     except (ValueError, RuntimeError, AssertionError) as exc:
         parser.error(f"invalid arguments: {exc}")
-    logging.basicConfig(format="[%(asctime)s %(name)s] %(levelname)s: %(message)s", stream=sys.stderr)
     logging.getLogger("ft_core").setLevel(cfg.log_level)
     return launch(config, entrypoint, cmd_args, cfg, options)
 

@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from ft_core.deadline import wait_until
 from ft_core.launcher.job_store import JobStore, job_store_on
+from ft_core.launcher.progress import made_progress
 
 __all__ = [
     "CoordinationError",
@@ -132,6 +133,8 @@ class RestartPolicy:
     #: Stop after this many consecutive faulty cycles without a newer checkpoint (0 disables).
     max_no_progress_cycles: int
     no_restart_exit_code: int
+    #: A cycle made progress when the checkpointed iteration grew by at least this much (NVRx's rule).
+    min_progress_iterations: int = 1
 
 
 def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, progress_active: bool,
@@ -139,18 +142,20 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
     """The job state after ``cycle`` ended for ``reason`` (a fault, or a membership change).
 
     A fault spends one restart of the job's budget and, when progress is
-    tracked, counts as a cycle without progress unless a newer checkpoint
-    (``best_progress``) appeared since the previous decision. A stop spends no
+    tracked, counts as a cycle without progress unless the checkpointed
+    iteration (``best_progress``) grew by ``min_progress_iterations`` since the
+    previous decision (:func:`~ft_core.launcher.progress.made_progress`). A stop spends no
     restart. Progress counts as tracked once any checkpoint was seen job-wide.
     """
     restarts = state.restarts + int(fault)
-    no_progress = 0 if best_progress > state.progress_mark else state.no_progress + int(fault)
+    progressed = made_progress(best_progress, state.progress_mark, policy.min_progress_iterations)
+    no_progress = 0 if progressed else state.no_progress + int(fault)
     progress_active = progress_active or best_progress >= 0
     if fault and progress_active and 0 < policy.max_no_progress_cycles <= no_progress:
         latest = "none yet" if best_progress < 0 else str(best_progress)
         decision = Decision(DecisionAction.STOP,
                             f"no progress: {no_progress} consecutive faulty cycles without a newer checkpoint "
-                            f"(latest checkpointed iteration: {latest})",
+                            f"(latest checkpointed iteration: {latest}, progress means +{policy.min_progress_iterations})",
                             exit_code=policy.no_restart_exit_code, restarts=state.restarts, node=node)
     elif restarts > policy.max_restarts:
         decision = Decision(DecisionAction.STOP, f"restart budget spent: {policy.max_restarts} restart(s) used",
@@ -171,10 +176,12 @@ class JobCoordinator:
     """
 
     def __init__(self, run_id: str, node: str, max_restarts: int, max_no_progress_cycles: int,
-                 no_restart_exit_code: int, store: Optional[JobStore] = None) -> None:
+                 no_restart_exit_code: int, store: Optional[JobStore] = None,
+                 min_progress_iterations: int = 1) -> None:
         self.run_id = run_id
         self.node = node
-        self.policy = RestartPolicy(max_restarts, max_no_progress_cycles, no_restart_exit_code)
+        self.policy = RestartPolicy(max_restarts, max_no_progress_cycles, no_restart_exit_code,
+                                    min_progress_iterations)
         self._job = store
         self._rendezvous_count = 0
         # Held so the server lives exactly as long as the cycle it serves.

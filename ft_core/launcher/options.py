@@ -1,4 +1,5 @@
-"""ft_launcher's own flags (beyond torchrun's and the ``--ft-<field>`` config flags)."""
+"""ft_launcher's own flags (beyond torchrun's and the ``--ft-<field>`` config flags), and the settings
+the launcher takes from :class:`~ft_core.config.FaultToleranceConfig` (the no-progress rule)."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import argparse
 import dataclasses
 from typing import Optional
 
+from ft_core.config import FaultToleranceConfig
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
-from ft_core.validation import file_path, int_in_range, non_negative_int, non_negative_seconds
+from ft_core.validation import file_path, int_in_range, non_negative_seconds
 
 __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "LauncherOptions", "add_launcher_args"]
 
@@ -24,16 +26,18 @@ class LauncherOptions:
     workers_stop_timeout: float = 5.0
     #: Exit code meaning "do not requeue": no progress, or shutdown requested by a rank.
     no_restart_exit_code: int = DEFAULT_NO_RESTART_EXIT_CODE
-    #: Stop after this many consecutive faulty cycles without a newer checkpoint (0 disables).
-    max_no_progress_cycles: int = 3
+    #: Stop after this many consecutive faulty cycles without progress (0 or -1 disables).
+    max_no_progress_cycles: int = FaultToleranceConfig.max_no_progress_cycles
+    #: A cycle made progress if the latest checkpointed iteration grew by at least this much.
+    min_progress_iterations: int = FaultToleranceConfig.min_progress_iterations
     #: File holding the latest checkpointed iteration (one integer), read after every cycle.
     checkpoint_iteration_file: Optional[str] = None
     #: Event log path; default ``<log dir>/`` + ``jobdir.LAUNCHER_EVENTS_FILE``.
     events_file: Optional[str] = None
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> LauncherOptions:
-        """Validate the parsed flags.
+    def from_args(cls, args: argparse.Namespace, cfg: FaultToleranceConfig) -> LauncherOptions:
+        """Validate the parsed flags; the no-progress settings come from ``cfg`` (YAML or ``--ft-*`` flag).
 
         Raises:
             ft_core.validation.ValidationError: naming the flag, the value and what is allowed.
@@ -44,9 +48,9 @@ class LauncherOptions:
                                                       coerce=True),
             no_restart_exit_code=int_in_range("--ft-no-restart-exit-code", args.ft_no_restart_exit_code, 1, 255,
                                               coerce=True),
-            max_no_progress_cycles=non_negative_int("--ft-max-no-progress-cycles", args.ft_max_no_progress_cycles,
-                                                    coerce=True),
-            checkpoint_iteration_file=file_path("--ft-checkpoint-iteration-file", args.ft_checkpoint_iteration_file),
+            max_no_progress_cycles=cfg.max_no_progress_cycles,
+            min_progress_iterations=cfg.min_progress_iterations,
+            checkpoint_iteration_file=cfg.checkpoint_iteration_file,
             events_file=file_path("--ft-events-file", args.ft_events_file),
         )
 
@@ -66,14 +70,6 @@ def add_launcher_args(parser: argparse.ArgumentParser) -> None:
                        default=defaults.no_restart_exit_code, metavar="CODE",
                        help="exit code when the job stops for lack of progress or because a rank requested "
                             f"ShutdownWorkload: do not requeue (default: {defaults.no_restart_exit_code})")
-    group.add_argument("--ft-max-no-progress-cycles", "--ft_max_no_progress_cycles",
-                       default=defaults.max_no_progress_cycles, metavar="N",
-                       help="stop after N consecutive faulty cycles without a newer checkpointed iteration; "
-                            f"0 disables (default: {defaults.max_no_progress_cycles})")
-    group.add_argument("--ft-checkpoint-iteration-file", "--ft_checkpoint_iteration_file", default=None,
-                       metavar="PATH",
-                       help="file holding the latest checkpointed iteration (one integer); progress signal in "
-                            "addition to RankMonitorClient.report_checkpoint()")
     group.add_argument("--ft-events-file", "--ft_events_file", default=None, metavar="PATH",
                        help=f"JSON-lines event log (default: <log-dir>/{LAUNCHER_EVENTS_FILE}, or torchelastic's "
                             "temporary log directory when --log-dir is not given)")

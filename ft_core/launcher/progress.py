@@ -2,9 +2,10 @@
 
 Two sources feed it: ``checkpoint_reported`` events that ranks send through
 ``RankMonitorClient.report_checkpoint`` (recorded by the node monitor), and an
-optional file holding one integer (``--ft-checkpoint-iteration-file``, e.g.
-Megatron's ``latest_checkpointed_iteration.txt``). A restart cycle that ends
-without a newer iteration than the previous cycle made "no progress".
+optional file holding one integer (``checkpoint_iteration_file``, e.g.
+Megatron's ``latest_checkpointed_iteration.txt``). A restart cycle made "no
+progress" unless the latest checkpointed iteration grew by at least
+``min_progress_iterations`` since the previous cycle ended (:func:`made_progress`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,21 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-__all__ = ["ProgressTracker"]
+__all__ = ["ProgressTracker", "made_progress"]
 
 log = logging.getLogger("ft_core.launcher")
+
+
+def made_progress(latest: int, mark: int, min_iterations: int) -> bool:
+    """Whether the job progressed: ``latest`` is the checkpointed iteration now, ``mark`` the one when
+    the previous cycle ended (-1 for "none known" in both).
+
+    As in NVRx, progress means an increase of at least ``min_iterations``. Without
+    a mark, any checkpoint counts: the first one seen cannot be compared with anything.
+    """
+    if latest < 0:
+        return False
+    return mark < 0 or latest - mark >= min_iterations
 
 
 class ProgressTracker:
@@ -47,12 +60,12 @@ class ProgressTracker:
         except FileNotFoundError:
             return None  # no checkpoint yet
         except OSError as exc:
-            self._warn_once(f"cannot read --ft-checkpoint-iteration-file {self.iteration_file}: {exc}")
+            self._warn_once(f"cannot read checkpoint_iteration_file {self.iteration_file}: {exc}")
             return None
         try:
             iteration = int(text)
         except ValueError:
-            self._warn_once(f"--ft-checkpoint-iteration-file {self.iteration_file} does not hold an integer: "
+            self._warn_once(f"checkpoint_iteration_file {self.iteration_file} does not hold an integer: "
                             f"{text[:40]!r}")
             return None
         return iteration if self.observe(iteration) else None

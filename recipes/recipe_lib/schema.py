@@ -2,18 +2,32 @@
 
 Registered in Hydra's ConfigStore as ``recipe_schema``; ``conf/config.yaml``
 lists it first in its defaults, so every group option is merged into these
-typed nodes. The ``fault_tolerance`` node *is* ``FaultToleranceConfig``: the
-block ``ft_launcher --ft-cfg-path`` reads is checked against the same fields.
+typed nodes. The ``fault_tolerance`` node has the fields of
+``FaultToleranceConfig``: the block ``ft_launcher --ft-cfg-path`` reads is
+checked against the same fields.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from hydra.core.config_store import ConfigStore
 
 from ft_core.config import FaultToleranceConfig
+
+
+@dataclass
+class FaultToleranceSchema(FaultToleranceConfig):
+    """``FaultToleranceConfig`` as an OmegaConf node.
+
+    OmegaConf checks each field against one type, and ``log_level`` holds an int
+    but is written as a name too (``debug``, ``WARN``): the node takes either, and
+    ``FaultToleranceConfig.from_mapping`` converts and checks it (``train.py``).
+    """
+
+    log_level: Union[int, str] = logging.INFO
 
 
 @dataclass
@@ -95,8 +109,9 @@ class RecipeConfig:
     seed: int = 1234
     #: Resume from ``<run_dir>/checkpoints/last.ckpt`` when it exists (after a restart).
     resume: bool = True
-    log_level: str = "INFO"
-    fault_tolerance: FaultToleranceConfig = field(default_factory=FaultToleranceConfig)
+    #: Level of the recipe's loggers: a name in any case (``debug``, ``WARN``) or a number.
+    log_level: Union[int, str] = "INFO"
+    fault_tolerance: FaultToleranceSchema = field(default_factory=FaultToleranceSchema)
     callback: Optional[CallbackSchema] = None
     fault: FaultSchema = field(default_factory=FaultSchema)
     trainer: TrainerSchema = field(default_factory=TrainerSchema)

@@ -47,6 +47,14 @@ def test_each_fault_tolerance_option_composes(option):
     FaultToleranceConfig.from_mapping(OmegaConf.to_container(cfg.fault_tolerance))
 
 
+@pytest.mark.parametrize(("value", "level"), [("debug", 10), ("WARN", 30), ("dbg", 10), ("40", 40), (15, 15)])
+def test_log_level_takes_names_in_any_case_and_numbers(value, level):
+    from omegaconf import OmegaConf
+
+    cfg = _compose(f"fault_tolerance.log_level={value}")
+    assert FaultToleranceConfig.from_mapping(OmegaConf.to_container(cfg.fault_tolerance)).log_level == level
+
+
 def test_group_file_is_a_valid_launcher_config():
     cfg = FaultToleranceConfig.from_yaml_file(os.path.join(CONF, "fault_tolerance", "sections.yaml"))
     assert cfg.rank_section_timeouts["checkpointing"] == 30.0
@@ -65,7 +73,8 @@ def _train(tmp_path, *overrides: str, timeout: float = 240) -> subprocess.Comple
 @pytest.mark.parametrize("option", FT_OPTIONS)
 def test_each_fault_tolerance_option_runs_a_few_steps(tmp_path, option):
     result = _train(tmp_path, "trainer=cpu_single", f"fault_tolerance={option}", "trainer.max_steps=6",
-                    "trainer.val_check_interval=3", "checkpoint.every_n_train_steps=3", "model.step_delay=0")
+                    "trainer.val_check_interval=3", "checkpoint.every_n_train_steps=3", "model.step_delay=0",
+                    "log_level=info", "fault_tolerance.log_level=info")  # lowercase names, as NVRx takes them
     assert result.returncode == 0, result.stderr[-3000:]
     assert "training finished at step 6" in result.stderr
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").exists()
@@ -78,9 +87,10 @@ def test_each_fault_tolerance_option_runs_a_few_steps(tmp_path, option):
     ("override", "message"),
     [
         ("trainer.max_stpes=3", "Key 'max_stpes' not in 'TrainerSchema'"),
-        ("fault_tolerance.rank_hearbeat_timeout=3", "Key 'rank_hearbeat_timeout' not in 'FaultToleranceConfig'"),
+        ("fault_tolerance.rank_hearbeat_timeout=3", "Key 'rank_hearbeat_timeout' not in 'FaultToleranceSchema'"),
         ("fault=hang_rnk1", "Could not find 'fault/hang_rnk1'"),
         ("fault_tolerance.rank_heartbeat_timeout=-3", "fault_tolerance.rank_heartbeat_timeout: invalid value -3"),
+        ("fault_tolerance.log_level=loud", "fault_tolerance.log_level: invalid value 'loud'"),
     ],
 )
 def test_misspelled_or_bad_key_fails_with_a_clear_error(tmp_path, override, message):

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
+from helpers import REPO_ROOT, python_env
 
 from ft_core.launcher.cli import build_parser, main
 
@@ -23,7 +27,8 @@ def test_help_documents_torchrun_and_fault_tolerance_flags():
     ("--term-timeout=soon", "--term-timeout"),
     ("--workers-stop-timeout=-2", "--workers-stop-timeout"),
     ("--ft-no-restart-exit-code=300", "--ft-no-restart-exit-code"),
-    ("--ft-max-no-progress-cycles=-1", "--ft-max-no-progress-cycles"),
+    ("--ft-max-no-progress-cycles=-2", "max_no_progress_cycles"),
+    ("--ft-rank-heartbeat-timeout=", "rank_heartbeat_timeout"),  # empty: an error, not "no timeout"
     ("--nnodes=two", "--nnodes"),
     ("--max-restarts=-1", "max_restarts"),
 ])
@@ -39,3 +44,43 @@ def test_missing_config_file_is_reported(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main([f"--ft-cfg-path={tmp_path / 'nope.yaml'}", "train.py"])
     assert "nope.yaml" in capsys.readouterr().err
+
+
+def _launcher(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m ft_core.launcher argv...`` as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "ft_core.launcher", *argv], env=python_env(), cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--ft-cfg-path=/tmp"], "--ft-cfg-path: '/tmp' is a directory; allowed: a YAML file with a "
+                             "'fault_tolerance:' mapping (at any depth)"),
+    (["--ft-cfg-path=/nonexistent/ft.yaml"], "--ft-cfg-path: '/nonexistent/ft.yaml' does not exist; allowed: "),
+    (["--ft-rank-heartbeat-timeout="], "fault_tolerance.rank_heartbeat_timeout: invalid value ''; allowed: a "
+                                       "positive number of seconds or none/null"),
+    (["--ft-stack-dump-signal=SIGKILL"], "fault_tolerance.stack_dump_signal: invalid value 'SIGKILL': SIGKILL "
+                                         "cannot be caught; allowed: "),
+])
+def test_a_bad_config_is_one_line_on_stderr_and_exit_code_2(argv, message, tmp_path):
+    result = _launcher(*argv, f"--log-dir={tmp_path}", "--nproc-per-node=1", "train.py")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr  # no traceback, no usage
+    assert result.stderr.startswith(f"ft_launcher: error: {message}"), result.stderr
+    assert not list(tmp_path.iterdir())  # nothing was started
+
+
+def test_a_duplicate_key_in_the_config_file_is_one_line(tmp_path):
+    path = tmp_path / "ft.yaml"
+    path.write_text("fault_tolerance:\n  rank_heartbeat_timeout: 30\n  rank_heartbeat_timeout: 3000\n")
+    result = _launcher(f"--ft-cfg-path={path}", "--nproc-per-node=1", "train.py")
+    assert result.returncode == 2
+    assert result.stderr == (f"ft_launcher: error: --ft-cfg-path: '{path}' line 3: duplicate key "
+                             "'rank_heartbeat_timeout'; allowed: a YAML file in which no mapping repeats a key\n")
+
+
+def test_help_lists_the_progress_keys_and_hides_nvrx_only_flags():
+    text = build_parser().format_help()
+    for flag in ("--ft-max-no-progress-cycles", "--ft-min-progress-iterations", "--ft-checkpoint-iteration-file",
+                 "--ft-num-warmup-iterations"):
+        assert flag in text
+    assert "--ft-enable-nic-monitor" not in text

@@ -30,6 +30,7 @@ SECTIONS_CFG = FaultToleranceConfig(
     rank_section_timeouts={"setup": 300, "step": 300, "validation": 300, "checkpointing": 300},
     rank_out_of_section_timeout=300, initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
     safety_factor=50,
+    num_warmup_iterations=0,  # runs of 6 steps learn "step" after 3: none may be a warm-up step
 )
 HEARTBEATS_CFG = FaultToleranceConfig(initial_rank_heartbeat_timeout=300, rank_heartbeat_timeout=300, safety_factor=50)
 
@@ -205,9 +206,10 @@ def test_a_torn_state_file_is_ignored_with_a_warning(tmp_path):
 @pytest.mark.timeout(120)
 def test_standalone_monitor_is_started_for_a_single_process(tmp_path, monkeypatch):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the monitor's private directory goes
-    callback = FaultToleranceCallback(mode="sections", calculate_timeouts_after_steps=2)
+    # The standalone monitor's config is all defaults: its first 5 steps are warm-up, not learned.
+    callback = FaultToleranceCallback(mode="sections", calculate_timeouts_after_steps=7)
     try:
-        fit(tmp_path, [callback], max_steps=4)
+        fit(tmp_path, [callback], max_steps=8)
         socket_path = standalone_socket_path()
         assert socket_path.startswith(str(tmp_path))
         assert os.environ["FT_RANK_MONITOR_IPC_SOCKET"] == socket_path

@@ -19,7 +19,9 @@ FT_FLAGS = {
     "heartbeats": ["--ft-initial-rank-heartbeat-timeout=120", "--ft-rank-heartbeat-timeout=60"],
     "sections": ["--ft-rank-section-timeouts=setup:120,step:60,checkpointing:60",
                  "--ft-rank-out-of-section-timeout=120", "--ft-rank-heartbeat-timeout=none",
-                 "--ft-initial-rank-heartbeat-timeout=none"],
+                 "--ft-initial-rank-heartbeat-timeout=none",
+                 # Steps are learned after 3 of them (--calc-steps): none may be a warm-up step.
+                 "--ft-num-warmup-iterations=0"],
 }
 
 

@@ -83,7 +83,9 @@ def test_heartbeat_gap_kills_after_stack_dump_naming_the_function(start_monitor,
 
 
 def test_step_section_timeout_kills_while_another_section_is_open(start_monitor, ranks):
-    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="outer:none,step:1.0")
+    # The rank hangs in its fourth step: no warm-up, so that step is timed.
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="outer:none,step:1.0",
+                            num_warmup_iterations=0)
     proc = ranks(monitor, "step_in_other_section")
     assert _killed(proc)
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
@@ -101,6 +103,37 @@ def test_warmup_steps_are_not_timed(start_monitor, ranks):
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
     # Killed in the fourth step (hang_in_step), not in one of the three slow warm-up steps.
     assert "hang_in_step" in hang["stack"]
+
+
+# -- the default warm-up (5 steps, as NVRx): later detection in those steps, never an extra kill ----------
+
+
+def test_default_warmup_does_not_kill_slow_first_steps(start_monitor, ranks):
+    # Five steps longer than the step timeout (compilation, data-loader start), then fast ones: healthy.
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5")
+    proc = ranks(monitor, "steps", extra=["--step-times", "0.8,0.8,0.8,0.8,0.8,0.05,0.05,0.05"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert json.loads(out)["cfg"]["num_warmup_iterations"] == 5
+    assert not [e for e in monitor.events() if e["event"] == "hang_detected"]
+
+
+def test_default_warmup_still_catches_a_hang_in_the_first_timed_step(start_monitor, ranks):
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5")
+    proc = ranks(monitor, "steps", extra=["--step-times", "0.05,0.05,0.05,0.05,0.05", "--then", "hang"])
+    assert _killed(proc)
+    hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
+    assert (hang["reason"], hang["section"], hang["timeout"]) == ("section", "step", 0.5)
+
+
+def test_a_hang_in_a_warmup_step_is_caught_by_the_heartbeat_timeout(start_monitor, ranks):
+    # The step timeout does not apply in warm-up; the heartbeat timeout still does: later, not never.
+    monitor = start_monitor(rank_heartbeat_timeout=2.0, rank_section_timeouts="step:0.5")
+    proc = ranks(monitor, "steps", extra=["--then", "hang"])
+    assert _killed(proc)
+    hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
+    assert (hang["reason"], hang["open_sections"]) == ("heartbeat", ["step"])
+    assert hang["elapsed"] >= 2.0
 
 
 def test_out_of_section_timeout_kills(start_monitor, ranks):
@@ -207,8 +240,9 @@ def test_client_init_without_monitor_says_what_to_do(monkeypatch):
 
 
 def test_client_in_process_sections_state_and_timeouts(start_monitor, monkeypatch):
+    # Learns from two steps: no warm-up step may be left out.
     monitor = start_monitor(rank_heartbeat_timeout=60, rank_section_timeouts="step:60,checkpointing:none",
-                            safety_factor=2.0)
+                            safety_factor=2.0, num_warmup_iterations=0)
     monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
     monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
     client = RankMonitorClient()
@@ -308,7 +342,8 @@ def test_fallback_config_fills_only_what_the_launcher_did_not_set(start_monitor,
 
 
 def test_state_dict_after_shutdown_and_reinit_keeps_learned_values(start_monitor, monkeypatch):
-    monitor = start_monitor(rank_section_timeouts="step:60", safety_factor=2.0)
+    # Learns from one step: no warm-up.
+    monitor = start_monitor(rank_section_timeouts="step:60", safety_factor=2.0, num_warmup_iterations=0)
     monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
     monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
     client = RankMonitorClient()

@@ -11,14 +11,18 @@ import argparse
 
 import pytest
 
+from ft_core.config import ConfigError, FaultToleranceConfig
 from ft_core.launcher.options import DEFAULT_NO_RESTART_EXIT_CODE, LauncherOptions, add_launcher_args
 from ft_core.validation import ValidationError
 
 
 def _options(*argv: str) -> LauncherOptions:
+    """Parse with the launcher's flags and the config's ``--ft-*`` flags, as ft_launcher does."""
     parser = argparse.ArgumentParser()
+    FaultToleranceConfig.add_argparse_args(parser)
     add_launcher_args(parser)
-    return LauncherOptions.from_args(parser.parse_args(list(argv)))
+    args = parser.parse_args(list(argv))
+    return LauncherOptions.from_args(args, FaultToleranceConfig.from_args(args))
 
 
 def test_defaults_match_the_dataclass():
@@ -33,6 +37,7 @@ def test_values_and_both_spellings_are_parsed(tmp_path):
     assert options == LauncherOptions(
         term_timeout=0.0, workers_stop_timeout=2.5, no_restart_exit_code=3, max_no_progress_cycles=0,
         checkpoint_iteration_file=str(tmp_path / "it"), events_file=str(tmp_path / "logs" / "ev.jsonl"))
+    # --ft-events-file= means "the default path"; an empty config flag is an error (test_config_bad_values).
     assert _options("--ft-events-file=").events_file is None
 
 
@@ -45,8 +50,6 @@ def test_values_and_both_spellings_are_parsed(tmp_path):
     ("--ft-no-restart-exit-code", "0", "an integer from 1 to 255"),
     ("--ft-no-restart-exit-code", "256", "an integer from 1 to 255"),
     ("--ft-no-restart-exit-code", "9.5", "an integer from 1 to 255"),
-    ("--ft-max-no-progress-cycles", "-1", "an integer >= 0"),
-    ("--ft-max-no-progress-cycles", "many", "an integer >= 0"),
 ])
 def test_bad_value_of_every_flag_names_the_flag_the_value_and_what_is_allowed(flag, value, allowed):
     with pytest.raises(ValidationError) as info:
@@ -54,7 +57,57 @@ def test_bad_value_of_every_flag_names_the_flag_the_value_and_what_is_allowed(fl
     assert str(info.value) == f"{flag}: invalid value {value!r}; allowed: {allowed}"
 
 
-@pytest.mark.parametrize("flag", ["--ft-checkpoint-iteration-file", "--ft-events-file"])
-def test_a_directory_is_not_a_file(flag, tmp_path):
-    with pytest.raises(ValidationError, match=f"^{flag}: '.*' is a directory; allowed: a file path$"):
-        _options(f"{flag}={tmp_path}")
+def test_a_directory_is_not_a_file(tmp_path):
+    with pytest.raises(ValidationError, match="^--ft-events-file: '.*' is a directory; allowed: a file path$"):
+        _options(f"--ft-events-file={tmp_path}")
+    with pytest.raises(ConfigError, match="^fault_tolerance.checkpoint_iteration_file: '.*' is a directory; "
+                                          "allowed: a file path, or none$"):
+        _options(f"--ft-checkpoint-iteration-file={tmp_path}")
+
+
+# -- the no-progress rule: config keys, from the YAML file or the --ft-* flags -------------------
+
+
+@pytest.mark.parametrize("flag", ["--ft-max-no-progress-cycles", "--ft-max_no_progress_cycles",
+                                  "--ft_max_no_progress_cycles", "--ft-param-max-no-progress-cycles"])
+def test_progress_flags_keep_every_spelling(flag):
+    assert _options(f"{flag}=7").max_no_progress_cycles == 7
+
+
+def test_progress_settings_come_from_the_yaml_when_no_flag_is_given(tmp_path):
+    path = tmp_path / "ft.yaml"
+    path.write_text(f"fault_tolerance:\n  max_no_progress_cycles: 1\n  min_progress_iterations: 50\n"
+                    f"  checkpoint_iteration_file: {tmp_path / 'latest.txt'}\n")
+    options = _options(f"--ft-cfg-path={path}")
+    assert (options.max_no_progress_cycles, options.min_progress_iterations) == (1, 50)
+    assert options.checkpoint_iteration_file == str(tmp_path / "latest.txt")
+    # A flag wins over the file.
+    options = _options(f"--ft-cfg-path={path}", "--ft-max-no-progress-cycles=4",
+                       f"--ft-checkpoint-iteration-file={tmp_path / 'other.txt'}")
+    assert (options.max_no_progress_cycles, options.min_progress_iterations) == (4, 50)
+    assert options.checkpoint_iteration_file == str(tmp_path / "other.txt")
+
+
+def test_progress_defaults_are_nvrx_defaults():
+    options = _options()
+    assert (options.max_no_progress_cycles, options.min_progress_iterations) == (3, 1)
+    assert options.checkpoint_iteration_file is None
+
+
+@pytest.mark.parametrize(("flag", "value", "allowed"), [
+    ("--ft-max-no-progress-cycles", "-2", "an integer from -1 to 2147483647"),
+    ("--ft-max-no-progress-cycles", "many", "an integer from -1 to 2147483647"),
+    ("--ft-min-progress-iterations", "0", "an integer from 1 to 2147483647"),
+    ("--ft-checkpoint-iteration-file", "", "a file path, or none"),
+])
+def test_bad_progress_values_name_the_key(flag, value, allowed):
+    key = flag.removeprefix("--ft-").replace("-", "_")
+    with pytest.raises(ConfigError, match=rf"^fault_tolerance.{key}: .*{value!r}.*; allowed: {allowed}$"):
+        _options(f"{flag}={value}")
+
+
+def test_minus_one_disables_the_rule_as_in_nvrx():
+    assert _options("--ft-max-no-progress-cycles=-1").max_no_progress_cycles == -1
+    assert not FaultToleranceConfig(max_no_progress_cycles=-1).is_progress_tracking_enabled
+    assert not FaultToleranceConfig(max_no_progress_cycles=0).is_progress_tracking_enabled
+    assert FaultToleranceConfig().is_progress_tracking_enabled

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import time
 
 import pytest
@@ -37,15 +38,19 @@ def fresh_state(monkeypatch):
 @pytest.fixture
 def start_monitor(attach_monitor):
     """Start a monitor with ``FaultToleranceConfig(**overrides)`` and point this process at it."""
+    # This process is the rank: a (learned, tiny) deadline it misses must not kill pytest, so the
+    # termination signal is one it handles for the test.
+    previous = signal.signal(signal.SIGUSR1, lambda *_: None)
 
     def start(**overrides):
-        # This process is the rank: a (learned, tiny) deadline it misses must not kill pytest.
         defaults = {"rank_section_timeouts": SECTIONS, "safety_factor": 2.0,
                     "min_calculated_timeout": 0.01,  # the tests compare learned values to sub-second steps
-                    "rank_termination_signal": "SIGCONT"}
+                    "rank_termination_signal": "SIGUSR1",
+                    "num_warmup_iterations": 0}  # the monitor's warm-up: the tests count Megatron's own
         return attach_monitor(FaultToleranceConfig(**{**defaults, **overrides}), token=TOKEN)
 
-    return start
+    yield start
+    signal.signal(signal.SIGUSR1, previous)
 
 
 def make_args(tmp_path=None, **overrides) -> argparse.Namespace:

@@ -48,8 +48,12 @@ def test_seconds_accepted_forms():
     assert positive_seconds("t", 3) == 3.0 and isinstance(positive_seconds("t", 3), float)
     assert positive_seconds("t", " 2.5 ", coerce=True) == 2.5
     assert positive_seconds("t", None, allow_none=True) is None
-    for word in ("none", "NULL", "off", ""):
+    for word in ("none", "NULL", "off"):
         assert positive_seconds("t", word, allow_none=True, coerce=True) is None
+    # Empty text is not "none": an unset shell variable (--flag=$UNSET) must not disable a timeout.
+    for empty in ("", "  "):
+        with pytest.raises(ValidationError, match=r"^t: invalid value '\s*'; allowed: a positive number of seconds"):
+            positive_seconds("t", empty, allow_none=True, coerce=True)
     with pytest.raises(ValidationError, match="allowed: a positive number of seconds or None$"):
         positive_seconds("t", "none", allow_none=True)  # text only where text is expected
     with pytest.raises(ValidationError, match="allowed: a positive number of seconds or none/null$"):

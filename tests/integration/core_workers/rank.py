@@ -1,6 +1,7 @@
 """A training rank without torch: talks to the node monitor and misbehaves on request.
 
-Usage: python rank.py SCENARIO [--ready-file F] [--beats N] [--interval S] [--fallback JSON] ...
+Usage: python rank.py SCENARIO [--ready-file F] [--beats N] [--interval S] [--fallback JSON]
+                      [--step-times S,S,...] [--then finish|hang] ...
 
 ``train`` is a healthy training loop (a tracked ``step`` section and a
 heartbeat per iteration; ``--interval 0`` is flat out) that can start slowly
@@ -67,6 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beats", type=int, default=5)
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--fallback", type=json.loads, default=None, help="fallback_config as JSON")
+    parser.add_argument("--step-times", default="", help="'steps': seconds of each step section, comma-separated")
+    parser.add_argument("--then", choices=["finish", "hang"], default="finish", help="'steps': after the steps")
     parser.add_argument("--duration", type=float, default=5.0, help="train: seconds of training")
     parser.add_argument("--startup", type=float, default=0.0, help="train: seconds before the first step")
     parser.add_argument("--hang-after", type=float, default=None, help="train: hang after this many seconds")
@@ -106,6 +109,14 @@ def main() -> None:
             client.end_section("step")
         client.set_iteration(args.beats + 3)
         hang_in_step(client)
+    elif args.scenario == "steps":
+        for seconds in filter(None, args.step_times.split(",")):
+            client.start_section("step")
+            time.sleep(float(seconds))
+            client.end_section("step")
+        if args.then == "hang":
+            hang_in_step(client)
+        client.shutdown_workload_monitoring()
     elif args.scenario == "out_of_section":
         client.start_section("step")
         client.end_section("step")

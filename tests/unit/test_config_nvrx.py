@@ -1,0 +1,159 @@
+"""NVRx compatibility of FaultToleranceConfig: NVRx's YAML files, parameters, flags, log levels and defaults.
+
+``tests/fixtures/nvrx_ft_config.yaml`` is written in NVRx's format with every key
+of NVRx's ``FaultToleranceConfig``; NVRx itself loads it (checked by hand against
+its ``config.py``: it reads every key and ignores ``use_infra_group_rank``, a
+0.5-only key, by its default ``ignore_not_recognized=True``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import logging
+import os
+import signal
+
+import pytest
+import yaml
+from helpers import REPO_ROOT
+
+from ft_core.config import NVRX_ONLY_KEYS, ConfigError, FaultToleranceConfig
+
+FIXTURE = os.path.join(REPO_ROOT, "tests", "fixtures", "nvrx_ft_config.yaml")
+CONFIG_LOGGER = "ft_core.config"
+
+
+def _fixture_section() -> dict:
+    with open(FIXTURE, encoding="utf-8") as handle:
+        return yaml.safe_load(handle)["fault_tolerance"]
+
+
+def _config_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == CONFIG_LOGGER and r.levelno == logging.WARNING]
+
+
+def _parse(argv: list[str]) -> FaultToleranceConfig:
+    parser = FaultToleranceConfig.add_argparse_args(argparse.ArgumentParser())
+    return FaultToleranceConfig.from_args(parser.parse_args(argv))
+
+
+def test_the_fixture_has_every_nvrx_key():
+    keys = set(_fixture_section())
+    assert NVRX_ONLY_KEYS <= keys
+    implemented_by_nvrx_too = keys - NVRX_ONLY_KEYS
+    assert implemented_by_nvrx_too <= set(FaultToleranceConfig.field_names())
+    for key in ("max_no_progress_cycles", "min_progress_iterations", "checkpoint_iteration_file",
+                "num_warmup_iterations", "install_exception_hook", "skip_section_response"):
+        assert key in implemented_by_nvrx_too
+
+
+def test_nvrx_yaml_loads_and_the_implemented_keys_take_effect_with_one_warning(caplog):
+    caplog.set_level(logging.WARNING, logger=CONFIG_LOGGER)
+    cfg = FaultToleranceConfig.from_yaml_file(FIXTURE)
+    assert (cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout) == (90.0, 4.0)
+    assert cfg.rank_section_timeouts == {"setup": 600.0, "step": 180.0, "checkpointing": None}
+    assert cfg.rank_out_of_section_timeout is None
+    assert (cfg.safety_factor, cfg.rank_termination_signal, cfg.log_level) == (4.0, signal.SIGKILL, logging.INFO)
+    assert (cfg.max_no_progress_cycles, cfg.min_progress_iterations, cfg.checkpoint_iteration_file) == (1, 5, None)
+    assert cfg.num_warmup_iterations == 2
+    assert cfg.explicit_keys == set(_fixture_section()) - NVRX_ONLY_KEYS
+    (warning,) = _config_warnings(caplog)
+    listed = set(warning.split(": ", 2)[-1].split(", "))
+    assert listed == NVRX_ONLY_KEYS  # each key NVRx has and we do not, once
+
+
+def test_strict_loading_rejects_the_nvrx_only_keys():
+    with pytest.raises(ConfigError) as info:
+        FaultToleranceConfig.from_yaml_file(FIXTURE, ignore_not_recognized=False)
+    message = str(info.value)
+    assert "of NVRx's FaultToleranceConfig that ft-suite does not implement" in message
+    assert all(repr(key) in message for key in NVRX_ONLY_KEYS)
+    with pytest.raises(ConfigError, match=r"does not implement: 'segment'"):
+        FaultToleranceConfig.from_kwargs(ignore_not_recognized=False, segment=4)
+
+
+def test_a_key_neither_knows_is_an_error_with_a_suggestion(tmp_path):
+    # NVRx would silently ignore both typos: a timeout the user believes set would not be.
+    path = tmp_path / "typo.yaml"
+    path.write_text("fault_tolerance:\n  rank_heartbeat_timout: 30\n  enable_nic_monitr: false\n"
+                    "  enable_nic_monitor: false\n")
+    with pytest.raises(ConfigError) as info:
+        FaultToleranceConfig.from_yaml_file(path)
+    message = str(info.value)
+    assert message.startswith("fault_tolerance: unknown key(s) ")
+    assert "'rank_heartbeat_timout' (did you mean 'rank_heartbeat_timeout'?)" in message
+    assert "'enable_nic_monitr' (did you mean 'enable_nic_monitor'?)" in message
+    with pytest.raises(ConfigError, match=r"'safety_facter' \(did you mean 'safety_factor'\?\)"):
+        FaultToleranceConfig.from_kwargs(safety_facter=2)
+    with pytest.raises(ConfigError, match=r"unknown key\(s\) 'zzz'; allowed: keys "):
+        FaultToleranceConfig.from_kwargs(zzz=1)  # nothing close: no suggestion
+
+
+def test_loaders_take_nvrx_parameters_with_nvrx_defaults():
+    for loader, first in ((FaultToleranceConfig.from_yaml_file, "cfg_path"),
+                          (FaultToleranceConfig.from_kwargs, "ignore_not_recognized")):
+        parameters = inspect.signature(loader).parameters
+        assert next(iter(parameters)) == first
+        assert parameters["ignore_not_recognized"].default is True
+
+
+def test_from_kwargs_skips_nvrx_keys_with_one_warning(caplog):
+    caplog.set_level(logging.WARNING, logger=CONFIG_LOGGER)
+    cfg = FaultToleranceConfig.from_kwargs(rank_heartbeat_timeout=7, enable_nic_monitor=True, segment=4)
+    assert cfg.rank_heartbeat_timeout == 7.0 and cfg.explicit_keys == {"rank_heartbeat_timeout"}
+    assert _config_warnings(caplog) == [
+        "fault_tolerance: ignoring 2 key(s) of NVRx's FaultToleranceConfig that ft-suite does not implement: "
+        "enable_nic_monitor, segment"]
+
+
+def test_nvrx_flags_for_unimplemented_keys_are_accepted_with_the_same_warning(caplog, tmp_path):
+    caplog.set_level(logging.WARNING, logger=CONFIG_LOGGER)
+    path = tmp_path / "ft.yaml"
+    path.write_text("fault_tolerance:\n  restart_check_interval: 30\n")
+    cfg = _parse([f"--ft-cfg-path={path}", "--ft-enable-nic-monitor=false", "--ft-param-segment=4",
+                  "--ft-gpu_memory_reclaim_timeout=10", "--ft-rank-heartbeat-timeout=5"])
+    assert cfg.rank_heartbeat_timeout == 5.0
+    (warning,) = _config_warnings(caplog)  # one warning for the file and the flags together
+    assert warning.endswith("enable_nic_monitor, gpu_memory_reclaim_timeout, restart_check_interval, segment")
+    # They stay out of --help: they do nothing here.
+    help_text = FaultToleranceConfig.add_argparse_args(argparse.ArgumentParser()).format_help()
+    assert "--ft-enable-nic-monitor" not in help_text
+
+
+def test_yaml_without_a_fault_tolerance_section(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger=CONFIG_LOGGER)
+    path = tmp_path / "trainer_only.yaml"
+    path.write_text("trainer:\n  max_steps: 10\n")
+    # As NVRx's from_args: the defaults plus the flags, with a warning here.
+    cfg = _parse([f"--ft-cfg-path={path}", "--ft-safety-factor=3"])
+    assert cfg == FaultToleranceConfig(safety_factor=3)
+    assert cfg.explicit_keys == {"safety_factor"}
+    (warning,) = _config_warnings(caplog)
+    assert str(path) in warning and "no 'fault_tolerance:' mapping" in warning
+    # As NVRx's from_yaml_file: an error (a ValueError).
+    with pytest.raises(ValueError, match=r"^cfg_path: '.*trainer_only.yaml' has no 'fault_tolerance:' mapping"):
+        FaultToleranceConfig.from_yaml_file(path)
+
+
+def test_missing_file(tmp_path):
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(FileNotFoundError) as info:
+        FaultToleranceConfig.from_yaml_file(missing)
+    assert info.value.filename == str(missing) and str(missing) in str(info.value)
+    with pytest.raises(ConfigError, match=r"^--ft-cfg-path: '.*nope.yaml' does not exist; allowed: a YAML file"):
+        _parse([f"--ft-cfg-path={missing}"])
+
+
+@pytest.mark.parametrize(("value", "level"), [
+    ("debug", 10), ("DBG", 10), ("dbg", 10), ("info", 20), ("Warning", 30), ("warn", 30), ("WARN", 30),
+    ("error", 40), ("CRITICAL", 50), (10, 10), (35, 35), (50, 50),
+])
+def test_log_level_accepts_nvrx_names_and_numbers(value, level):
+    assert FaultToleranceConfig.from_kwargs(log_level=value).log_level == level
+    assert _parse([f"--ft-log-level={value}"]).log_level == level
+
+
+def test_num_warmup_iterations_defaults_to_nvrx_value():
+    assert FaultToleranceConfig().num_warmup_iterations == 5
+    assert FaultToleranceConfig(num_warmup_iterations=0).num_warmup_iterations == 0
