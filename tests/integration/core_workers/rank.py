@@ -1,6 +1,6 @@
 """A training rank without torch: talks to the node monitor and misbehaves on request.
 
-Usage: python rank.py SCENARIO [--ready-file F] [--beats N] [--interval S] [--fallback JSON]
+Usage: python rank.py SCENARIO [--ready-file F] [--beats N] [--interval S] [--fallback JSON] [--stop-file F]
 
 Prints one JSON line at a graceful end: heartbeats dropped, and the config the monitor sent.
 """
@@ -31,6 +31,7 @@ def main() -> None:
     parser.add_argument("--beats", type=int, default=5)
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--fallback", type=json.loads, default=None, help="fallback_config as JSON")
+    parser.add_argument("--stop-file", help="heartbeat_forever: stop heartbeating (hang) once this file exists")
     args = parser.parse_args()
 
     client = RankMonitorClient()
@@ -63,9 +64,10 @@ def main() -> None:
         client.shutdown_workload_monitoring()
         time.sleep(float(os.environ.get("IDLE_AFTER_SHUTDOWN", "2")))
     elif args.scenario == "heartbeat_forever":
-        while True:
+        while not (args.stop_file and os.path.exists(args.stop_file)):
             client.send_heartbeat()
             time.sleep(args.interval)
+        hang_without_heartbeat()
     elif args.scenario == "finish":
         client.shutdown_workload_monitoring()
     else:
