@@ -46,7 +46,9 @@ from ft_core.jobdir import (
     MONITOR_SOCKET_ENV,
     TOKEN_ENV,
     JobDir,
+    create_private_file,
     make_private_dir,
+    read_private_file,
     token_path,
 )
 from ft_core.protocol import (
@@ -598,7 +600,10 @@ class RankMonitorClient:
         path = job_dir.stack_dump_file(rank, os.getpid())
         try:
             make_private_dir(job_dir.stacks)
-            self._dump_file = open(path, "a", encoding="utf-8")  # noqa: SIM115 - faulthandler keeps the fd
+            # A new 0600 file, never through a planted symlink; a leftover of an earlier process with
+            # our pid (a reused standalone directory) is replaced.
+            fd = create_private_file(path, replace=True, append=True)
+            self._dump_file = open(fd, "a", encoding="utf-8")  # noqa: SIM115 - faulthandler keeps the fd
         except OSError as exc:
             log.warning("stack dumps disabled: cannot create %s: %s", path, exc)
             return None
@@ -637,12 +642,11 @@ def _read_token(socket_path: str) -> str:
     if token:
         return token
     try:
-        with open(token_path(socket_path), encoding="utf-8") as handle:
-            return handle.read().strip()
-    except OSError:
+        return read_private_file(token_path(socket_path)).strip()
+    except OSError as exc:
         raise RankMonitorClientError(
-            f"{TOKEN_ENV} is not set and {token_path(socket_path)} cannot be read: the job token is needed to "
-            "talk to the monitor (ft_launcher sets it for its workers)"
+            f"{TOKEN_ENV} is not set and {token_path(socket_path)} cannot be read ({exc}): the job token is "
+            "needed to talk to the monitor (ft_launcher sets it for its workers)"
         ) from None
 
 

@@ -33,6 +33,8 @@ from typing import Any, Optional, Union
 
 import msgspec
 
+from ft_core.jobdir import open_private_log
+
 __all__ = [
     "CheckpointReported",
     "ConnectionRejected",
@@ -312,13 +314,20 @@ class EventWriter:
 
     The file is opened with ``O_APPEND`` and written without a user-space
     buffer, so a reader (or a crash) never sees a torn line and several
-    writers may share one file. ``node`` is stamped on every record written.
+    writers may share one file. It is created with mode 0600 and never
+    through a symlink (:func:`~ft_core.jobdir.open_private_log`: records
+    hold paths, arguments and stacks). A line left unfinished by a writer
+    that died mid-write (a full disk) is ended first, so the next record
+    stays readable. ``node`` is stamped on every record written.
     """
 
-    def __init__(self, path: str, node: Optional[str] = None, mode: int = 0o666) -> None:
+    def __init__(self, path: str, node: Optional[str] = None) -> None:
         self.path = os.path.abspath(path)
         self.node = node
-        self._fd: Optional[int] = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, mode)
+        self._fd: Optional[int] = open_private_log(self.path)
+        size = os.fstat(self._fd).st_size
+        if size and os.pread(self._fd, 1, size - 1) != b"\n":
+            os.write(self._fd, b"\n")
 
     def write(self, record: Event) -> Event:
         """Append ``record`` (with this writer's ``node``); returns what was written."""

@@ -6,6 +6,14 @@ of the message types below raises :class:`ProtocolError`. Nothing is ever
 unpickled. The first message on every connection is :class:`Hello` carrying
 the job token; the peer answers :class:`HelloAck` or closes the connection.
 
+The decoder is the first thing that touches bytes from an unauthenticated
+peer, so it bounds everything before decoding: the frame length (checked from
+the header, before the payload is buffered; a server may set a smaller bound
+for the first frame, the Hello), empty frames, and msgpack nesting deeper
+than :data:`MAX_NESTING` (msgspec decodes recursively: a frame nested a few
+thousand levels deep would raise ``RecursionError`` instead of a
+``ProtocolError``).
+
 This module must not import torch (the monitor imports it).
 """
 
@@ -19,6 +27,8 @@ from typing import Any, Optional, Union
 
 import msgspec
 
+from ft_core.validation import int_in_range
+
 __all__ = [
     "Ack",
     "DEFAULT_MAX_FRAME_BYTES",
@@ -29,6 +39,8 @@ __all__ = [
     "Hello",
     "HelloAck",
     "MAX_FRAME_BYTES_LIMIT",
+    "MAX_HELLO_FRAME_BYTES",
+    "MAX_NESTING",
     "Message",
     "ProtocolError",
     "ReportCheckpoint",
@@ -37,6 +49,7 @@ __all__ = [
     "SectionStart",
     "UpdateTimeouts",
     "WorkloadControl",
+    "check_max_frame_bytes",
     "encode",
     "recv_msg",
     "request",
@@ -47,6 +60,11 @@ DEFAULT_MAX_FRAME_BYTES = 1 << 20
 _HEADER = struct.Struct(">I")
 #: The largest payload a frame can announce: its length prefix is a 4-byte unsigned integer.
 MAX_FRAME_BYTES_LIMIT = 2 ** (8 * _HEADER.size) - 1
+#: Deepest msgpack nesting accepted; real messages nest at most 5 levels (a Hello's timeouts dict).
+MAX_NESTING = 32
+#: The largest first frame (the Hello) a server buffers from a peer that is not authenticated yet:
+#: a Hello with a full fallback config is a few KB. Larger frames are for authenticated peers only.
+MAX_HELLO_FRAME_BYTES = 64 * 1024
 
 
 class ProtocolError(Exception):
@@ -135,16 +153,28 @@ def encode(msg: Message) -> bytes:
     return _HEADER.pack(len(payload)) + payload
 
 
+def check_max_frame_bytes(value: int, name: str = "max_frame_bytes") -> int:
+    """``value`` if it is a frame size limit the 4-byte header can express (1 .. 2**32-1)."""
+    return int_in_range(name, value, 1, MAX_FRAME_BYTES_LIMIT)
+
+
 class FrameDecoder:
     """Incremental decoder: ``feed()`` bytes, then iterate complete messages.
 
-    Raises :class:`ProtocolError` for a frame larger than ``max_frame_bytes``
-    (checked from the header, before buffering the payload) or a payload that
-    is not a valid message.
+    Raises :class:`ProtocolError` for a frame larger than its limit (checked
+    from the header, before buffering the payload), an empty frame, a payload
+    nested deeper than :data:`MAX_NESTING`, or a payload that is not a valid
+    message. The limit is ``max_frame_bytes``, or ``first_frame_bytes`` for
+    the first frame of the connection (a server bounds what an unauthenticated
+    peer can make it buffer). Both must be within 1 .. 2**32-1
+    (``ValidationError`` otherwise).
     """
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
-        self.max_frame_bytes = max_frame_bytes
+    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 first_frame_bytes: Optional[int] = None) -> None:
+        self.max_frame_bytes = check_max_frame_bytes(max_frame_bytes)
+        self._first_frame_bytes = (None if first_frame_bytes is None
+                                   else check_max_frame_bytes(first_frame_bytes, "first_frame_bytes"))
         self._buffer = bytearray()
         #: Messages already decoded but not yet consumed by :func:`recv_msg`.
         self.pending: list[Message] = []
@@ -159,20 +189,90 @@ class FrameDecoder:
             # made a large read (a monitor catching up) quadratic in its size.
             while len(buffer) - start >= _HEADER.size:
                 (length,) = _HEADER.unpack_from(buffer, start)
+                if length == 0:
+                    raise ProtocolError("empty frame (length 0): every message has a payload")
+                if self._first_frame_bytes is not None and length > self._first_frame_bytes:
+                    raise ProtocolError(f"frame of {length} bytes exceeds the limit of {self._first_frame_bytes} "
+                                        "before the handshake")
                 if length > self.max_frame_bytes:
                     raise ProtocolError(f"frame of {length} bytes exceeds the limit of {self.max_frame_bytes}")
                 end = start + _HEADER.size + length
                 if len(buffer) < end:
                     break
-                try:
-                    messages.append(_decoder.decode(buffer[start + _HEADER.size:end]))
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                    raise ProtocolError(f"undecodable message: {exc}") from None
+                payload = bytes(buffer[start + _HEADER.size:end])
                 start = end
+                self._first_frame_bytes = None
+                if _nested_deeper_than(payload, MAX_NESTING):
+                    raise ProtocolError(f"message nested deeper than {MAX_NESTING} levels")
+                try:
+                    messages.append(_decoder.decode(payload))
+                except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # ValidationError is a DecodeError
+                    raise ProtocolError(f"undecodable message: {exc}") from None
         finally:
             buffer.release()
         del self._buffer[:start]
         return messages
+
+
+# -- msgpack nesting ------------------------------------------------------------------
+# Bytes that open a container (fixmap, fixarray, array16/32, map16/32). A payload with no more
+# of them than the bound cannot nest deeper, whatever they mean, so most frames skip the scan.
+_CONTAINER_BYTES = bytes([*range(0x80, 0xA0), 0xDC, 0xDD, 0xDE, 0xDF])
+_OTHER_BYTES = bytes(b for b in range(256) if b not in _CONTAINER_BYTES)
+# For every other type byte: (bytes of its length field, fixed bytes after it) -- str/bin/ext
+# carry a length of their payload; ints, floats and fixext have a fixed size.
+_SKIP = {
+    0xC4: (1, 0), 0xC5: (2, 0), 0xC6: (4, 0),  # bin 8/16/32
+    0xC7: (1, 1), 0xC8: (2, 1), 0xC9: (4, 1),  # ext 8/16/32 (+ type byte)
+    0xCA: (0, 4), 0xCB: (0, 8),  # float 32/64
+    0xCC: (0, 1), 0xCD: (0, 2), 0xCE: (0, 4), 0xCF: (0, 8),  # uint
+    0xD0: (0, 1), 0xD1: (0, 2), 0xD2: (0, 4), 0xD3: (0, 8),  # int
+    0xD4: (0, 2), 0xD5: (0, 3), 0xD6: (0, 5), 0xD7: (0, 9), 0xD8: (0, 17),  # fixext (+ type byte)
+    0xD9: (1, 0), 0xDA: (2, 0), 0xDB: (4, 0),  # str 8/16/32
+}
+_CONTAINERS = {0xDC: (2, 1), 0xDD: (4, 1), 0xDE: (2, 2), 0xDF: (4, 2)}  # (count bytes, items per count)
+
+
+def _nested_deeper_than(payload: bytes, limit: int) -> bool:
+    """True if the msgpack object in ``payload`` nests containers more than ``limit`` levels deep.
+
+    Iterative (a recursive check would fail the same way as the decoder). A
+    truncated payload ends the scan; the decoder then reports it.
+    """
+    if len(payload.translate(None, _OTHER_BYTES)) <= limit:
+        return False
+    pending: list[int] = []  # items still to read in each open container, outermost first
+    left = 1  # items still to read at the current level (the top level holds one object)
+    i, size = 0, len(payload)
+    while i < size:
+        byte = payload[i]
+        i += 1
+        left -= 1
+        items = 0
+        if 0x80 <= byte <= 0x8F:
+            items = (byte & 0x0F) * 2
+        elif 0x90 <= byte <= 0x9F:
+            items = byte & 0x0F
+        elif 0xA0 <= byte <= 0xBF:
+            i += byte & 0x1F
+        elif byte in _CONTAINERS:
+            width, per = _CONTAINERS[byte]
+            items = int.from_bytes(payload[i:i + width], "big") * per
+            i += width
+        elif byte in _SKIP:
+            width, fixed = _SKIP[byte]
+            i += width + fixed + (int.from_bytes(payload[i:i + width], "big") if width else 0)
+        is_container = 0x80 <= byte <= 0x9F or byte in _CONTAINERS
+        if is_container and len(pending) + 1 > limit:
+            return True
+        if items:
+            pending.append(left)
+            left = items
+        while left == 0 and pending:
+            left = pending.pop()
+        if left == 0:
+            return False
+    return False
 
 
 def send_msg(sock: socket.socket, msg: Message) -> None:

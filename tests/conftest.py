@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import tempfile
 import time
 
 import psutil
@@ -110,3 +112,15 @@ def etcd_cluster3(tmp_path_factory):
     cluster = EtcdCluster(str(tmp_path_factory.mktemp("etcd3")), size=3).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def runtime_dir():
+    """A private directory to stand for ``$XDG_RUNTIME_DIR`` (job dirs go in ``<it>/ft-<uid>/``).
+
+    Made in /tmp: pytest's ``tmp_path`` is too long for socket paths below it, and
+    ``ft_core.jobdir.runtime_root`` would skip it for ``/tmp``.
+    """
+    path = tempfile.mkdtemp(prefix="ftrun-", dir="/tmp")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

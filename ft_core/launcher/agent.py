@@ -51,7 +51,7 @@ from ft_core.events import (
     WorkersSucceeded,
     WorkloadControlReceived,
 )
-from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV, saved_stack_path
+from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.coordination import (
     CycleInfo,
@@ -352,15 +352,11 @@ class FtElasticAgent(LocalElasticAgent):
         """Keep the hung rank's stack next to the event log (the job dir is removed at exit)."""
         if not hang.stack:
             return hang.stack_dump_file
-        path = saved_stack_path(self._svc.events.path, self._cycle_number(), hang.rank, hang.pid)
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(hang.stack)
+            return self._svc.events.save_stack(hang.stack, self._cycle_number(), hang.rank, hang.pid)
         except OSError as exc:
             log.warning("could not save the stack dump of rank %s: %s", hang.rank, exc)
             return hang.stack_dump_file
-        return path
 
     # -- endings ----------------------------------------------------------
     def _on_signal(self, sig: signal.Signals) -> RunResult:

@@ -5,7 +5,9 @@ Records are the typed events of :mod:`ft_core.events`, written by its
 ``event``, ``time`` (unix seconds) and ``node`` (``host:pid`` of the launcher,
 so the logs of several nodes can be merged). Each line is one ``write`` to a
 file opened for appending, so a reader (or a crash) never sees a torn line and
-several launchers may share one file.
+several launchers may share one file. The log and the saved stacks are
+private (0600 files, a 0700 ``ft_stacks`` directory): they hold paths,
+arguments and stacks.
 """
 
 from __future__ import annotations
@@ -17,7 +19,13 @@ import time
 from typing import Optional
 
 from ft_core.events import Event, EventWriter, RestartKind
-from ft_core.jobdir import LAUNCHER_EVENTS_FILE
+from ft_core.jobdir import (
+    LAUNCHER_EVENTS_FILE,
+    PRIVATE_DIR_MODE,
+    make_private_dir,
+    saved_stack_path,
+    write_private_file,
+)
 
 __all__ = ["EventLog", "EVENTS_FILE_NAME"]
 
@@ -31,7 +39,7 @@ class EventLog:
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        os.makedirs(os.path.dirname(self.path), mode=PRIVATE_DIR_MODE, exist_ok=True)
         self.node = f"{socket.gethostname()}:{os.getpid()}"
         self._writer: Optional[EventWriter] = EventWriter(self.path, node=self.node)
         self.started = time.time()
@@ -51,6 +59,17 @@ class EventLog:
         if self._writer is None:
             return record
         return self._writer.write(record)
+
+    def save_stack(self, stack: str, cycle: int, rank: int, pid: int) -> str:
+        """Keep a hung rank's stack next to the log (the job dir is removed at exit); returns its path.
+
+        Raises:
+            OSError: it cannot be written (``UnsafePathError`` if ``ft_stacks`` is not a private dir of ours).
+        """
+        path = saved_stack_path(self.path, cycle, rank, pid)
+        make_private_dir(os.path.dirname(path))
+        write_private_file(path, stack)
+        return path
 
     def fault(self, kind: RestartKind) -> None:
         """Count a fault seen on this node, for the summary."""

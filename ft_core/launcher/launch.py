@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import shutil
 import signal
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.events import LauncherExit, LauncherStarted
-from ft_core.jobdir import JobDir
+from ft_core.jobdir import claim_job_dir
 from ft_core.launcher.agent import FtElasticAgent, Outcome, Services
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
@@ -39,7 +38,9 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in the README)."""
     events = EventLog(options.events_file or _default_events_path(config))
     log.info("fault tolerance event log: %s", events.path)
-    job_dir = JobDir(tempfile.mkdtemp(prefix="ft-")).create()  # mode 0700: sockets and the token live here
+    # Mode 0700, unpredictable, locked while we run; job dirs of SIGKILLed launchers are removed first.
+    claim = claim_job_dir()
+    job_dir = claim.job_dir
     token = secrets.token_hex(16)
     monitor = NodeMonitor(cfg, job_dir, token)
     control = None
@@ -80,7 +81,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         if control is not None:
             control.close()
         monitor.stop()
-        shutil.rmtree(job_dir.path, ignore_errors=True)
+        claim.release()
         events.write(LauncherExit(exit_code=outcome.exit_code, reason=outcome.reason))
         print(events.summary(outcome.exit_code, outcome.reason), file=sys.stderr, flush=True)
         events.close()

@@ -7,7 +7,7 @@
 
 Usable without the launcher::
 
-    proc = RankMonitorServer.run_in_subprocess(cfg, "/tmp/myjob/monitor.sock")
+    proc = RankMonitorServer.run_in_subprocess(cfg, os.path.join(tempfile.mkdtemp(), "monitor.sock"))
     os.environ["FT_RANK_MONITOR_IPC_SOCKET"] = proc.socket_path   # children inherit
     ...
     proc.stop()

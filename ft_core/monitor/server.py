@@ -21,12 +21,24 @@ by the same amount -- and recorded as a ``monitor_late`` event. A rank past
 its deadline that is runnable but not getting a CPU is starved, not hung: it
 is judged once it is asleep or blocked, or has run (see ``_cpu_probe``).
 
+Hostile or broken peers cost the other ranks nothing: a connection that
+sends garbage (see :class:`~ft_core.protocol.FrameDecoder` for the bounds)
+is closed alone. At most :data:`MAX_PENDING_HANDSHAKES` connections may wait
+for their Hello (beyond that the oldest is closed: a real rank says Hello at
+once, so the oldest idle one is the likeliest to be junk); each gets
+:data:`HANDSHAKE_TIMEOUT` seconds and may make the monitor buffer at most
+:data:`~ft_core.protocol.MAX_HELLO_FRAME_BYTES` before it. When ``accept()``
+fails for lack of file descriptors (EMFILE/ENFILE) the monitor closes the
+pending connection with a descriptor it keeps in reserve for that, logs
+once, and keeps watching the ranks already connected.
+
 This module must not import torch: one monitor per node should cost a few MB.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hmac
 import logging
 import os
@@ -57,6 +69,7 @@ from ft_core.jobdir import LAUNCHER_SOCKET_ENV, PRIVATE_FILE_MODE, JobDir
 from ft_core.monitor.hang import Expiry, Hang
 from ft_core.monitor.process import MonitorProcess, run_in_subprocess
 from ft_core.protocol import (
+    MAX_HELLO_FRAME_BYTES,
     Ack,
     EndAllSections,
     FrameDecoder,
@@ -72,11 +85,16 @@ from ft_core.protocol import (
     SectionStart,
     UpdateTimeouts,
     WorkloadControl,
+    check_max_frame_bytes,
     encode,
 )
+from ft_core.ratelimit import LogThrottle
 from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, WarmupRule, apply_calculated
 
-__all__ = ["AWAKE_TICK", "HANDSHAKE_TIMEOUT", "LATE_THRESHOLD", "OpenSection", "RankMonitorServer", "WatchedRank"]
+__all__ = [
+    "AWAKE_TICK", "HANDSHAKE_TIMEOUT", "LATE_THRESHOLD", "MAX_PENDING_HANDSHAKES", "OpenSection", "RankMonitorServer",
+    "WatchedRank",
+]
 
 log = logging.getLogger("ft_core.monitor")
 
@@ -97,6 +115,20 @@ REFRESH_CHUNKS = 8
 #: A runnable rank past its deadline is declared hung once it has had this much CPU time since
 #: without a sign of life; until then it is waiting for a CPU, not hung (see ``_cpu_probe``).
 CPU_PROBE = 0.02
+#: Connections still waiting for their Hello; one more closes the oldest. Far above the local ranks of
+#: any node connecting at once (each says Hello at once), far below what would strain the monitor.
+MAX_PENDING_HANDSHAKES = 256
+#: Connections accepted per loop pass, so a connect flood cannot delay deadline checks.
+_ACCEPT_BATCH = 64
+#: accept() errors that mean "out of descriptors": close the newcomer with the reserve descriptor.
+_NO_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
+#: accept() errors about one connection (it went away before we took it): skip it.
+_GONE = frozenset({errno.ECONNABORTED, errno.EPROTO, errno.EPERM})
+#: After an accept() error that closing a connection cannot help, the loop pauses this long.
+_ACCEPT_BACKOFF = 0.01
+#: Rejections logged (and recorded) per window; beyond that they are counted and summarized.
+_REJECTIONS_PER_WINDOW = 20
+_REJECTION_WINDOW = 10.0
 _PEERCRED = struct.Struct("3i")
 
 
@@ -203,7 +235,7 @@ class WatchedRank:
 class _Connection:
     def __init__(self, sock: socket.socket, max_frame_bytes: int, accepted_at: float) -> None:
         self.sock = sock
-        self.decoder = FrameDecoder(max_frame_bytes)
+        self.decoder = FrameDecoder(max_frame_bytes, first_frame_bytes=min(MAX_HELLO_FRAME_BYTES, max_frame_bytes))
         self.accepted_at = accepted_at
         self.peer_pid = _peer_pid(sock)
         self.rank: Optional[WatchedRank] = None
@@ -238,6 +270,7 @@ class RankMonitorServer:
     ) -> None:
         if not token:
             raise ValueError("token: a non-empty job token is required")
+        check_max_frame_bytes(cfg.max_frame_bytes)  # fail at start, not at the first connection
         self.cfg = cfg
         self.socket_path = os.path.abspath(socket_path)
         self._token = token.encode()
@@ -246,6 +279,14 @@ class RankMonitorServer:
         self.dump_dir = self.job_dir.stacks
         self._selector = selectors.DefaultSelector()
         self._connections: dict[int, _Connection] = {}
+        #: Connections without a handshake yet, oldest first (entries of ranks that said Hello linger
+        #: until the next pruning).
+        self._pending: dict[int, _Connection] = {}
+        #: A descriptor kept free so that, out of descriptors, a connection can still be accepted and closed.
+        self._reserve_fd: Optional[int] = None
+        #: Connections closed unserved for lack of descriptors since it began; None while descriptors last.
+        self._shed: Optional[int] = None
+        self._rejections = LogThrottle(_REJECTIONS_PER_WINDOW, _REJECTION_WINDOW)
         self._listener: Optional[socket.socket] = None
         self._events: Optional[EventWriter] = None
         self._running = False
@@ -264,7 +305,8 @@ class RankMonitorServer:
         listener.setblocking(False)
         self._selector.register(listener, selectors.EVENT_READ, None)
         self._listener = listener
-        self._events = EventWriter(self.events_path, mode=PRIVATE_FILE_MODE)
+        self._events = EventWriter(self.events_path)
+        self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     def close(self) -> None:
         for conn in list(self._connections.values()):
@@ -280,6 +322,9 @@ class RankMonitorServer:
         if self._events is not None:
             self._events.close()
             self._events = None
+        if self._reserve_fd is not None:
+            os.close(self._reserve_fd)
+            self._reserve_fd = None
 
     def stop(self) -> None:
         """Make :meth:`serve_forever` return (safe from a signal handler)."""
@@ -397,15 +442,68 @@ class RankMonitorServer:
     # -- connections ------------------------------------------------------
     def _accept(self) -> None:
         assert self._listener is not None
-        while True:
+        for _ in range(_ACCEPT_BATCH):
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
+            except OSError as exc:
+                if exc.errno in _GONE:
+                    continue
+                if exc.errno in _NO_DESCRIPTORS and self._shed_one(exc):
+                    continue
+                log.warning("accept() failed on %s: %s; retrying", self.socket_path, exc)
+                time.sleep(_ACCEPT_BACKOFF)  # the listener stays readable: do not spin
+                return
+            if self._shed is not None:
+                log.warning("file descriptors available again: accepting connections (%d closed unserved "
+                            "meanwhile)", self._shed)
+                self._shed = None
             sock.setblocking(False)
             conn = _Connection(sock, self.cfg.max_frame_bytes, self._now())
             self._connections[sock.fileno()] = conn
+            self._pending[sock.fileno()] = conn
             self._selector.register(sock, selectors.EVENT_READ, conn)
+            self._cap_pending()
+
+    def _shed_one(self, exc: OSError) -> bool:
+        """Out of descriptors: accept the next connection on the reserve descriptor and close it at once.
+
+        Empties the backlog instead of spinning on a readable listener; the
+        ranks already connected are still watched. Logged once per shortage.
+        Returns False if even that failed (another process took the slot).
+        """
+        if self._shed is None:
+            log.warning("out of file descriptors (%s): closing new connections until some are free; "
+                        "%d connected ranks are still watched", exc,
+                        sum(1 for c in self._connections.values() if c.rank is not None))
+            self._shed = 0
+        if self._reserve_fd is None:
+            return False
+        os.close(self._reserve_fd)
+        self._reserve_fd = None
+        try:
+            assert self._listener is not None
+            sock, _ = self._listener.accept()
+            sock.close()
+            self._shed = self._shed + 1
+            return True
+        except OSError:
+            return False
+        finally:
+            try:
+                self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                pass  # tried again at the next shortage
+
+    def _cap_pending(self) -> None:
+        """Keep at most MAX_PENDING_HANDSHAKES connections waiting for their Hello: close the oldest."""
+        if len(self._pending) <= MAX_PENDING_HANDSHAKES:
+            return
+        self._pending = {fd: c for fd, c in self._pending.items() if c.rank is None}
+        while len(self._pending) > MAX_PENDING_HANDSHAKES:
+            oldest = next(iter(self._pending.values()))
+            self._reject(oldest, f"too many pending handshakes ({MAX_PENDING_HANDSHAKES}): closing the oldest")
 
     def _read(self, conn: _Connection) -> bool:
         """Read and handle one chunk; True if more may be waiting (the chunk was full)."""
@@ -453,9 +551,13 @@ class RankMonitorServer:
             self._drop(conn)
 
     def _reject(self, conn: _Connection, reason: str) -> None:
-        who = f"rank {conn.rank.rank}" if conn.rank else f"pid {conn.peer_pid}"
-        log.warning("closing connection from %s: %s", who, reason)
-        self._record(ConnectionRejected(pid=conn.peer_pid, reason=reason))
+        # Throttled: a flood of bad connections must not flood the log and the event file too.
+        held_back = self._rejections.allow()
+        if held_back is not None:
+            who = f"rank {conn.rank.rank}" if conn.rank else f"pid {conn.peer_pid}"
+            more = f" ({held_back} more rejections not logged before this one)" if held_back else ""
+            log.warning("closing connection from %s: %s%s", who, reason, more)
+            self._record(ConnectionRejected(pid=conn.peer_pid, reason=reason + more))
         self._drop(conn, log_it=False)
 
     def _drop(self, conn: _Connection, log_it: bool = True) -> None:
@@ -463,6 +565,7 @@ class RankMonitorServer:
         if fileno >= 0:
             self._selector.unregister(conn.sock)
             self._connections.pop(fileno, None)
+            self._pending.pop(fileno, None)
             conn.sock.close()
         rank = conn.rank
         if rank is not None and log_it:
@@ -583,10 +686,13 @@ class RankMonitorServer:
     def _terminate(self, rank: WatchedRank, hang: Hang) -> None:
         stack = None
         if rank.dump_path and _file_size(rank.dump_path) > hang.dump_offset:
-            with open(rank.dump_path, errors="replace") as handle:
-                handle.seek(hang.dump_offset)
-                stack = handle.read()
-            log.error("stack of hung rank %d (from %s):\n%s", rank.rank, rank.dump_path, stack.rstrip())
+            try:
+                with open(rank.dump_path, errors="replace") as handle:
+                    handle.seek(hang.dump_offset)
+                    stack = handle.read()
+                log.error("stack of hung rank %d (from %s):\n%s", rank.rank, rank.dump_path, stack.rstrip())
+            except OSError as exc:  # e.g. out of descriptors: the kill matters more than the stack
+                log.error("could not read the stack of hung rank %d from %s: %s", rank.rank, rank.dump_path, exc)
         self._record(hang.terminate(stack, rank.dump_path if stack is not None else None))
         sig = self.cfg.rank_termination_signal
         if rank.pid > 0:

@@ -9,12 +9,26 @@ plain-torch training script::
     client.init_workload_monitoring()
 
 Local rank 0 starts :class:`~ft_core.monitor.RankMonitorServer` in a private
-directory whose name is derived from the job (user, ``TORCHELASTIC_RUN_ID``,
+directory whose name is derived from the job (``TORCHELASTIC_RUN_ID``,
 ``MASTER_ADDR``/``MASTER_PORT``, ``SLURM_JOB_ID``), so the other local ranks
 find its socket and its ``<socket>.token`` file without any shared state.
 The monitor lives as long as local rank 0's process (it dies with its parent)
 and is stopped at exit. A hung rank is killed, but nothing restarts it: that
 is ``ft_launcher``'s job.
+
+Where, and why it is safe. The path must be derivable (no shared state
+between the local ranks), so it cannot be random; a predictable name in a
+shared ``/tmp`` could be pre-created by another user to read the token or
+redirect the event log. So the job's directory lives inside the per-user
+directory :func:`ft_core.jobdir.runtime_root` (``$XDG_RUNTIME_DIR/ft-<uid>``,
+else ``$TMPDIR/ft-<uid>`` or ``/tmp/ft-<uid>``), which every rank verifies
+before use: a real directory (not a symlink), owned by the current user,
+mode 0700 (tightened if wider). Inside it only we can create entries, so the
+derived name ``standalone-<hash of the job>`` is safe; it is verified the
+same way, and every file in it is created new, never through a symlink. If
+another user pre-created ``ft-<uid>``, the ranks stop with an error naming
+the directory and its owner (set ``XDG_RUNTIME_DIR`` or ``TMPDIR`` to a
+private directory to work around it); they never use it.
 """
 
 from __future__ import annotations
@@ -26,13 +40,12 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 
 from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
 from ft_core.deadline import wait_until
 from ft_core.events import RankConnected, RankDisconnected, read_records
-from ft_core.jobdir import MONITOR_SOCKET_ENV, JobDir
+from ft_core.jobdir import MONITOR_SOCKET_ENV, JobDir, runtime_root
 from ft_core.monitor.process import MonitorProcess, run_in_subprocess
 
 __all__ = ["connect_standalone", "standalone_socket_path", "start_standalone", "stop_standalone_monitors"]
@@ -43,23 +56,28 @@ log = logging.getLogger("ft_core.monitor.standalone")
 CONNECT_TIMEOUT = 120.0
 #: At exit, how long local rank 0 waits for the other ranks to disconnect before stopping the monitor.
 DRAIN_TIMEOUT = 5.0
-_MAX_SOCKET_PATH = 107  # AF_UNIX paths are limited to 108 bytes, NUL included
+#: The standalone monitor's directory in :func:`~ft_core.jobdir.runtime_root`: ``standalone-<hash>``.
+STANDALONE_PREFIX = "standalone-"
 
 #: socket path -> (monitor, offset of its first event in the events file)
 _monitors: dict[str, tuple[MonitorProcess, int]] = {}
 
 
 def standalone_socket_path() -> str:
-    """The node monitor socket path every local rank of this job derives identically."""
+    """The node monitor socket path every local rank of this job derives identically.
+
+    Creates (or verifies) the per-user directory it lives in.
+
+    Raises:
+        ~ft_core.jobdir.UnsafePathError: that directory is not safe to use (another user's, a symlink).
+    """
     env = os.environ
     identity = "/".join(env.get(k, "") for k in ("TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT",
                                                  "SLURM_JOB_ID", "SLURM_STEP_ID"))
     if not identity.strip("/"):
         identity = f"pid{os.getpid()}"  # a single process: nobody else needs to find it
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
-    name = f"ft-{os.getuid()}-{digest}"
-    path = JobDir(os.path.join(tempfile.gettempdir(), name)).monitor_socket
-    return path if len(path.encode()) <= _MAX_SOCKET_PATH else JobDir(os.path.join("/tmp", name)).monitor_socket
+    return JobDir(os.path.join(runtime_root(), f"{STANDALONE_PREFIX}{digest}")).monitor_socket
 
 
 def start_standalone(cfg: FaultToleranceConfig) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import free_port  # noqa: E402
@@ -18,10 +19,9 @@ CONFIG = {"rank_section_timeouts": {"setup": 120, "step": 5, "checkpointing": 60
 
 
 @pytest.mark.timeout(300)
-def test_standalone_monitor_under_torchrun_kills_hung_rank(tmp_path):
+def test_standalone_monitor_under_torchrun_kills_hung_rank(tmp_path, runtime_dir):
     env = base_env(tmp_path)
-    env["TMPDIR"] = str(tmp_path / "tmp")  # the monitor's private directory goes there
-    (tmp_path / "tmp").mkdir()
+    env["XDG_RUNTIME_DIR"] = runtime_dir  # the monitor's private directory goes there
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=0",
            f"--master-port={free_port()}", str(SCRIPTS / "train.py"), "--mode=sections", "--max-steps=8",
            "--standalone=monitor", "--no-calculate-timeouts", f"--config-json={json.dumps(CONFIG)}", "--fault",
@@ -32,7 +32,7 @@ def test_standalone_monitor_under_torchrun_kills_hung_rank(tmp_path):
     assert result.returncode != 0  # torchrun cannot restart: the job fails instead of hanging
     assert "restarts need ft_launcher" in result.output
 
-    [events_file] = (tmp_path / "tmp").glob("ft-*/monitor_events.jsonl")
+    [events_file] = Path(runtime_dir).glob("ft-*/standalone-*/monitor_events.jsonl")
     events = read_events(str(events_file))[0]
     # Rank 1 hangs and rank 0 waits for it in the gradient all-reduce: both miss the step deadline
     # at about the same time. The monitor lives in local rank 0's process tree, so it may be gone

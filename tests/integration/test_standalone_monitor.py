@@ -17,21 +17,20 @@ CONFIG = {"rank_section_timeouts": {"setup": 120, "step": 3}, "initial_rank_hear
           "rank_heartbeat_timeout": None}
 
 
-def _torchrun(tmp_path: Path, via: str, *extra: str) -> tuple:
+def _torchrun(tmp_path: Path, runtime_dir: str, via: str, *extra: str) -> tuple:
     env = base_env(tmp_path)
-    env["TMPDIR"] = str(tmp_path / "tmp")  # the monitor's private directory goes there
-    (tmp_path / "tmp").mkdir()
+    env["XDG_RUNTIME_DIR"] = runtime_dir  # the monitor's private directory goes there
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=0",
            f"--master-port={free_port()}", str(SCRIPT), f"--via={via}", f"--config-json={json.dumps(CONFIG)}",
            f"--out={tmp_path}", *extra]
     result = run_job(cmd, env, timeout=240, log_path=tmp_path / "torchrun.log")
     assert not result.timed_out, result.output[-6000:]
-    return result, sorted((tmp_path / "tmp").glob("ft-*"))
+    return result, sorted(Path(runtime_dir).glob("ft-*/standalone-*"))
 
 
 @pytest.mark.timeout(300)
-def test_plain_torch_hang_is_killed_by_the_standalone_monitor(tmp_path):
-    result, job_dirs = _torchrun(tmp_path, "client", "--hang-rank=1", "--hang-step=2")
+def test_plain_torch_hang_is_killed_by_the_standalone_monitor(tmp_path, runtime_dir):
+    result, job_dirs = _torchrun(tmp_path, runtime_dir, "client", "--hang-rank=1", "--hang-step=2")
     assert result.returncode != 0  # torchrun cannot restart: the job fails instead of hanging
     [job_dir] = job_dirs  # local rank 0 was killed (it waited in the all-reduce): its files stay
     events = read_events(str(job_dir / "monitor_events.jsonl"))[0]
@@ -43,9 +42,9 @@ def test_plain_torch_hang_is_killed_by_the_standalone_monitor(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_megatron_hooks_slow_but_healthy_run_finishes_under_the_standalone_monitor(tmp_path):
+def test_megatron_hooks_slow_but_healthy_run_finishes_under_the_standalone_monitor(tmp_path, runtime_dir):
     # Steps take 2/3 of their 3 s timeout: slow, but never a hang.
-    result, job_dirs = _torchrun(tmp_path, "megatron", "--enable-ft", "--ft-num-warmup-iters=1", "--steps=4",
+    result, job_dirs = _torchrun(tmp_path, runtime_dir, "megatron", "--enable-ft", "--ft-num-warmup-iters=1", "--steps=4",
                                  "--step-time=2.0")
     assert result.returncode == 0, result.output[-6000:]
     assert sorted(p.name for p in tmp_path.glob("done_r*")) == ["done_r0", "done_r1"]

@@ -47,14 +47,6 @@ def test_create_makes_private_directories_and_tightens_wider_ones(tmp_path):
     assert _mode(job.path) == 0o700 and _mode(job.stacks) == 0o700
 
 
-def test_a_sticky_shared_directory_is_never_chmodded(tmp_path):
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    os.chmod(shared, 0o1777)
-    jobdir.make_private_dir(str(shared))
-    assert _mode(shared) == 0o1777
-
-
 def test_private_files_are_0600_even_when_they_existed_wider(tmp_path):
     path = tmp_path / "monitor.sock.token"
     path.write_text("old")

@@ -1,7 +1,7 @@
 """A training rank without torch: talks to the node monitor and misbehaves on request.
 
 Usage: python rank.py SCENARIO [--ready-file F] [--beats N] [--interval S] [--fallback JSON]
-                      [--step-times S,S,...] [--then finish|hang] ...
+                      [--step-times S,S,...] [--then finish|hang] [--stop-file F] ...
 
 ``train`` is a healthy training loop (a tracked ``step`` section and a
 heartbeat per iteration; ``--interval 0`` is flat out) that can start slowly
@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--beats", type=int, default=5)
     parser.add_argument("--interval", type=float, default=0.05)
     parser.add_argument("--fallback", type=json.loads, default=None, help="fallback_config as JSON")
+    parser.add_argument("--stop-file", help="heartbeat_forever: stop heartbeating (hang) once this file exists")
     parser.add_argument("--step-times", default="", help="'steps': seconds of each step section, comma-separated")
     parser.add_argument("--then", choices=["finish", "hang"], default="finish", help="'steps': after the steps")
     parser.add_argument("--duration", type=float, default=5.0, help="train: seconds of training")
@@ -125,9 +126,10 @@ def main() -> None:
         client.shutdown_workload_monitoring()
         time.sleep(float(os.environ.get("IDLE_AFTER_SHUTDOWN", "2")))
     elif args.scenario == "heartbeat_forever":
-        while True:
+        while not (args.stop_file and os.path.exists(args.stop_file)):
             client.send_heartbeat()
             time.sleep(args.interval)
+        hang_without_heartbeat()
     elif args.scenario == "finish":
         client.shutdown_workload_monitoring()
     else:

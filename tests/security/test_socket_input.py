@@ -1,0 +1,143 @@
+"""Hostile bytes on the monitor's socket: only the sender's connection is closed, other ranks never notice."""
+
+from __future__ import annotations
+
+import struct
+
+import msgspec
+import pytest
+from security_helpers import TOKEN, assert_untouched, closed_by_peer, connect, wait_rejection
+
+from ft_core import protocol
+from ft_core.monitor import server
+from ft_core.protocol import FrameDecoder, Heartbeat, Hello, ProtocolError, encode
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _frame(payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload)) + payload
+
+
+def _deep_hello(depth: int) -> bytes:
+    """A Hello whose ``timeouts`` value is an array nested ``depth`` levels deep."""
+    head = msgspec.msgpack.encode({"type": "hello", "token": "x", "rank": 0})
+    # a fixmap of 3 entries becomes 4: add "timeouts": {"a": [[[...nil...]]]}
+    assert head[0] == 0x83
+    body = (bytes([0x84]) + head[1:] + msgspec.msgpack.encode("timeouts") + b"\x81" + msgspec.msgpack.encode("a")
+            + b"\x91" * depth + b"\xc0")
+    return _frame(body)
+
+
+# -- the decoder alone ------------------------------------------------------------
+@pytest.mark.parametrize("depth", [protocol.MAX_NESTING + 1, 5_000, 200_000])
+def test_the_decoder_bounds_nesting(depth):
+    with pytest.raises(ProtocolError, match="nested"):
+        FrameDecoder().feed(_deep_hello(depth))
+
+
+def test_the_decoder_accepts_real_messages_up_to_the_nesting_bound():
+    assert isinstance(FrameDecoder().feed(_deep_hello(protocol.MAX_NESTING - 3))[0], Hello)
+    fallback = {"rank_section_timeouts": {"step": 3.0, "setup": None}, "safety_factor": 5.0}
+    hello = Hello(token=TOKEN, rank=3, fallback_config=fallback, timeouts={"current_timeouts": {"a": {"b": 1}}})
+    assert FrameDecoder().feed(encode(hello) + encode(Heartbeat(iteration=2))) == [hello, Heartbeat(iteration=2)]
+
+
+def test_the_decoder_names_an_empty_frame():
+    with pytest.raises(ProtocolError, match="empty frame"):
+        FrameDecoder().feed(b"\x00\x00\x00\x00")
+
+
+@pytest.mark.parametrize("limit", [0, -1, protocol.MAX_FRAME_LIMIT + 1, 1 << 40])
+def test_the_decoder_refuses_a_limit_the_header_cannot_express(limit):
+    with pytest.raises(ValueError, match="max_frame_bytes"):
+        FrameDecoder(limit)
+
+
+def test_the_monitor_and_the_control_server_refuse_such_a_limit_at_start(tmp_path):
+    from ft_core.config import FaultToleranceConfig
+    from ft_core.launcher.control import WorkloadControlServer
+
+    cfg = FaultToleranceConfig()
+    cfg.max_frame_bytes = 1 << 40  # past the config's own checks: the servers must not trust it either
+    with pytest.raises(ValueError, match="max_frame_bytes: invalid value 1099511627776"):
+        server.RankMonitorServer(cfg, str(tmp_path / "monitor.sock"), token=TOKEN)
+    with pytest.raises(ValueError, match="max_frame_bytes"):
+        WorkloadControlServer(str(tmp_path / "launcher.sock"), TOKEN, 1 << 40)
+
+
+# -- a live monitor ------------------------------------------------------------------
+def test_a_deeply_nested_frame_closes_only_its_connection(monitor, ranks):
+    healthy = ranks(monitor, "heartbeat_forever")
+    with connect(monitor) as sock:
+        sock.sendall(_deep_hello(50_000))  # deep, yet within the size allowed before a Hello
+        assert closed_by_peer(sock, 10)
+    assert "nested" in wait_rejection(monitor, "nested")
+    assert_untouched(monitor, healthy)
+    ranks(monitor, "heartbeat_forever", rank=1)  # still accepts and serves new ranks
+
+
+def test_zero_length_and_oversized_frames_are_rejected_with_a_clear_reason(monitor, ranks):
+    healthy = ranks(monitor, "heartbeat_forever")
+    with connect(monitor) as sock:
+        sock.sendall(b"\x00\x00\x00\x00")
+        assert closed_by_peer(sock, 10)
+    wait_rejection(monitor, "empty frame (length 0)")
+    with connect(monitor) as sock:
+        sock.sendall(b"\xff\xff\xff\xff")
+        assert closed_by_peer(sock, 10)
+    wait_rejection(monitor, "4294967295 bytes exceeds")
+    assert_untouched(monitor, healthy)
+
+
+def test_a_large_frame_before_the_handshake_is_refused_without_buffering_it(monitor, ranks):
+    healthy = ranks(monitor, "heartbeat_forever")
+    size = protocol.MAX_HELLO_FRAME_BYTES + 1  # below max_frame_bytes, above what a Hello needs
+    with connect(monitor) as sock:
+        sock.sendall(struct.pack(">I", size) + b"\x00" * 1000)
+        assert closed_by_peer(sock, 10)
+    wait_rejection(monitor, "before the handshake")
+    assert_untouched(monitor, healthy)
+
+
+def test_a_handshake_that_never_completes_is_closed_after_the_handshake_timeout(monitor, ranks):
+    healthy = ranks(monitor, "heartbeat_forever")
+    with connect(monitor) as silent, connect(monitor) as partial:
+        partial.sendall(encode(Hello(token=TOKEN, rank=0))[:7])  # a torn Hello, never finished
+        assert closed_by_peer(silent, server.HANDSHAKE_TIMEOUT + 10)
+        assert closed_by_peer(partial, 10)
+    wait_rejection(monitor, "no handshake within")
+    assert_untouched(monitor, healthy)
+
+
+def test_pending_handshakes_are_capped_by_dropping_the_oldest(monitor, ranks):
+    healthy = ranks(monitor, "heartbeat_forever")
+    extra = 5
+    socks = [connect(monitor) for _ in range(server.MAX_PENDING_HANDSHAKES + extra)]
+    try:
+        oldest, newest = socks[:extra], socks[extra:]
+        assert all(closed_by_peer(sock, 10) for sock in oldest)
+        wait_rejection(monitor, "too many pending handshakes")
+        for sock in newest:  # still open: the monitor has not closed them
+            sock.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                sock.recv(1)
+        # A real rank connecting now is served: the cap evicts idle connections, not it.
+        ranks(monitor, "heartbeat_forever", rank=1)
+    finally:
+        for sock in socks:
+            sock.close()
+    assert_untouched(monitor, healthy)
+
+
+def test_frames_for_another_rank_without_the_token_change_nothing(monitor, ranks):
+    healthy = ranks(monitor, "heartbeat_forever", rank=3)
+    with connect(monitor) as sock:
+        sock.sendall(encode(Heartbeat(iteration=1)))  # before any Hello
+        assert closed_by_peer(sock, 10)
+    with connect(monitor) as sock:
+        sock.sendall(encode(Hello(token="wrong", rank=3)))
+        assert closed_by_peer(sock, 10)
+    wait_rejection(monitor, "wrong job token")
+    wait_rejection(monitor, "expected Hello first")
+    assert_untouched(monitor, healthy)
