@@ -48,7 +48,7 @@ def test_the_decoder_names_an_empty_frame():
         FrameDecoder().feed(b"\x00\x00\x00\x00")
 
 
-@pytest.mark.parametrize("limit", [0, -1, protocol.MAX_FRAME_LIMIT + 1, 1 << 40])
+@pytest.mark.parametrize("limit", [0, -1, protocol.MAX_FRAME_BYTES_LIMIT + 1, 1 << 40])
 def test_the_decoder_refuses_a_limit_the_header_cannot_express(limit):
     with pytest.raises(ValueError, match="max_frame_bytes"):
         FrameDecoder(limit)
