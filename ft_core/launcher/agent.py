@@ -28,6 +28,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousGracefulExitError
 
+from ft_core.autoresume import finished_flag_path, training_finished
 from ft_core.client import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV
 from ft_core.data import WorkloadAction
 from ft_core.launcher.control import WorkloadControlServer
@@ -45,7 +46,7 @@ from ft_core.launcher.process import workers_die_with_agent
 from ft_core.launcher.progress import ProgressTracker
 from ft_core.monitor import TOKEN_ENV
 
-__all__ = ["FtElasticAgent", "Outcome", "Services"]
+__all__ = ["FtElasticAgent", "Outcome", "Services", "signal_outcome"]
 
 log = logging.getLogger("ft_core.launcher")
 
@@ -357,20 +358,18 @@ class FtElasticAgent(LocalElasticAgent):
                 signal.signal(sig_to_ignore, signal.SIG_IGN)
         handlers = list((getattr(self._pcontext, "subprocess_handlers", None) or {}).values())
         running = [h for h in handlers if h.proc.poll() is None]
+        finished_before = bool(handlers) and not running and all(h.proc.returncode == 0 for h in handlers)
         self._svc.events.record("signal", signal=sig.name, running_workers=len(running))
         log.warning("received %s: forwarding it to %d worker(s), SIGKILL after %.1f s", sig.name, len(running),
                     self._opts.term_timeout)
         self._shutdown(sig, timeout=self._opts.term_timeout)  # type: ignore[arg-type]
         codes = [h.proc.returncode for h in handlers]
-        clean = bool(codes) and all(code == 0 for code in codes)
         for handler in running:
             code = handler.proc.returncode
             self._svc.events.record("worker_exit", cycle=self._cycle_number(), local_rank=handler.local_rank_id,
                                     pid=handler.proc.pid, cause=f"launcher {sig.name}",
                                     **({"exit_code": code} if code >= 0 else {"signal": signal.Signals(-code).name}))
-        if clean:
-            return self._finish(Outcome(0, f"{sig.name} received; workers exited cleanly", "keep"))
-        return self._finish(Outcome(128 + sig.value, f"{sig.name} received; workers exit codes {codes}", "keep"))
+        return self._finish(signal_outcome(sig, f"workers exit codes {codes}", finished_before))
 
     def release_rendezvous(self, how: str) -> None:
         """After ``run()``: "close" the rendezvous for every node, "leave" it, or "keep" it (see Outcome)."""
@@ -407,6 +406,21 @@ class FtElasticAgent(LocalElasticAgent):
 
     def _cycle_number(self) -> int:
         return self._cycle.cycle if self._cycle is not None else -1
+
+
+def signal_outcome(sig: signal.Signals, detail: str, workers_finished: bool = False) -> Outcome:
+    """How a launcher stopped by a forwarded signal exits: the rule a requeue loop relies on.
+
+    SLURM sends SIGTERM before preemption or the time limit; the workers save and exit 0, but the
+    job is not done. So the launcher exits 128+N (143 for SIGTERM: requeue) unless training is
+    finished: the finished flag exists (:mod:`ft_core.autoresume`) or every worker had already
+    exited 0 before the signal (``workers_finished``).
+    """
+    if workers_finished:
+        return Outcome(0, f"{sig.name} received after every worker had finished ({detail})", "keep")
+    if training_finished():
+        return Outcome(0, f"{sig.name} received; training is finished ({finished_flag_path()} exists)", "keep")
+    return Outcome(128 + sig.value, f"{sig.name} received; training not finished ({detail})", "keep")
 
 
 def _hang_text(hang: dict[str, Any]) -> str:

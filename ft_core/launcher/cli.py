@@ -25,12 +25,13 @@ log = logging.getLogger("ft_core.launcher")
 
 _EPILOG = """\
 exit codes:
-  0    all workers finished successfully; or SIGTERM/SIGINT was forwarded and every worker exited 0;
+  0    all workers finished successfully; or a signal arrived after training was finished
+       ($FAULT_TOL_FINISHED_FLAG_FILE exists, or every worker had exited 0 before it);
        or this node was excluded (ExcludeThisNode) / was a hot spare that was not needed
   1    the restart budget (--max-restarts, counted for the whole job) is spent, or the launcher failed
   93   do not requeue: no progress (--ft-max-no-progress-cycles) or a rank requested ShutdownWorkload
        (the code is --ft-no-restart-exit-code)
-  128+N  signal N was forwarded and some worker did not exit 0 (e.g. 143 for SIGTERM)
+  128+N  stopped by signal N (143 for SIGTERM) before training was finished: requeue the job
 """
 
 

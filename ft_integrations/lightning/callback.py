@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Optional, Union
 
+from ft_core.autoresume import FINISHED_FLAG_ENV, mark_training_finished
 from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
 from ft_core.config import FALLBACK_FIELDS, ConfigError, FaultToleranceConfig
 from ft_core.data import WorkloadControlRequest
@@ -30,7 +31,6 @@ MODES = ("heartbeats", "sections")
 STANDALONE_CHOICES = ("monitor", "off", "error")
 #: The sections this callback opens in ``mode="sections"``.
 SECTIONS = ("setup", "step", "validation", "checkpointing")
-FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
 #: Timeouts of the node monitor the callback starts itself in ``mode="sections"`` (no ``config=``):
 #: the heartbeat defaults, moved onto the sections. Learning shrinks them in the first run.
 DEFAULT_SECTION_CONFIG: dict[str, Any] = {
@@ -334,11 +334,8 @@ class FaultToleranceCallback(Callback):
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.autoresume and trainer.is_global_zero and _training_complete(trainer):
-            flag = os.environ.get(FINISHED_FLAG_ENV)
+            flag = mark_training_finished()
             if flag:
-                os.makedirs(os.path.dirname(os.path.abspath(flag)), exist_ok=True)
-                with open(flag, "a", encoding="utf-8"):
-                    pass
                 rank_zero_info(f"FaultToleranceCallback: training is complete; created {flag}")
 
     # -- validation -------------------------------------------------------

@@ -23,6 +23,7 @@ import os
 import sys
 from typing import Any, Optional
 
+from ft_core.autoresume import FINISHED_FLAG_ENV, mark_training_finished
 from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.fileutil import atomic_write_json, read_json
 from ft_integrations.megatron.args import DEFAULT_CALC_TIMEOUTS_AFTER_ITERS, DEFAULT_NUM_WARMUP_ITERS
@@ -47,7 +48,6 @@ __all__ = [
 
 log = logging.getLogger("ft_integrations.megatron")
 
-FINISHED_FLAG_ENV = "FAULT_TOL_FINISHED_FLAG_FILE"
 SETUP, STEP, CHECKPOINTING = "setup", "step", "checkpointing"
 EVAL_SECTIONS = ("eval", "validation")
 
@@ -113,11 +113,8 @@ def shutdown(training_finished: bool = False) -> None:
     _learn(state, "at shutdown")
     client.shutdown_workload_monitoring()
     state.client = None
-    flag = os.environ.get(FINISHED_FLAG_ENV)
-    if training_finished and flag and state.is_writer:
-        os.makedirs(os.path.dirname(os.path.abspath(flag)), exist_ok=True)
-        with open(flag, "a", encoding="utf-8"):
-            pass
+    flag = mark_training_finished() if training_finished and state.is_writer else None
+    if flag:
         _info(f"fault tolerance: training is complete; created {flag}")
 
 

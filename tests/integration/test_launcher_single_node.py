@@ -69,14 +69,40 @@ def test_no_progress_exits_93(launchers):
     assert "no progress" in exit_event(node)["reason"]
 
 
-def test_sigterm_is_forwarded_and_clean_exit_is_0(launchers):
-    node = launchers.start(FT_TEST_FAULT="forever", FT_TEST_ON_SIGTERM="exit0")
+@pytest.mark.parametrize("finished", [False, True], ids=["unfinished_143", "flag_exists_0"])
+def test_sigterm_exit_code_says_whether_to_requeue(launchers, tmp_path, finished):
+    # SLURM's SIGTERM before preemption: the workers save and exit 0, but only a finished job exits 0.
+    flag = tmp_path / "finished.flag"
+    if finished:
+        flag.touch()
+    node = launchers.start(FT_TEST_FAULT="forever", FT_TEST_ON_SIGTERM="exit0",
+                           FAULT_TOL_FINISHED_FLAG_FILE=str(flag))
     node.wait_event("rank_connected", 120, count=2)
     node.proc.send_signal(signal.SIGTERM)
-    assert node.wait(60) == 0, node.output()[-3000:]
+    assert node.wait(60) == (0 if finished else 128 + signal.SIGTERM), node.output()[-3000:]
     (sig,) = node.events("signal")
     assert sig["signal"] == "SIGTERM" and sig["running_workers"] == 2
     assert {e.get("exit_code") for e in node.events("worker_exit")} == {0}
+    assert ("training is finished" if finished else "training not finished") in exit_event(node)["reason"]
+
+
+def test_sigterm_after_every_worker_exited_0_exits_0(launchers):
+    # A long monitoring interval keeps the launcher asleep after its workers are done: the
+    # signal lands before it saw them succeed (as SIGTERM during the exit barrier would).
+    node = launchers.start("--monitor-interval=30", FT_TEST_STEPS="1")
+    workers = wait_for(lambda: len(launchers.worker_records("finished")) == 2 and launchers.worker_records("finished"),
+                       120, "both workers to finish")
+
+    def exited() -> bool:
+        return all(not psutil.pid_exists(w["pid"]) or psutil.Process(w["pid"]).status() == psutil.STATUS_ZOMBIE
+                   for w in workers)
+
+    wait_for(exited, 30, "both workers to exit")
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.wait(60) == 0, node.output()[-3000:]
+    (sig,) = node.events("signal")
+    assert sig["running_workers"] == 0
+    assert "after every worker had finished" in exit_event(node)["reason"]
 
 
 def test_shutdown_request_wins_over_the_requesting_rank_exiting(launchers):
