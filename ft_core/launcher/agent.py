@@ -39,7 +39,7 @@ from ft_core.launcher.coordination import (
     leave_rendezvous,
     spares_waiting,
 )
-from ft_core.launcher.events import EventLog
+from ft_core.launcher.events import FAULT_KINDS, EventLog
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.process import workers_die_with_agent
@@ -87,9 +87,6 @@ class _Trigger:
     def is_fault(self) -> bool:
         return self.kind in FAULT_KINDS
 
-
-#: Triggers that spend the restart budget and count for the no-progress rule.
-FAULT_KINDS = frozenset({"crash", "hang", "monitor", "unhealthy"})
 
 
 class FtElasticAgent(LocalElasticAgent):

@@ -16,9 +16,11 @@ import socket
 import time
 from typing import Any, Optional, TextIO
 
-__all__ = ["EventLog", "EVENTS_FILE_NAME"]
+__all__ = ["EventLog", "EVENTS_FILE_NAME", "FAULT_KINDS"]
 
 EVENTS_FILE_NAME = "ft_events.jsonl"
+#: ``restart`` kinds that are faults: they spend the restart budget and count for the no-progress rule.
+FAULT_KINDS = frozenset({"crash", "hang", "monitor", "unhealthy"})
 
 
 class EventLog:
@@ -68,9 +70,20 @@ class EventLog:
             f"  faults     : {faults}",
             f"  time lost  : {self.time_lost:.2f} s (fault to next cycle's workers)",
             f"  run time   : {time.time() - self.started:.1f} s",
+            *(f"  {line}" for line in self._goodput()),
             f"  exit code  : {exit_code} ({reason})",
             f"  event log  : {self.path}",
         ])
+
+    def _goodput(self) -> list[str]:
+        """The short form of ``ft_launcher report`` for this launcher's own records."""
+        from ft_core.report import build_report, load_records, short_summary  # the report reads this module
+
+        try:
+            records = [r for r in load_records([self.path]) if r["node"] == self.node]
+            return short_summary(build_report(records))
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a summary must never stop the exit
+            return [f"goodput    : n/a ({type(exc).__name__}: {exc})"]
 
     def close(self) -> None:
         if self._file is not None:

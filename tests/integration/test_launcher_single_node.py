@@ -10,6 +10,8 @@ import pytest
 from helpers import wait_for
 from launcher_helpers import LauncherGroup, exit_event
 
+from ft_core.report import build_report, load_records
+
 pytestmark = pytest.mark.timeout(240)
 
 
@@ -50,6 +52,16 @@ def test_hang_is_detected_and_restarted(launchers):
     (restart,) = node.events("restart")
     assert restart["kind"] == "hang" and "hung: heartbeat timeout" in restart["reason"]
     assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1]
+
+    # The goodput report of this real run: one hang of rank 0, detected after the heartbeat timeout.
+    report = build_report(load_records([node.events_path]))
+    (fault,) = report.faults
+    assert (fault.kind, fault.cycle, fault.culprit_rank) == ("hang", 0, 0)
+    assert fault.detection_s == pytest.approx(hangs[0]["elapsed"], abs=0.01)
+    assert fault.restart_s > 0 and fault.recompute_s is None  # the worker reports no checkpoints
+    assert report.cycles == 2 and 0 < report.goodput_pct < 100
+    assert report.training_time_s + report.detection_s + report.restart_s <= report.wall_time_s
+    assert "goodput    : " in node.output() and "fault cost : detection 3." in node.output()
 
 
 def test_budget_spent_exits_1(launchers):
