@@ -25,9 +25,10 @@ run of the job between requeues; the queue time between attempts is not wall tim
   the last checkpointed one, when both are known;
 * goodput = (training - recomputation) / wall time.
 
-The culprit of a fault is the rank whose failure came first (earliest onset, then
-earliest detection, then lowest rank); in a collective hang every rank waits, so
-this is the best guess the event log allows.
+The culprit of a fault is the rank that crashed first, or the only rank that hung.
+When several ranks hung (a collective hang: every rank waits in its step and misses
+its deadline within milliseconds of the others) the event log cannot tell the
+culprit from its peers: it is left unknown and ``ranks`` lists them all.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 from ft_core.launcher.events import EVENTS_FILE_NAME, FAULT_KINDS
 from ft_core.monitor import read_events
@@ -81,6 +82,17 @@ class Fault:
     @property
     def lost_s(self) -> float:
         return self.detection_s + (self.restart_s or 0.0) + (self.recompute_s or 0.0)
+
+
+class _Failure(NamedTuple):
+    """One rank's failure as the logs show it."""
+
+    onset: float
+    detected: float
+    rank: Optional[int]
+    host: Optional[str]
+    iteration: Optional[int]
+    kind: str
 
 
 @dataclasses.dataclass
@@ -328,63 +340,84 @@ def _cycles(attempt: int, group: Sequence[_Launcher]) -> list[_Cycle]:
 def _fault(attempt: int, cycle: _Cycle, group: Sequence[_Launcher], following: Optional[_Cycle],
            checkpoints: Sequence[tuple[float, int, str]], has_progress: bool) -> Optional[Fault]:
     """The fault that ended ``cycle``, if any."""
-    # (onset, detected, rank, node, iteration) of every failure seen in the cycle.
-    failures: list[tuple[float, float, Optional[int], str, Optional[int]]] = []
+    failures: list[_Failure] = []
     kinds: list[str] = []
     reasons: list[str] = []
     hung_pids: set[tuple[str, int]] = set()
+    restarts: list[dict[str, Any]] = []
+    controls: list[dict[str, Any]] = []
     for launcher in group:
         pids = _cycle_pids(launcher.records, cycle.number)
         for r in launcher.records:
             event = r["event"]
             if event == "hang_detected" and (r.get("pid") in pids):
                 elapsed = float(r.get("elapsed") or 0.0)
-                failures.append((r["time"] - elapsed, r["time"], r.get("rank"), launcher.host, r.get("iteration")))
+                failures.append(_Failure(r["time"] - elapsed, r["time"], r.get("rank"), launcher.host,
+                                         r.get("iteration"), "hang"))
                 hung_pids.add((launcher.node, r.get("pid", -1)))
                 kinds.append("hang")
             elif event == "worker_exit" and r.get("cycle") == cycle.number and \
                     not str(r.get("cause", "")).startswith(_STOP_CAUSES_PREFIX) and \
                     (launcher.node, r.get("pid", -1)) not in hung_pids and r.get("cause") != "hang":
-                failures.append((r["time"], r["time"], r.get("rank"), launcher.host, None))
+                failures.append(_Failure(r["time"], r["time"], r.get("rank"), launcher.host, None, "crash"))
                 kinds.append("crash")
             elif event == "monitor_died" and cycle.start <= r["time"] <= cycle.end:
-                failures.append((r["time"], r["time"], None, launcher.host, None))
+                failures.append(_Failure(r["time"], r["time"], None, launcher.host, None, "monitor"))
                 kinds.append("monitor")
             elif event == "restart" and r.get("cycle") == cycle.number:
+                restarts.append(r)
                 reasons.append(str(r.get("reason", "")))
                 if r.get("kind") in FAULT_KINDS:
                     kinds.append(str(r["kind"]))
+            elif event == "workload_control" and cycle.start <= r["time"] <= cycle.end:
+                controls.append(r)
+    if not kinds and any(r.get("kind") == "peer" for r in restarts) and not controls:
+        # Another node ended the cycle for a fault whose records are not in these logs.
+        kinds.append("peer")
     if not kinds:
         return None
     kind = "hang" if "hang" in kinds else kinds[0]
-    if not failures:  # a fault only the restart record tells of (e.g. an unhealthy worker)
-        failures.append((cycle.end, cycle.end, None, "", None))
-    failures.sort(key=lambda f: (f[0], f[1], f[2] if f[2] is not None else 1 << 30))
-    onset = min(f[0] for f in failures)
-    detected = min(f[1] for f in failures)
+    if not failures:  # a fault only a restart record tells of (an unhealthy worker, a peer's fault)
+        failures.append(_Failure(cycle.end, cycle.end, None, None, None, kind))
+    failures.sort(key=lambda f: (f.onset, f.detected, f.rank if f.rank is not None else 1 << 30))
+    onset = min(f.onset for f in failures)
+    detected = min(f.detected for f in failures)
     onset = max(min(onset, detected), cycle.ready if cycle.ready <= detected else cycle.start)
     ranks: list[int] = []
     for f in failures:
-        if f[2] is not None and f[2] not in ranks:
-            ranks.append(f[2])
-    iterations = [f[4] for f in failures if f[4] is not None]
+        if f.rank is not None and f.rank not in ranks:
+            ranks.append(f.rank)
+    iterations = [f.iteration for f in failures if f.iteration is not None]
     iteration = max(iterations) if iterations else None
     before = [c for c in checkpoints if c[0] <= onset]
     checkpoint_iteration = max((c[1] for c in before), default=None)
     in_cycle = [c[0] for c in before if c[0] >= cycle.ready]
     recompute = max(0.0, onset - (max(in_cycle) if in_cycle else cycle.ready)) if has_progress else None
     resumed = following.ready if following is not None else None
-    culprit = failures[0]
+    culprit = _culprit(failures)
     return Fault(
         attempt=attempt, cycle=cycle.number, kind=kind, time=onset,
         reason=reasons[0] if reasons else f"{kind} in cycle {cycle.number}",
-        culprit_rank=culprit[2], culprit_node=culprit[3] or None, ranks=ranks, iteration=iteration,
+        culprit_rank=culprit[0], culprit_node=culprit[1], ranks=ranks, iteration=iteration,
         checkpoint_iteration=checkpoint_iteration,
         iterations_lost=iteration - checkpoint_iteration if iteration is not None and checkpoint_iteration is not None
         else None,
         detection_s=max(0.0, detected - onset),
         restart_s=max(0.0, resumed - detected) if resumed is not None else None,
         recompute_s=recompute, detected=detected, resumed=resumed)
+
+
+def _culprit(failures: Sequence[_Failure]) -> tuple[Optional[int], Optional[str]]:
+    """(rank, host) to blame: the first crash, or the only hung rank; unknown when several ranks hung.
+
+    In a collective hang every rank waits in its step and all of them miss their deadline
+    within milliseconds of each other: the event log cannot tell the culprit from its peers.
+    """
+    crashes = [f for f in failures if f.kind == "crash" and f.rank is not None]
+    if crashes:
+        return crashes[0].rank, crashes[0].host
+    ranks = {(f.rank, f.host) for f in failures}
+    return ranks.pop() if len(ranks) == 1 else (None, None)
 
 
 def _cycle_pids(records: Sequence[dict[str, Any]], cycle: int) -> set[int]:
@@ -441,7 +474,8 @@ def format_report(report: Report) -> str:
         lines.append("  #  attempt cycle kind     at        culprit             iteration ckpt  "
                      "detection restart   recompute")
         for i, f in enumerate(report.faults, 1):
-            culprit = f"rank {f.culprit_rank}" if f.culprit_rank is not None else "?"
+            culprit = f"rank {f.culprit_rank}" if f.culprit_rank is not None else \
+                f"ranks {','.join(map(str, f.ranks))}?"
             culprit += f" @ {f.culprit_node}" if f.culprit_node else ""
             lines.append(
                 f"  {i:<2} {f.attempt:<7} {f.cycle:<5} {f.kind:<8} {'+' + _seconds(f.time - t0):<9} {culprit:<19} "

@@ -46,6 +46,7 @@ class TrainerSchema:
     _target_: str = "lightning.pytorch.Trainer"
     accelerator: str = "cpu"
     devices: Any = "auto"
+    num_nodes: Any = 1
     strategy: str = "auto"
     max_steps: int = 60
     max_epochs: int = -1

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Optional
 
 import psutil
-from helpers import REPO_ROOT, python_env, spawn_python, wait_for
+from helpers import REPO_ROOT, free_port, python_env, spawn_python, wait_for
 
 from ft_core.monitor import read_events
 
@@ -112,14 +114,15 @@ class ProcessTracker:
 class Launcher:
     """One ``python -m ft_core.launcher ... worker.py`` process (one node) and its files."""
 
-    def __init__(self, directory: str, flags: list[str], env: dict[str, str]) -> None:
+    def __init__(self, directory: str, flags: list[str], env: dict[str, str],
+                 script: Sequence[str] = (WORKER,), cwd: Optional[str] = None) -> None:
         self.dir = directory
         os.makedirs(directory, exist_ok=True)
         self.events_path = os.path.join(directory, "ft_events.jsonl")
         self.output_path = os.path.join(directory, "launcher.out")
         with open(self.output_path, "wb") as out:
-            self.proc = spawn_python(["-m", "ft_core.launcher", f"--log-dir={directory}", *flags, WORKER],
-                                     env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = spawn_python(["-m", "ft_core.launcher", f"--log-dir={directory}", *flags, *script],
+                                     env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
 
     def events(self, name: Optional[str] = None) -> list[dict[str, Any]]:
         events = read_events(self.events_path)[0]
@@ -176,6 +179,23 @@ class LauncherGroup:
         self.launchers.append(launcher)
         return launcher
 
+    def start_nodes(self, script: Sequence[str], nnodes: int = 2, *flags: str, **env: str) -> list[Launcher]:
+        """``nnodes`` launchers of one job running ``script`` (no test worker, no fast flags): loopback
+        c10d rendezvous on a free port, one process per node, in ``tmp_path`` as working directory."""
+        port = free_port()
+        rendezvous = [f"--nnodes={nnodes}", "--nproc-per-node=1", "--rdzv-backend=c10d",
+                      f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=job{port}", "--local-addr=127.0.0.1"]
+        nodes = []
+        for index in range(nnodes):
+            launcher = Launcher(os.path.join(self.tmp_path, f"node{index}"), [*rendezvous, *flags], python_env(**env),
+                                script=script, cwd=self.tmp_path)
+            self.tracker.add_root(launcher.proc.pid)
+            self.launchers.append(launcher)
+            nodes.append(launcher)
+            if index == 0:
+                wait_listening(port)
+        return nodes
+
     def worker_records(self, event: Optional[str] = None) -> list[dict[str, Any]]:
         records = read_events(self.record_path)[0]
         return [r for r in records if event is None or r.get("event") == event]
@@ -192,6 +212,16 @@ class LauncherGroup:
         leftovers = self.tracker.finish()
         if leftovers and exc_type is None:
             raise AssertionError(f"processes of the launcher trees survived: {leftovers}")
+
+
+def wait_listening(port: int) -> None:
+    """The first launcher hosts the rendezvous store; start the others once it serves."""
+
+    def listening() -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    wait_for(listening, 60, f"the rendezvous store on port {port}")
 
 
 def exit_event(launcher: Launcher) -> dict[str, Any]:

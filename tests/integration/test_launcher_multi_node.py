@@ -6,12 +6,11 @@ One worker per node keeps these tests affordable: every worker imports torch.
 from __future__ import annotations
 
 import pickle
-import socket
 from datetime import timedelta
 
 import pytest
 from helpers import free_port, wait_for
-from launcher_helpers import LauncherGroup, exit_event
+from launcher_helpers import LauncherGroup, exit_event, wait_listening
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
@@ -29,16 +28,6 @@ def launchers(tmp_path):
 def rendezvous_flags(port: int, nnodes: str) -> list[str]:
     return [f"--nnodes={nnodes}", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
             f"--rdzv-id={RUN_ID}", "--local-addr=127.0.0.1", "--max-restarts=3"]
-
-
-def wait_listening(port: int) -> None:
-    """The first launcher hosts the rendezvous store; start the others once it serves."""
-
-    def listening() -> bool:
-        with socket.socket() as sock:
-            return sock.connect_ex(("127.0.0.1", port)) == 0
-
-    wait_for(listening, 60, f"the rendezvous store on port {port}")
 
 
 def spares_waiting(port: int) -> int:
