@@ -18,6 +18,7 @@ from torch.distributed.run import config_from_args, get_args_parser, parse_min_m
 from ft_core.config import ConfigError, FaultToleranceConfig
 from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
+from ft_core.launcher.slurm import apply_slurm_defaults
 
 __all__ = ["build_parser", "main"]
 
@@ -82,6 +83,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             _normalize_rendezvous(args)
         except (ValueError, RuntimeError) as exc:
             raise ConfigError(f"--nnodes: invalid value {args.nnodes!r}: {exc}") from None
+        try:
+            derived = apply_slurm_defaults(args)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         config, entrypoint, cmd_args = config_from_args(args)
     except ConfigError as exc:
         parser.error(str(exc))
@@ -89,6 +94,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(f"invalid arguments: {exc}")
     logging.basicConfig(format="[%(asctime)s %(name)s] %(levelname)s: %(message)s", stream=sys.stderr)
     logging.getLogger("ft_core").setLevel(cfg.log_level)
+    if derived:
+        log.info("under SLURM job %s: %s", os.environ.get("SLURM_JOB_ID"), " ".join(derived))
     return launch(config, entrypoint, cmd_args, cfg, options)
 
 
