@@ -36,11 +36,10 @@ def main() -> int:
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
     logs, flag = os.path.join(OUT, "logs"), os.path.join(OUT, "finished.flag")
-    env = dict(os.environ, FT_RECIPE_RUN_DIR=os.path.join(OUT, "run"), FAULT_TOL_FINISHED_FLAG_FILE=flag,
-               PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
+    env = dict(os.environ, FAULT_TOL_FINISHED_FLAG_FILE=flag, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1")
     command = [sys.executable, "-m", "ft_core.launcher", "--nproc-per-node=2", "--max-restarts=3",
                f"--log-dir={logs}", os.path.join(REPO, "recipes", "train.py"),
-               "fault_tolerance=sections", "fault=hang_rank1", *sys.argv[1:]]
+               "fault_tolerance=sections", "fault=hang_rank1", "run_name=demo", *sys.argv[1:]]
     print("$ ft_launcher " + " ".join(command[3:]), flush=True)
     with open(os.path.join(OUT, "launcher.log"), "w") as full_log:
         proc = subprocess.Popen(command, env=env, cwd=OUT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
