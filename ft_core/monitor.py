@@ -176,6 +176,9 @@ class RankMonitorServer:
         socket_path: where to listen. Its directory is created with mode 0700.
         token: the job secret every connection must present first.
         events_path: JSON-lines event log (default ``<socket dir>/monitor_events.jsonl``).
+        stacks_dir: keep each hung rank's stack as ``<stacks_dir>/cycle<C>_rank<R>_pid<P>.txt``
+            (C: the rank's ``TORCHELASTIC_RESTART_COUNT``, the cycle it hung in) and report that
+            path; default: the rank's own dump file.
     """
 
     def __init__(
@@ -184,6 +187,7 @@ class RankMonitorServer:
         socket_path: str,
         token: str,
         events_path: Optional[str] = None,
+        stacks_dir: Optional[str] = None,
     ) -> None:
         if not token:
             raise ValueError("token: a non-empty job token is required")
@@ -193,6 +197,9 @@ class RankMonitorServer:
         job_dir = os.path.dirname(self.socket_path)
         self.events_path = events_path or os.path.join(job_dir, "monitor_events.jsonl")
         self.dump_dir = stack_dump_dir(self.socket_path)
+        self.stacks_dir = stacks_dir
+        #: The last timeouts logged at INFO: all ranks send the same values, at every calculation.
+        self._logged_timeouts: Optional[str] = None
         self._selector = selectors.DefaultSelector()
         self._connections: dict[int, _Connection] = {}
         self._listener: Optional[socket.socket] = None
@@ -244,7 +251,7 @@ class RankMonitorServer:
     def serve_forever(self, ready_callback=None) -> None:
         self._listen()
         self._record("monitor_started", pid=os.getpid(), socket=self.socket_path)
-        log.info("rank monitor serving on %s (pid %d)", self.socket_path, os.getpid())
+        log.debug("rank monitor serving on %s (pid %d)", self.socket_path, os.getpid())
         if ready_callback is not None:
             ready_callback()
         self._running = True
@@ -381,9 +388,10 @@ class RankMonitorServer:
                 self._reply(conn, Ack(ok=False, error=str(exc)))
                 return
             self._record("timeouts_updated", rank=rank.rank, timeouts=msg.state)
-            # All ranks send the same synchronized values: log them once, for rank 0.
-            log.log(logging.INFO if rank.rank == 0 else logging.DEBUG,
-                    "timeouts updated: heartbeat %s, sections %s", rank.hb.to_dict(), rank.sections.to_dict())
+            # All ranks send the same synchronized values, at every calculation: log each change once.
+            text = _timeouts_text(rank.hb.to_dict(), rank.sections.to_dict())
+            log.log(logging.INFO if text != self._logged_timeouts else logging.DEBUG, "timeouts: %s", text)
+            self._logged_timeouts = text
             self._reply(conn, Ack())
         elif isinstance(msg, ReportCheckpoint):
             self._record("checkpoint_reported", rank=rank.rank, iteration=msg.iteration)
@@ -460,9 +468,7 @@ class RankMonitorServer:
             "open_sections": sorted(rank.open_sections), "deadline_time": wall_now - (now - deadline),
             "detected_time": wall_now, "stack_dump_file": None, "stack": None,
         }
-        where = f" in section {section!r}" if section else ""
-        log.error("rank %d (pid %d) hung: %s timeout%s, %.1f s elapsed > %.1f s allowed, iteration %s",
-                  rank.rank, rank.pid, reason, where, now - since, timeout, rank.iteration)
+        log.debug("rank %d (pid %d) missed its %s deadline; requesting its stack", rank.rank, rank.pid, reason)
         rank.dump_deadline = now
         sig = self.cfg.stack_dump_signal
         if sig is not None and rank.dump_path and rank.pid > 0:
@@ -498,19 +504,38 @@ class RankMonitorServer:
             with open(rank.dump_path, errors="replace") as handle:
                 handle.seek(rank.dump_offset)
                 hang["stack"] = handle.read()
-            hang["stack_dump_file"] = rank.dump_path
-            log.error("stack of hung rank %d (from %s):\n%s", rank.rank, rank.dump_path, hang["stack"].rstrip())
+            hang["stack_dump_file"] = self._keep_stack(rank, hang["stack"])
+            log.debug("stack of hung rank %d:\n%s", rank.rank, hang["stack"].rstrip())
         self._record("hang_detected", **hang)
         sig = self.cfg.rank_termination_signal
+        action = f"sent {sig.name}"
         if rank.pid > 0:
             try:
                 os.kill(rank.pid, signal.SIGCONT)
                 os.kill(rank.pid, sig)
-                log.error("sent %s to rank %d (pid %d)", sig.name, rank.rank, rank.pid)
             except ProcessLookupError:
-                log.warning("rank %d (pid %d) already exited", rank.rank, rank.pid)
+                action = "it had already exited"
+        # The one line per hang: what, where, what was done, and where its stack is.
+        where = f" in section {hang['section']!r}" if hang["section"] else ""
+        log.error("rank %d (pid %d) hung: %s timeout%s, %.1f s elapsed > %.1f s allowed, iteration %s; %s; "
+                  "stack: %s", rank.rank, rank.pid, hang["reason"], where, hang["elapsed"], hang["timeout"],
+                  hang["iteration"], action, hang["stack_dump_file"] or "none (no dump)")
         self._record("rank_terminated", rank=rank.rank, pid=rank.pid, signal=sig.name)
         hang["terminated"] = True
+
+    def _keep_stack(self, rank: _Rank, stack: str) -> Optional[str]:
+        """Where the hung rank's stack is kept: a copy in ``stacks_dir`` named by cycle, or its dump file."""
+        if self.stacks_dir is None:
+            return rank.dump_path
+        path = os.path.join(self.stacks_dir, f"cycle{rank.restart_count}_rank{rank.rank}_pid{rank.pid}.txt")
+        try:
+            os.makedirs(self.stacks_dir, exist_ok=True)
+            with open(path, "w", encoding="utf-8") as handle:
+                handle.write(stack)
+        except OSError as exc:
+            log.warning("could not keep the stack of rank %d in %s: %s", rank.rank, self.stacks_dir, exc)
+            return rank.dump_path
+        return path
 
     # -- subprocess helper ------------------------------------------------
     @classmethod
@@ -521,6 +546,7 @@ class RankMonitorServer:
         token: Optional[str] = None,
         events_path: Optional[str] = None,
         start_timeout: float = 30.0,
+        stacks_dir: Optional[str] = None,
         env: Optional[dict[str, str]] = None,
     ) -> MonitorProcess:
         """Start a monitor in a new process (``python -m ft_core.monitor``) and wait until it serves.
@@ -542,6 +568,8 @@ class RankMonitorServer:
                 "--config-json", json.dumps(cfg.to_dict())]
         if events_path:
             args += ["--events", events_path]
+        if stacks_dir:
+            args += ["--stacks-dir", stacks_dir]
         proc = subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE,
                                 preexec_fn=procutil.die_with_parent)
         handle = MonitorProcess(proc, socket_path, token, events_path or os.path.join(
@@ -597,6 +625,20 @@ class MonitorProcess:
         return read_events(self.events_path)[0]
 
 
+def _timeouts_text(hb: dict[str, Any], sections: dict[str, Any]) -> str:
+    """One line for humans: every timeout in seconds, ``*`` marking the learned ones."""
+    learned = set(sections["calculated_sections"])
+
+    def value(seconds: Optional[float], calculated: bool) -> str:
+        return ("off" if seconds is None else f"{seconds:.3g} s") + ("*" if calculated else "")
+
+    parts = [f"{name} {value(seconds, name in learned)}" for name, seconds in sections["section"].items()]
+    parts.append(f"out of section {value(sections['out_of_section'], sections['is_out_of_section_calculated'])}")
+    parts.append(f"heartbeat {value(hb['initial'], hb['were_calculated'])} first / "
+                 f"{value(hb['subsequent'], hb['were_calculated'])} between")
+    return ", ".join(parts) + " (* learned)"
+
+
 def _file_size(path: str) -> int:
     try:
         return os.path.getsize(path)
@@ -624,6 +666,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--socket", required=True, help="path of the Unix socket to serve")
     parser.add_argument("--config-json", default="{}", help="FaultToleranceConfig as JSON")
     parser.add_argument("--events", default=None, help="JSON-lines event log path")
+    parser.add_argument("--stacks-dir", default=None, help="keep the stacks of hung ranks here, named by cycle")
     args = parser.parse_args(argv)
     cfg = FaultToleranceConfig.from_mapping(json.loads(args.config_json))
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
@@ -631,7 +674,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:
         parser.error(f"{TOKEN_ENV} must be set in the environment")
-    server = RankMonitorServer(cfg, args.socket, token, args.events)
+    server = RankMonitorServer(cfg, args.socket, token, args.events, args.stacks_dir)
 
     def _stop(_signum, _frame):
         server.stop()

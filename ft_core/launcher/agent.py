@@ -308,7 +308,7 @@ class FtElasticAgent(LocalElasticAgent):
                 events.record("hang_detected", time=ev.get("detected_time", ev["time"]), rank=ev["rank"],
                               pid=ev["pid"], reason=ev["reason"], section=ev.get("section"),
                               elapsed=ev.get("elapsed"), timeout=ev.get("timeout"), iteration=ev.get("iteration"),
-                              deadline_time=ev.get("deadline_time"), stack_dump_file=self._save_stack(ev))
+                              deadline_time=ev.get("deadline_time"), stack_dump_file=ev.get("stack_dump_file"))
             elif name == "rank_terminated":
                 events.record("rank_terminated", time=ev["time"], rank=ev["rank"], pid=ev["pid"],
                               signal=ev.get("signal"))
@@ -329,21 +329,6 @@ class FtElasticAgent(LocalElasticAgent):
     def _announce_progress(self, iteration: int, source: str) -> None:
         self._svc.events.record("progress", iteration=iteration, source=source, cycle=self._cycle_number())
         self._coord.publish_progress(iteration)
-
-    def _save_stack(self, hang: dict[str, Any]) -> Optional[str]:
-        """Keep the hung rank's stack next to the event log (the job dir is removed at exit)."""
-        if not hang.get("stack"):
-            return hang.get("stack_dump_file")
-        directory = os.path.join(os.path.dirname(self._svc.events.path), "ft_stacks")
-        path = os.path.join(directory, f"cycle{self._cycle_number()}_rank{hang['rank']}_pid{hang['pid']}.txt")
-        try:
-            os.makedirs(directory, exist_ok=True)
-            with open(path, "w", encoding="utf-8") as handle:
-                handle.write(hang["stack"])
-        except OSError as exc:
-            log.warning("could not save the stack dump of rank %s: %s", hang["rank"], exc)
-            return hang.get("stack_dump_file")
-        return path
 
     # -- endings ----------------------------------------------------------
     def _on_signal(self, sig: signal.Signals) -> RunResult:
@@ -423,4 +408,8 @@ def signal_outcome(sig: signal.Signals, detail: str, workers_finished: bool = Fa
 def _hang_text(hang: dict[str, Any]) -> str:
     where = f" in section {hang['section']!r}" if hang.get("section") else ""
     return (f"rank {hang['rank']} (pid {hang['pid']}) hung: {hang['reason']} timeout{where}, "
-            f"{hang.get('elapsed')} s > {hang.get('timeout')} s, iteration {hang.get('iteration')}")
+            f"{_num(hang.get('elapsed'))} s > {_num(hang.get('timeout'))} s, iteration {hang.get('iteration')}")
+
+
+def _num(seconds: Any) -> str:
+    return f"{seconds:.3g}" if isinstance(seconds, (int, float)) else str(seconds)

@@ -7,6 +7,7 @@ the README section "ft_launcher" for the additional flags and the exit codes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -23,6 +24,9 @@ from ft_core.launcher.slurm import apply_slurm_defaults
 __all__ = ["build_parser", "main"]
 
 log = logging.getLogger("ft_core.launcher")
+
+#: torch loggers that repeat what the launcher reports (quiet unless -v / --ft-log-level=DEBUG).
+_TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")
 
 _EPILOG = """\
 exit codes:
@@ -64,6 +68,16 @@ def _normalize_rendezvous(args: argparse.Namespace) -> None:
         args.master_port = 29500
 
 
+def _quiet_torch_elastic() -> None:
+    """Torch elastic logs every worker failure and stop on its own; the launcher reports each once.
+
+    Its loggers are named after their modules; some get an explicit level when created.
+    """
+    names = [name for name in logging.root.manager.loggerDict if name.startswith(_TORCH_LOGGERS)]
+    for name in {*_TORCH_LOGGERS, *names}:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of the ``ft_launcher`` console script; returns the exit code.
 
@@ -92,8 +106,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.error(str(exc))
     except (ValueError, RuntimeError, AssertionError) as exc:
         parser.error(f"invalid arguments: {exc}")
+    if options.verbose:
+        cfg = dataclasses.replace(cfg, log_level="DEBUG")
     logging.basicConfig(format="[%(asctime)s %(name)s] %(levelname)s: %(message)s", stream=sys.stderr)
     logging.getLogger("ft_core").setLevel(cfg.log_level)
+    if cfg.log_level != "DEBUG":
+        _quiet_torch_elastic()
     if derived:
         log.info("under SLURM job %s: %s", os.environ.get("SLURM_JOB_ID"), " ".join(derived))
     return launch(config, entrypoint, cmd_args, cfg, options)

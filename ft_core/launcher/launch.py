@@ -41,7 +41,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     job_dir = tempfile.mkdtemp(prefix="ft-")  # mode 0700: sockets and the token live here
     procutil.make_private_dir(job_dir)
     token = secrets.token_hex(16)
-    monitor = NodeMonitor(cfg, job_dir, token)
+    monitor = NodeMonitor(cfg, job_dir, token, stacks_dir=os.path.join(os.path.dirname(events.path), "ft_stacks"))
     control = None
     agent = None
     outcome = Outcome(1, "the launcher failed before the job started")

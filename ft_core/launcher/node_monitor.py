@@ -21,8 +21,10 @@ class NodeMonitor:
     workers started after a respawn find it where they expect it.
     """
 
-    def __init__(self, cfg: FaultToleranceConfig, job_dir: str, token: str) -> None:
+    def __init__(self, cfg: FaultToleranceConfig, job_dir: str, token: str, stacks_dir: Optional[str] = None) -> None:
         self.cfg = cfg
+        #: Where the monitor keeps the stacks of hung ranks (next to the event log: the job dir is removed).
+        self.stacks_dir = stacks_dir
         self.socket_path = os.path.join(job_dir, "monitor.sock")
         self.events_path = os.path.join(job_dir, "monitor_events.jsonl")
         self._token = token
@@ -35,7 +37,7 @@ class NodeMonitor:
 
     def start(self) -> None:
         self._proc = RankMonitorServer.run_in_subprocess(
-            self.cfg, self.socket_path, token=self._token, events_path=self.events_path)
+            self.cfg, self.socket_path, token=self._token, events_path=self.events_path, stacks_dir=self.stacks_dir)
         log.debug("rank monitor started (pid %d)", self._proc.pid)
 
     def is_alive(self) -> bool:

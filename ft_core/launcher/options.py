@@ -30,6 +30,8 @@ class LauncherOptions:
     checkpoint_iteration_file: Optional[str] = None
     #: Event log path; default ``<log dir>/ft_events.jsonl``.
     events_file: Optional[str] = None
+    #: Debug output of the launcher and the monitor, and torch elastic's own log.
+    verbose: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LauncherOptions:
@@ -41,6 +43,7 @@ class LauncherOptions:
             max_no_progress_cycles=_int_in("--ft-max-no-progress-cycles", args.ft_max_no_progress_cycles, 0, None),
             checkpoint_iteration_file=args.ft_checkpoint_iteration_file or None,
             events_file=args.ft_events_file or None,
+            verbose=bool(args.verbose),
         )
 
 
@@ -67,6 +70,9 @@ def add_launcher_args(parser: argparse.ArgumentParser) -> None:
                        metavar="PATH",
                        help="file holding the latest checkpointed iteration (one integer); progress signal in "
                             "addition to RankMonitorClient.report_checkpoint()")
+    group.add_argument("-v", "--verbose", action="store_true",
+                       help="more output: --ft-log-level=DEBUG (launcher and rank monitor: every detection step, "
+                            "the stacks of hung ranks) and torch elastic's own log, which is quiet by default")
     group.add_argument("--ft-events-file", "--ft_events_file", default=None, metavar="PATH",
                        help="JSON-lines event log (default: <log-dir>/ft_events.jsonl, or torchelastic's "
                             "temporary log directory when --log-dir is not given)")

@@ -444,7 +444,8 @@ class FaultToleranceCallback(Callback):
             return
         current = self.client.state_dict()["current_timeouts"]
         shown = current["heartbeat"] if self.mode == "heartbeats" else current["section"]
-        rank_zero_info(f"FaultToleranceCallback: learned timeouts {when}: {shown}")
+        # The rank monitor logs the values once per change; here only with debug logging.
+        log.debug("FaultToleranceCallback: learned timeouts %s: %s", when, shown)
         if self.state_file and trainer.is_global_zero:
             atomic_write_json(self.state_file, self.client.state_dict())
 

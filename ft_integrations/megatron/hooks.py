@@ -286,7 +286,8 @@ def _learn(state: HookState, when: str) -> None:
     if not changed:
         log.debug("fault tolerance: timeouts not calculated %s: not enough data yet", when)
         return
-    _info(f"fault tolerance: learned timeouts {when}: {client.section_timeouts.to_dict()}")
+    # The rank monitor logs the values once per change; here only with debug logging.
+    log.debug("fault tolerance: learned timeouts %s: %s", when, client.section_timeouts.to_dict())
     if state.state_file and state.is_writer:
         try:
             atomic_write_json(state.state_file, client.state_dict())
