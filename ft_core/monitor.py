@@ -508,7 +508,7 @@ class RankMonitorServer:
             log.debug("stack of hung rank %d:\n%s", rank.rank, hang["stack"].rstrip())
         self._record("hang_detected", **hang)
         sig = self.cfg.rank_termination_signal
-        action = f"sent {sig.name}"
+        action = f"sent {sig.name}" if rank.pid > 0 else "not signalled (pid unknown)"
         if rank.pid > 0:
             try:
                 os.kill(rank.pid, signal.SIGCONT)

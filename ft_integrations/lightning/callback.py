@@ -331,6 +331,10 @@ class FaultToleranceCallback(Callback):
         self._finish_pending_save(trainer, learn=False)
         self._crossed_epoch = True  # the last chance to learn: use every gap observed
         self._learn(trainer, "at the end of training")
+        # Training is over: leave the monitor now. Lightning's teardown that follows is out of
+        # section, and an out-of-section timeout just learned from a short run would kill a rank
+        # that is merely slow to tear down (a false kill), with nothing left to protect.
+        self._disconnect(trainer)
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.autoresume and trainer.is_global_zero and _training_complete(trainer):
