@@ -21,12 +21,13 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
+from recipe_lib.run_name import check_run_name  # noqa: E402
 from recipe_lib.schema import register  # noqa: E402
 
-from ft_core.config import (
-    FALLBACK_FIELDS,  # noqa: E402
-    FaultToleranceConfig,  # noqa: E402
-)
+from ft_core.config import FALLBACK_FIELDS, FaultToleranceConfig  # noqa: E402
+from ft_core.jobdir import FINISHED_FLAG_ENV  # noqa: E402
 
 register()
 log = logging.getLogger("recipes.train")
@@ -49,15 +50,33 @@ def _fault_tolerance_callback(cfg: DictConfig):
     )
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def _setup_logging(level: str) -> None:
+    """Our loggers only (Lightning prints its own messages once); once per process, not per sweep job."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(f"[%(asctime)s rank {os.environ.get('RANK', '0')}] %(name)s "
                                            "%(levelname)s: %(message)s"))
-    # Our loggers only: Lightning already prints its own messages once.
     for name in ("recipes", "ft_core", "ft_integrations"):
-        logging.getLogger(name).addHandler(handler)
-        logging.getLogger(name).setLevel(cfg.log_level)
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+        logger.setLevel(level)
+
+
+def _job_finished_flag(run_dir: str) -> None:
+    """In a sweep, one job reaching max_steps is not the sweep finishing: its flag goes into its own run dir.
+
+    Otherwise the first finished job would create ``$FAULT_TOL_FINISHED_FLAG_FILE`` and a
+    preempted sweep would look finished to ``ft_launcher`` and the requeue loop.
+    """
+    if HydraConfig.get().mode == RunMode.MULTIRUN and os.environ.get(FINISHED_FLAG_ENV):
+        os.environ[FINISHED_FLAG_ENV] = os.path.join(run_dir, "finished.flag")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    check_run_name(cfg.run_name)
+    _job_finished_flag(cfg.run_dir)
+    _setup_logging(cfg.log_level)
     import lightning.pytorch as pl
 
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -70,6 +89,8 @@ def main(cfg: DictConfig) -> None:
     ckpt_path = last if cfg.resume and os.path.exists(last) else None
     if ckpt_path:
         log.info("resuming from %s", ckpt_path)
+    elif int(os.environ.get("RANK", "0")) == 0:
+        log.info("run %s: new run in %s", cfg.run_name, cfg.run_dir)
     trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data), ckpt_path=ckpt_path)
     if trainer.is_global_zero:
         log.info("training finished at step %d", trainer.global_step)

@@ -18,6 +18,7 @@ from typing import Optional
 
 from ft_core.events import Event, EventWriter, RestartKind
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
+from ft_core.report import build_report, load_records, short_summary
 
 __all__ = ["EventLog", "EVENTS_FILE_NAME"]
 
@@ -93,9 +94,18 @@ class EventLog:
             f"  time lost  : {self.time_lost:.2f} s (fault to next cycle's workers)",
             f"  monitor    : {late}",
             f"  run time   : {time.time() - self.started:.1f} s",
+            *(f"  {line}" for line in self._goodput()),
             f"  exit code  : {exit_code} ({reason})",
             f"  event log  : {self.path}",
         ])
+
+    def _goodput(self) -> list[str]:
+        """The short form of ``ft_launcher report`` for this launcher's own records."""
+        try:
+            records = [r for r in load_records([self.path]) if r["node"] == self.node]
+            return short_summary(build_report(records))
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a summary must never stop the exit
+            return [f"goodput    : n/a ({type(exc).__name__}: {exc})"]
 
     def close(self) -> None:
         if self._writer is not None:
