@@ -7,7 +7,8 @@ It runs the Hydra recipe under ``ft_launcher`` with an injected hang on rank 1:
 
 The launcher's and monitor's output is shown as it happens (Lightning's
 routine chatter is filtered; the full log is kept in ``outputs/demo``), then a
-recap is built from the launcher's event log. Extra arguments are passed to
+recap is built from the launcher's event log, followed by the goodput report of
+the run and the path of its timeline picture. Extra arguments are passed to
 the recipe as Hydra overrides, e.g. ``python examples/demo.py trainer.max_steps=40``.
 """
 
@@ -21,6 +22,7 @@ import sys
 
 from ft_core.events import EventName, read_events
 from ft_core.jobdir import FINISHED_FLAG_ENV, LAUNCHER_EVENTS_FILE
+from ft_core.report import build_report, find_event_files, format_report, load_records, plot_timeline
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(REPO, "outputs", "demo")
@@ -37,11 +39,10 @@ def main() -> int:
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(OUT)
     logs, flag = os.path.join(OUT, "logs"), os.path.join(OUT, "finished.flag")
-    env = dict(os.environ, FT_RECIPE_RUN_DIR=os.path.join(OUT, "run"), PYTHONWARNINGS="ignore",
-               PYTHONUNBUFFERED="1", **{FINISHED_FLAG_ENV: flag})
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONUNBUFFERED="1", **{FINISHED_FLAG_ENV: flag})
     command = [sys.executable, "-m", "ft_core.launcher", "--nproc-per-node=2", "--max-restarts=3",
                f"--log-dir={logs}", os.path.join(REPO, "recipes", "train.py"),
-               "fault_tolerance=sections", "fault=hang_rank1", *sys.argv[1:]]
+               "fault_tolerance=sections", "fault=hang_rank1", "run_name=demo", *sys.argv[1:]]
     print("$ ft_launcher " + " ".join(command[3:]), flush=True)
     with open(os.path.join(OUT, "launcher.log"), "w") as full_log:
         proc = subprocess.Popen(command, env=env, cwd=OUT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -79,6 +80,16 @@ def recap(code: int, events_path: str, flag: str) -> int:
     print(f"completed : last checkpointed iteration {max(progress) if progress else 'none'}, "
           f"{len(cycles)} cycles, finished flag {'written' if os.path.exists(flag) else 'MISSING'}")
     print(f"exit code : {code}")
+    print()
+    # The goodput report of this run, as `ft_launcher report outputs/demo/logs --plot ...` prints it.
+    files = find_event_files([os.path.dirname(events_path)])
+    report = build_report(load_records(files), files)
+    print(format_report(report))
+    try:
+        picture = plot_timeline(report, os.path.join(OUT, "timeline.png"))
+        print(f"  timeline       : {picture}")
+    except RuntimeError as exc:  # matplotlib missing: the extra "report" is not installed
+        print(f"  timeline       : not drawn ({exc})")
     ok = code == 0 and hangs and restarts and os.path.exists(flag)
     return 0 if ok else 1
 

@@ -37,7 +37,9 @@ def main() -> None:
     fault = SimulatedFault("hang_step", rank=0, step=args.simulate_hang_at) if args.simulate_hang_at else None
     trainer = Trainer(
         accelerator="cpu" if not torch.cuda.is_available() else "auto",
+        # As launched: processes per node and nodes (torchrun/ft_launcher set both; one node otherwise).
         devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        num_nodes=int(os.environ.get("GROUP_WORLD_SIZE", "1")),
         strategy="ddp" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else "auto",
         max_steps=args.max_steps,
         logger=False,

@@ -71,7 +71,9 @@ __all__ = [
     "read_private_file",
     "remove_stale_job_dirs",
     "runtime_root",
+    "keep_stack",
     "saved_stack_path",
+    "saved_stacks_dir",
     "stack_dump_dir",
     "token_path",
     "write_private_file",
@@ -166,10 +168,26 @@ def stack_dump_dir(socket_path: str) -> str:
     return JobDir.of_socket(socket_path).stacks
 
 
-def saved_stack_path(events_path: str, cycle: int, rank: int, pid: int) -> str:
-    """Where the launcher keeps a hung rank's stack: ``<event log dir>/ft_stacks/cycle<C>_rank<R>_pid<P>.txt``."""
-    return os.path.join(os.path.dirname(os.path.abspath(events_path)), SAVED_STACKS_DIR,
-                        f"cycle{cycle}_rank{rank}_pid{pid}.txt")
+def saved_stacks_dir(events_path: str) -> str:
+    """Where the monitor keeps the stacks of hung ranks for ft_launcher: ``<event log dir>/ft_stacks``."""
+    return os.path.join(os.path.dirname(os.path.abspath(events_path)), SAVED_STACKS_DIR)
+
+
+def saved_stack_path(stacks_dir: str, cycle: int, rank: int, pid: int) -> str:
+    """A hung rank's kept stack, named by the cycle it hung in: ``<stacks_dir>/cycle<C>_rank<R>_pid<P>.txt``."""
+    return os.path.join(stacks_dir, f"cycle{cycle}_rank{rank}_pid{pid}.txt")
+
+
+def keep_stack(stacks_dir: str, cycle: int, rank: int, pid: int, stack: str) -> str:
+    """Write a hung rank's stack to :func:`saved_stack_path` (dir 0700, file 0600, no symlink followed).
+
+    Raises:
+        OSError: it cannot be written (``UnsafePathError`` if ``stacks_dir`` is not a private dir of ours).
+    """
+    path = saved_stack_path(stacks_dir, cycle, rank, pid)
+    make_private_dir(stacks_dir)
+    write_private_file(path, stack)
+    return path
 
 
 class UnsafePathError(PermissionError):

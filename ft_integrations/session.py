@@ -36,6 +36,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Optional, Union
 
+from ft_core import autoresume
 from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.fileutil import atomic_write_json, read_json
 from ft_core.jobdir import FINISHED_FLAG_ENV  # re-exported: the integrations' name for it
@@ -256,19 +257,18 @@ class FaultToleranceSession:
     @staticmethod
     def finished_flag_path() -> Optional[str]:
         """The file named by ``FAULT_TOL_FINISHED_FLAG_FILE``, or None when it is not set."""
-        return os.environ.get(FINISHED_FLAG_ENV) or None
+        return autoresume.finished_flag_path()
 
     def write_finished_flag(self) -> Optional[str]:
         """Training is complete: the writer rank creates the finished flag, so a requeue loop stops.
 
         Returns the path created, or None (not the writer, or the variable is not set).
         """
-        flag = self.finished_flag_path()
-        if not self.writer or flag is None:
+        if not self.writer:
             return None
-        os.makedirs(os.path.dirname(os.path.abspath(flag)), exist_ok=True)
-        with open(flag, "a", encoding="utf-8"):
-            pass
+        flag = autoresume.mark_training_finished()
+        if flag is None:
+            return None
         self._info(f"{self.name}: training is complete; created {flag}")
         return flag
 

@@ -21,13 +21,17 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hydra.core.hydra_config import HydraConfig  # noqa: E402
+from hydra.types import RunMode  # noqa: E402
+from recipe_lib.run_name import check_run_name  # noqa: E402
 from recipe_lib.schema import register  # noqa: E402
 
-from ft_core.config import (
-    FALLBACK_FIELDS,  # noqa: E402
-    FaultToleranceConfig,  # noqa: E402
-    parse_log_level,  # noqa: E402
+from ft_core.config import (  # noqa: E402
+    FALLBACK_FIELDS,
+    FaultToleranceConfig,
+    parse_log_level,
 )
+from ft_core.jobdir import FINISHED_FLAG_ENV  # noqa: E402
 
 register()
 log = logging.getLogger("recipes.train")
@@ -50,16 +54,34 @@ def _fault_tolerance_callback(cfg: DictConfig):
     )
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def _setup_logging(log_level: object) -> None:
+    """Our loggers only (Lightning prints its own messages once); once per process, not per sweep job."""
     handler = logging.StreamHandler()
     handler.setFormatter(logging.Formatter(f"[%(asctime)s rank {os.environ.get('RANK', '0')}] %(name)s "
                                            "%(levelname)s: %(message)s"))
-    level = parse_log_level(cfg.log_level, "log_level")
-    # Our loggers only: Lightning already prints its own messages once.
+    level = parse_log_level(log_level, "log_level")
     for name in ("recipes", "ft_core", "ft_integrations"):
-        logging.getLogger(name).addHandler(handler)
-        logging.getLogger(name).setLevel(level)
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(handler)
+        logger.setLevel(level)
+
+
+def _job_finished_flag(run_dir: str) -> None:
+    """In a sweep, one job reaching max_steps is not the sweep finishing: its flag goes into its own run dir.
+
+    Otherwise the first finished job would create ``$FAULT_TOL_FINISHED_FLAG_FILE`` and a
+    preempted sweep would look finished to ``ft_launcher`` and the requeue loop.
+    """
+    if HydraConfig.get().mode == RunMode.MULTIRUN and os.environ.get(FINISHED_FLAG_ENV):
+        os.environ[FINISHED_FLAG_ENV] = os.path.join(run_dir, "finished.flag")
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    check_run_name(cfg.run_name)
+    _job_finished_flag(cfg.run_dir)
+    _setup_logging(cfg.log_level)
     import lightning.pytorch as pl
 
     pl.seed_everything(cfg.seed, workers=True, verbose=False)
@@ -72,6 +94,8 @@ def main(cfg: DictConfig) -> None:
     ckpt_path = last if cfg.resume and os.path.exists(last) else None
     if ckpt_path:
         log.info("resuming from %s", ckpt_path)
+    elif int(os.environ.get("RANK", "0")) == 0:
+        log.info("run %s: new run in %s", cfg.run_name, cfg.run_dir)
     trainer.fit(instantiate(cfg.model), datamodule=instantiate(cfg.data), ckpt_path=ckpt_path)
     if trainer.is_global_zero:
         log.info("training finished at step %d", trainer.global_step)

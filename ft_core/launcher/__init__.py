@@ -14,4 +14,7 @@ Entry points: the ``ft_launcher`` console script and ``python -m ft_core.launche
 * ``process``      workers that die with the launcher (PR_SET_PDEATHSIG)
 * ``rendezvous_records`` cheap names for torch's rendezvous event records (restart latency)
 * ``options``      the launcher's own flags
+* ``slurm``        rendezvous id and head node derived from SLURM's environment
+
+``ft_launcher report LOG_DIR`` dispatches to :mod:`ft_core.report` (goodput report).
 """

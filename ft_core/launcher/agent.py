@@ -29,6 +29,7 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousGracefulExitError
 
+from ft_core.autoresume import finished_flag_path, training_finished
 from ft_core.data import WorkloadAction
 from ft_core.events import (
     CheckpointReported,
@@ -67,7 +68,7 @@ from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.process import workers_die_with_agent
 from ft_core.launcher.progress import ProgressTracker
 
-__all__ = ["FtElasticAgent", "Outcome", "Services"]
+__all__ = ["FtElasticAgent", "Outcome", "Services", "signal_outcome"]
 
 log = logging.getLogger("ft_core.launcher")
 
@@ -325,8 +326,8 @@ class FtElasticAgent(LocalElasticAgent):
                 case HangDetected():
                     if self._is_current_worker(ev.pid):
                         self._hangs[ev.pid] = ev
-                    # The stack goes to its own file; the log keeps where it is.
-                    self._svc.events.write(msgspec.structs.replace(ev, stack=None, stack_dump_file=self._save_stack(ev)))
+                    # The monitor kept the stack in its own file (named by cycle); the log keeps where.
+                    self._svc.events.write(msgspec.structs.replace(ev, stack=None))
                 case CheckpointReported():
                     self._on_progress(ev.iteration, f"rank {ev.rank}")
                 case ConnectionRejected():
@@ -348,16 +349,6 @@ class FtElasticAgent(LocalElasticAgent):
         self._svc.events.write(Progress(iteration=iteration, source=source, cycle=self._cycle_number()))
         self._coord.publish_progress(iteration)
 
-    def _save_stack(self, hang: HangDetected) -> Optional[str]:
-        """Keep the hung rank's stack next to the event log (the job dir is removed at exit)."""
-        if not hang.stack:
-            return hang.stack_dump_file
-        try:
-            return self._svc.events.save_stack(hang.stack, self._cycle_number(), hang.rank, hang.pid)
-        except OSError as exc:
-            log.warning("could not save the stack dump of rank %s: %s", hang.rank, exc)
-            return hang.stack_dump_file
-
     # -- endings ----------------------------------------------------------
     def _on_signal(self, sig: signal.Signals) -> RunResult:
         """Forward SIGTERM/SIGINT to the workers, SIGKILL them after ``--term-timeout``."""
@@ -368,20 +359,18 @@ class FtElasticAgent(LocalElasticAgent):
                 signal.signal(sig_to_ignore, signal.SIG_IGN)
         handlers = list((getattr(self._pcontext, "subprocess_handlers", None) or {}).values())
         running = [h for h in handlers if h.proc.poll() is None]
+        finished_before = bool(handlers) and not running and all(h.proc.returncode == 0 for h in handlers)
         self._svc.events.write(SignalReceived(signal=sig.name, running_workers=len(running)))
         log.warning("received %s: forwarding it to %d worker(s), SIGKILL after %.1f s", sig.name, len(running),
                     self._opts.term_timeout)
         self._shutdown(sig, timeout=self._opts.term_timeout)  # type: ignore[arg-type]
         codes = [h.proc.returncode for h in handlers]
-        clean = bool(codes) and all(code == 0 for code in codes)
         for handler in running:
             exit_code, killed_by = _exit_status(handler.proc.returncode)
             self._svc.events.write(WorkerExit(
                 cycle=self._cycle_number(), local_rank=handler.local_rank_id, pid=handler.proc.pid,
                 cause=f"launcher {sig.name}", exit_code=exit_code, signal=killed_by))
-        if clean:
-            return self._finish(Outcome(0, f"{sig.name} received; workers exited cleanly", "keep"))
-        return self._finish(Outcome(128 + sig.value, f"{sig.name} received; workers exit codes {codes}", "keep"))
+        return self._finish(signal_outcome(sig, f"workers exit codes {codes}", finished_before))
 
     def release_rendezvous(self, how: str) -> None:
         """After ``run()``: "close" the rendezvous for every node, "leave" it, or "keep" it (see Outcome)."""
@@ -420,3 +409,19 @@ class FtElasticAgent(LocalElasticAgent):
 def _exit_status(returncode: int) -> tuple[Optional[int], Optional[str]]:
     """(exit code, None) for a process that exited, (None, signal name) for one a signal killed."""
     return (returncode, None) if returncode >= 0 else (None, signal.Signals(-returncode).name)
+
+
+def signal_outcome(sig: signal.Signals, detail: str, workers_finished: bool = False) -> Outcome:
+    """How a launcher stopped by a forwarded signal exits: the rule a requeue loop relies on.
+
+    SLURM sends SIGTERM before preemption or the time limit; the workers save and exit 0, but the
+    job is not done. So the launcher exits 128+N (143 for SIGTERM: requeue) unless training is
+    finished: the finished flag exists (:mod:`ft_core.autoresume`) or every worker had already
+    exited 0 before the signal (``workers_finished``).
+    """
+    if workers_finished:
+        return Outcome(0, f"{sig.name} received after every worker had finished ({detail})", "keep")
+    if training_finished():
+        return Outcome(0, f"{sig.name} received; training is finished ({finished_flag_path()} exists)", "keep")
+    return Outcome(128 + sig.value, f"{sig.name} received; training not finished ({detail})", "keep")
+

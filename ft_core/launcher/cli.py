@@ -7,6 +7,7 @@ the README section "ft_launcher" for the additional flags and the exit codes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -15,23 +16,28 @@ from typing import Optional
 
 from torch.distributed.run import config_from_args, get_args_parser, parse_min_max_nnodes
 
-from ft_core.config import FaultToleranceConfig
+from ft_core.config import FaultToleranceConfig, LogLevel
 from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
+from ft_core.launcher.slurm import apply_slurm_defaults
 from ft_core.validation import ValidationError
 
 __all__ = ["build_parser", "main"]
 
 log = logging.getLogger("ft_core.launcher")
 
+#: torch loggers that repeat what the launcher reports (quiet unless -v / --ft-log-level=DEBUG).
+_TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")
+
 _EPILOG = """\
 exit codes:
-  0    all workers finished successfully; or SIGTERM/SIGINT was forwarded and every worker exited 0;
+  0    all workers finished successfully; or a signal arrived after training was finished
+       ($FAULT_TOL_FINISHED_FLAG_FILE exists, or every worker had exited 0 before it);
        or this node was excluded (ExcludeThisNode) / was a hot spare that was not needed
   1    the restart budget (--max-restarts, counted for the whole job) is spent, or the launcher failed
   93   do not requeue: no progress (max_no_progress_cycles) or a rank requested ShutdownWorkload
        (the code is --ft-no-restart-exit-code)
-  128+N  signal N was forwarded and some worker did not exit 0 (e.g. 143 for SIGTERM)
+  128+N  stopped by signal N (143 for SIGTERM) before training was finished: requeue the job
 """
 
 
@@ -63,8 +69,26 @@ def _normalize_rendezvous(args: argparse.Namespace) -> None:
         args.master_port = 29500
 
 
+def _quiet_torch_elastic() -> None:
+    """Torch elastic logs every worker failure and stop on its own; the launcher reports each once.
+
+    Its loggers are named after their modules; some get an explicit level when created.
+    """
+    names = [name for name in logging.root.manager.loggerDict if name.startswith(_TORCH_LOGGERS)]
+    for name in {*_TORCH_LOGGERS, *names}:
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
-    """Entry point of the ``ft_launcher`` console script; returns the exit code."""
+    """Entry point of the ``ft_launcher`` console script; returns the exit code.
+
+    ``ft_launcher report LOG_DIR ...`` prints the goodput report of a job (:mod:`ft_core.report`).
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:
+        from ft_core.report import main as report_main
+
+        return report_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     # Before the config is read: it may warn (e.g. about NVRx keys that are not implemented).
@@ -76,13 +100,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             _normalize_rendezvous(args)
         except (ValueError, RuntimeError):
             raise ValidationError("--nnodes", args.nnodes, "a number of nodes N or a range MIN:MAX") from None
+        derived = apply_slurm_defaults(args)
         config, entrypoint, cmd_args = config_from_args(args)
     except ValidationError as exc:
         # One line, as for any argparse error but without the (long) usage: the message says it all.
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     except (ValueError, RuntimeError, AssertionError) as exc:
         parser.error(f"invalid arguments: {exc}")
+    if options.verbose:
+        cfg = dataclasses.replace(cfg, log_level=LogLevel.DEBUG)
+    logging.basicConfig(format="[%(asctime)s %(name)s] %(levelname)s: %(message)s", stream=sys.stderr)
     logging.getLogger("ft_core").setLevel(cfg.log_level)
+    if cfg.log_level != LogLevel.DEBUG:
+        _quiet_torch_elastic()
+    if derived:
+        log.info("under SLURM job %s: %s", os.environ.get("SLURM_JOB_ID"), " ".join(derived))
     return launch(config, entrypoint, cmd_args, cfg, options)
 
 

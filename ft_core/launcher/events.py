@@ -19,13 +19,8 @@ import time
 from typing import Optional
 
 from ft_core.events import Event, EventWriter, RestartKind
-from ft_core.jobdir import (
-    LAUNCHER_EVENTS_FILE,
-    PRIVATE_DIR_MODE,
-    make_private_dir,
-    saved_stack_path,
-    write_private_file,
-)
+from ft_core.jobdir import LAUNCHER_EVENTS_FILE, PRIVATE_DIR_MODE
+from ft_core.report import build_report, load_records, short_summary
 
 __all__ = ["EventLog", "EVENTS_FILE_NAME"]
 
@@ -59,17 +54,6 @@ class EventLog:
         if self._writer is None:
             return record
         return self._writer.write(record)
-
-    def save_stack(self, stack: str, cycle: int, rank: int, pid: int) -> str:
-        """Keep a hung rank's stack next to the log (the job dir is removed at exit); returns its path.
-
-        Raises:
-            OSError: it cannot be written (``UnsafePathError`` if ``ft_stacks`` is not a private dir of ours).
-        """
-        path = saved_stack_path(self.path, cycle, rank, pid)
-        make_private_dir(os.path.dirname(path))
-        write_private_file(path, stack)
-        return path
 
     def fault(self, kind: RestartKind) -> None:
         """Count a fault seen on this node, for the summary."""
@@ -112,9 +96,18 @@ class EventLog:
             f"  time lost  : {self.time_lost:.2f} s (fault to next cycle's workers)",
             f"  monitor    : {late}",
             f"  run time   : {time.time() - self.started:.1f} s",
+            *(f"  {line}" for line in self._goodput()),
             f"  exit code  : {exit_code} ({reason})",
             f"  event log  : {self.path}",
         ])
+
+    def _goodput(self) -> list[str]:
+        """The short form of ``ft_launcher report`` for this launcher's own records."""
+        try:
+            records = [r for r in load_records([self.path]) if r["node"] == self.node]
+            return short_summary(build_report(records))
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a summary must never stop the exit
+            return [f"goodput    : n/a ({type(exc).__name__}: {exc})"]
 
     def close(self) -> None:
         if self._writer is not None:

@@ -20,8 +20,8 @@ from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.events import LauncherExit, LauncherStarted
-from ft_core.jobdir import claim_job_dir
-from ft_core.launcher.agent import FtElasticAgent, Outcome, Services
+from ft_core.jobdir import claim_job_dir, saved_stacks_dir
+from ft_core.launcher.agent import FtElasticAgent, Outcome, Services, signal_outcome
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
 from ft_core.launcher.node_monitor import NodeMonitor
@@ -42,7 +42,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     claim = claim_job_dir()
     job_dir = claim.job_dir
     token = secrets.token_hex(16)
-    monitor = NodeMonitor(cfg, job_dir, token)
+    monitor = NodeMonitor(cfg, job_dir, token, stacks_dir=saved_stacks_dir(events.path))
     control = None
     agent = None
     outcome = Outcome(1, "the launcher failed before the job started")
@@ -70,7 +70,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         agent.run()
         outcome = agent.outcome
     except SignalException as exc:
-        outcome = Outcome(128 + exc.sigval.value, f"{exc.sigval.name} received", "keep")
+        outcome = signal_outcome(exc.sigval, "before any worker started")
     except Exception as exc:  # noqa: BLE001 - every failure must still tear down and report
         log.exception("ft_launcher failed: %s", exc)
         outcome = Outcome(1, f"launcher error: {type(exc).__name__}: {exc}")

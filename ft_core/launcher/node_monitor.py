@@ -22,8 +22,10 @@ class NodeMonitor:
     workers started after a respawn find it where they expect it.
     """
 
-    def __init__(self, cfg: FaultToleranceConfig, job_dir: JobDir, token: str) -> None:
+    def __init__(self, cfg: FaultToleranceConfig, job_dir: JobDir, token: str, stacks_dir: Optional[str] = None) -> None:
         self.cfg = cfg
+        #: Where the monitor keeps the stacks of hung ranks (next to the event log: the job dir is removed).
+        self.stacks_dir = stacks_dir
         self.socket_path = job_dir.monitor_socket
         self.events_path = job_dir.monitor_events
         self._token = token
@@ -36,7 +38,8 @@ class NodeMonitor:
 
     def start(self) -> None:
         self._proc = RankMonitorServer.run_in_subprocess(
-            self.cfg, self.socket_path, token=self._token, events_path=self.events_path)
+            self.cfg, self.socket_path, token=self._token, events_path=self.events_path,
+            stacks_dir=self.stacks_dir)
         log.debug("rank monitor started (pid %d)", self._proc.pid)
 
     def is_alive(self) -> bool:

@@ -9,7 +9,7 @@ from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
-from ft_core.validation import file_path, int_in_range, non_negative_seconds
+from ft_core.validation import boolean, file_path, int_in_range, non_negative_seconds
 
 __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "LauncherOptions", "add_launcher_args"]
 
@@ -34,6 +34,8 @@ class LauncherOptions:
     checkpoint_iteration_file: Optional[str] = None
     #: Event log path; default ``<log dir>/`` + ``jobdir.LAUNCHER_EVENTS_FILE``.
     events_file: Optional[str] = None
+    #: Debug output of the launcher and the monitor, and torch elastic's own log.
+    verbose: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, cfg: FaultToleranceConfig) -> LauncherOptions:
@@ -52,6 +54,7 @@ class LauncherOptions:
             min_progress_iterations=cfg.min_progress_iterations,
             checkpoint_iteration_file=cfg.checkpoint_iteration_file,
             events_file=file_path("--ft-events-file", args.ft_events_file),
+            verbose=boolean("--verbose", args.verbose, coerce=True),
         )
 
 
@@ -70,6 +73,9 @@ def add_launcher_args(parser: argparse.ArgumentParser) -> None:
                        default=defaults.no_restart_exit_code, metavar="CODE",
                        help="exit code when the job stops for lack of progress or because a rank requested "
                             f"ShutdownWorkload: do not requeue (default: {defaults.no_restart_exit_code})")
+    group.add_argument("-v", "--verbose", action="store_true",
+                       help="more output: --ft-log-level=DEBUG (launcher and rank monitor: every detection step, "
+                            "the stacks of hung ranks) and torch elastic's own log, which is quiet by default")
     group.add_argument("--ft-events-file", "--ft_events_file", default=None, metavar="PATH",
                        help=f"JSON-lines event log (default: <log-dir>/{LAUNCHER_EVENTS_FILE}, or torchelastic's "
                             "temporary log directory when --log-dir is not given)")

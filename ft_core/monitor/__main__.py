@@ -20,6 +20,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--socket", required=True, help="path of the Unix socket to serve")
     parser.add_argument("--config-json", default="{}", help="FaultToleranceConfig.to_json(), or a JSON object")
     parser.add_argument("--events", default=None, help="JSON-lines event log path")
+    parser.add_argument("--stacks-dir", default=None, help="keep the stacks of hung ranks here, named by cycle")
     args = parser.parse_args(argv)
     cfg = FaultToleranceConfig.from_json(args.config_json)
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
@@ -27,7 +28,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     token = os.environ.pop(TOKEN_ENV, "")
     if not token:
         parser.error(f"{TOKEN_ENV} must be set in the environment")
-    server = RankMonitorServer(cfg, args.socket, token, args.events)
+    server = RankMonitorServer(cfg, args.socket, token, args.events, args.stacks_dir)
 
     def _stop(_signum: int, _frame: object) -> None:
         server.stop()

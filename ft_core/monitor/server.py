@@ -48,7 +48,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
 from ft_core import procutil
 from ft_core.config import FaultToleranceConfig, with_fallback
@@ -65,7 +65,12 @@ from ft_core.events import (
     RankTerminated,
     TimeoutsUpdated,
 )
-from ft_core.jobdir import LAUNCHER_SOCKET_ENV, PRIVATE_FILE_MODE, JobDir
+from ft_core.jobdir import (
+    LAUNCHER_SOCKET_ENV,
+    PRIVATE_FILE_MODE,
+    JobDir,
+    keep_stack,
+)
 from ft_core.monitor.hang import Expiry, Hang
 from ft_core.monitor.process import MonitorProcess, run_in_subprocess
 from ft_core.protocol import (
@@ -259,6 +264,9 @@ class RankMonitorServer:
         socket_path: where to listen. Its directory is created with mode 0700.
         token: the job secret every connection must present first.
         events_path: JSON-lines event log (default: the socket's :class:`~ft_core.jobdir.JobDir` ``monitor_events``).
+        stacks_dir: keep each hung rank's stack there as :func:`ft_core.jobdir.saved_stack_path` names it
+            (by the cycle it hung in: the rank's ``TORCHELASTIC_RESTART_COUNT``) and report that path;
+            default: the rank's own dump file.
     """
 
     def __init__(
@@ -267,6 +275,7 @@ class RankMonitorServer:
         socket_path: str,
         token: str,
         events_path: Optional[str] = None,
+        stacks_dir: Optional[str] = None,
     ) -> None:
         if not token:
             raise ValueError("token: a non-empty job token is required")
@@ -277,6 +286,9 @@ class RankMonitorServer:
         self.job_dir = JobDir.of_socket(self.socket_path)
         self.events_path = events_path or self.job_dir.monitor_events
         self.dump_dir = self.job_dir.stacks
+        self.stacks_dir = stacks_dir
+        #: The last timeouts logged at INFO: all ranks send the same values, at every calculation.
+        self._logged_timeouts: Optional[str] = None
         self._selector = selectors.DefaultSelector()
         self._connections: dict[int, _Connection] = {}
         #: Connections without a handshake yet, oldest first (entries of ranks that said Hello linger
@@ -347,7 +359,7 @@ class RankMonitorServer:
     def serve_forever(self, ready_callback: Optional[Callable[[], None]] = None) -> None:
         self._listen()
         self._record(MonitorStarted(pid=os.getpid(), socket=self.socket_path))
-        log.info("rank monitor serving on %s (pid %d)", self.socket_path, os.getpid())
+        log.debug("rank monitor serving on %s (pid %d)", self.socket_path, os.getpid())
         if ready_callback is not None:
             ready_callback()
         self._running = True
@@ -598,9 +610,10 @@ class RankMonitorServer:
             except ValueError as exc:
                 self._refuse(conn, f"invalid timeouts from rank {rank.rank}: {exc}")
             self._record(TimeoutsUpdated(rank=rank.rank, timeouts=msg.state))
-            # All ranks send the same synchronized values: log them once, for rank 0.
-            log.log(logging.INFO if rank.rank == 0 else logging.DEBUG,
-                    "timeouts updated: heartbeat %s, sections %s", rank.hb.to_dict(), rank.sections.to_dict())
+            # All ranks send the same synchronized values, at every calculation: log each change once.
+            text = _timeouts_text(rank.hb.to_dict(), rank.sections.to_dict())
+            log.log(logging.INFO if text != self._logged_timeouts else logging.DEBUG, "timeouts: %s", text)
+            self._logged_timeouts = text
             self._reply(conn, Ack())
         elif isinstance(msg, ReportCheckpoint):
             self._record(CheckpointReported(rank=rank.rank, iteration=msg.iteration))
@@ -658,7 +671,8 @@ class RankMonitorServer:
     def _on_hang(self, rank: WatchedRank, expiry: Expiry, now: float) -> None:
         hang = rank.hang = Hang.detect(expiry, rank=rank.rank, pid=rank.pid, iteration=rank.iteration,
                                        open_sections=list(rank.open_sections), now=now, wall_now=time.time())
-        log.error("%s", hang.report.describe())
+        log.debug("rank %d (pid %d) missed its %s deadline; requesting its stack", rank.rank, rank.pid,
+                  hang.report.reason.value)
         sig = self.cfg.stack_dump_signal
         if sig is not None and rank.dump_path and rank.pid > 0:
             try:
@@ -690,19 +704,31 @@ class RankMonitorServer:
                 with open(rank.dump_path, errors="replace") as handle:
                     handle.seek(hang.dump_offset)
                     stack = handle.read()
-                log.error("stack of hung rank %d (from %s):\n%s", rank.rank, rank.dump_path, stack.rstrip())
+                log.debug("stack of hung rank %d:\n%s", rank.rank, stack.rstrip())
             except OSError as exc:  # e.g. out of descriptors: the kill matters more than the stack
                 log.error("could not read the stack of hung rank %d from %s: %s", rank.rank, rank.dump_path, exc)
-        self._record(hang.terminate(stack, rank.dump_path if stack is not None else None))
+        self._record(hang.terminate(stack, self._keep_stack(rank, stack) if stack is not None else None))
         sig = self.cfg.rank_termination_signal
+        action = f"sent {sig.name}" if rank.pid > 0 else "not signalled (pid unknown)"
         if rank.pid > 0:
             try:
                 os.kill(rank.pid, signal.SIGCONT)
                 os.kill(rank.pid, sig)
-                log.error("sent %s to rank %d (pid %d)", sig.name, rank.rank, rank.pid)
             except ProcessLookupError:
-                log.warning("rank %d (pid %d) already exited", rank.rank, rank.pid)
+                action = "it had already exited"
+        # The one line per hang: what, where, what was done, and where its stack is.
+        log.error("%s; %s; stack: %s", hang.report.describe(), action, hang.report.stack_dump_file or "none (no dump)")
         self._record(RankTerminated(rank=rank.rank, pid=rank.pid, signal=sig.name))
+
+    def _keep_stack(self, rank: WatchedRank, stack: str) -> Optional[str]:
+        """Where the hung rank's stack is kept: a copy in ``stacks_dir`` named by cycle, or its dump file."""
+        if self.stacks_dir is None:
+            return rank.dump_path
+        try:
+            return keep_stack(self.stacks_dir, rank.restart_count, rank.rank, rank.pid, stack)
+        except OSError as exc:
+            log.warning("could not keep the stack of rank %d in %s: %s", rank.rank, self.stacks_dir, exc)
+            return rank.dump_path
 
     # -- subprocess helper ------------------------------------------------
     @classmethod
@@ -714,9 +740,24 @@ class RankMonitorServer:
         events_path: Optional[str] = None,
         start_timeout: float = 30.0,
         env: Optional[dict[str, str]] = None,
+        stacks_dir: Optional[str] = None,
     ) -> MonitorProcess:
         """Start a monitor in a new process; see :func:`ft_core.monitor.process.run_in_subprocess`."""
-        return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env)
+        return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir)
+
+
+def _timeouts_text(hb: dict[str, Any], sections: dict[str, Any]) -> str:
+    """One line for humans: every timeout in seconds, ``*`` marking the learned ones."""
+    learned = set(sections["calculated_sections"])
+
+    def value(seconds: Optional[float], calculated: bool) -> str:
+        return ("off" if seconds is None else f"{seconds:.3g} s") + ("*" if calculated else "")
+
+    parts = [f"{name} {value(seconds, name in learned)}" for name, seconds in sections["section"].items()]
+    parts.append(f"out of section {value(sections['out_of_section'], sections['is_out_of_section_calculated'])}")
+    parts.append(f"heartbeat {value(hb['initial'], hb['were_calculated'])} first / "
+                 f"{value(hb['subsequent'], hb['were_calculated'])} between")
+    return ", ".join(parts) + " (* learned)"
 
 
 def _file_size(path: str) -> int:

@@ -374,6 +374,10 @@ class FaultToleranceCallback(Callback):
             return
         self._finish_pending_save(learn=False)
         self._session.learn_at_end("at the end of training")
+        # Training is over: leave the monitor now. Lightning's teardown that follows is out of
+        # section, and an out-of-section timeout just learned from a short run would kill a rank
+        # that is merely slow to tear down (a false kill), with nothing left to protect.
+        self._disconnect(trainer)
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

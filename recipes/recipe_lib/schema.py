@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from ft_core.config import FaultToleranceConfig
+from recipe_lib.run_name import default_run_name
 
 
 @dataclass
@@ -60,6 +62,7 @@ class TrainerSchema:
     _target_: str = "lightning.pytorch.Trainer"
     accelerator: str = "cpu"
     devices: Any = "auto"
+    num_nodes: Any = 1
     strategy: str = "auto"
     max_steps: int = 60
     max_epochs: int = -1
@@ -105,7 +108,11 @@ class DataSchema:
 
 @dataclass
 class RecipeConfig:
-    run_dir: str = "outputs/run"
+    #: Names the run directory; see ``recipe_lib.run_name`` for the default.
+    run_name: str = "${ft_run_name:}"
+    #: Hydra's output directory of this job: ``outputs/runs/<run_name>``, or
+    #: ``outputs/sweeps/<run_name>/<job number>`` in a multirun (``-m``).
+    run_dir: str = "${hydra:runtime.output_dir}"
     seed: int = 1234
     #: Resume from ``<run_dir>/checkpoints/last.ckpt`` when it exists (after a restart).
     resume: bool = True
@@ -121,4 +128,7 @@ class RecipeConfig:
 
 
 def register() -> None:
+    """Register the schema and the ``ft_run_name`` resolver (idempotent)."""
     ConfigStore.instance().store(name="recipe_schema", node=RecipeConfig)
+    if not OmegaConf.has_resolver("ft_run_name"):
+        OmegaConf.register_new_resolver("ft_run_name", default_run_name, use_cache=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -16,9 +17,21 @@ def test_demo_shows_hang_restart_resume_and_completion():
                             env=python_env(), capture_output=True, text=True, timeout=400)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
-    assert "hung: section timeout in section 'step'" in out  # the monitor's detection
-    assert "stack of hung rank" in out and "fault_injection.py" in out  # where it hung
+    # One line per hung rank: what, where, what was done, and the file with its stack (named by cycle).
+    headlines = [line for line in out.splitlines() if "hung: section timeout in section 'step'" in line
+                 and "ft-monitor" in line]
+    assert headlines and all("; sent SIGKILL; stack: " in line for line in headlines), out[-4000:]
+    stacks = [line.rsplit("stack: ", 1)[1] for line in headlines]
+    assert all("/ft_stacks/cycle0_rank" in path for path in stacks)
+    assert any("fault_injection.py" in open(path).read() for path in stacks)  # where it hung
+    assert "Current thread" not in out  # stacks go to files, not to the console
+    assert out.count("timeouts: setup") == len(set(re.findall(r"timeouts: (setup.*)", out)))  # once per change
     assert "restarting all workers" in out  # the launcher's restart
     assert "resuming from" in out and "last.ckpt" in out  # resume from the checkpoint
     assert "finished flag written" in out
     assert "ft_launcher summary" in out and "faults     : 1 hang" in out
+    # It ends with the goodput report of its own run and the timeline picture.
+    assert "goodput report: 1 event log(s), 1 attempt(s)" in out and "faults         : 1 (1 hang)" in out
+    picture = out.rsplit("timeline       : ", 1)[1].strip()
+    with open(picture, "rb") as handle:
+        assert handle.read(8) == b"\x89PNG\r\n\x1a\n"

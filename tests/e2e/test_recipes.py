@@ -61,12 +61,18 @@ def test_group_file_is_a_valid_launcher_config():
     assert cfg.rank_heartbeat_timeout is None
 
 
-def _train(tmp_path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = python_env(FT_RECIPE_RUN_DIR=str(tmp_path / "run"), FAULT_TOL_FINISHED_FLAG_FILE=str(tmp_path / "done"))
-    for key in ("FT_RANK_MONITOR_IPC_SOCKET", "FT_MONITOR_TOKEN", "FT_LAUNCHER_IPC_SOCKET"):
+def _recipe_env(tmp_path) -> dict[str, str]:
+    env = python_env(FAULT_TOL_FINISHED_FLAG_FILE=str(tmp_path / "done"))
+    for key in ("FT_RANK_MONITOR_IPC_SOCKET", "FT_MONITOR_TOKEN", "FT_LAUNCHER_IPC_SOCKET", "SLURM_JOB_ID",
+                "TORCHELASTIC_RUN_ID"):
         env.pop(key, None)
-    return subprocess.run([sys.executable, TRAIN, *overrides], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=str(tmp_path))
+    return env
+
+
+def _train(tmp_path, *overrides: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, TRAIN, f"hydra.run.dir={tmp_path / 'run'}", *overrides],
+                          env=_recipe_env(tmp_path), capture_output=True, text=True, timeout=timeout,
+                          cwd=str(tmp_path))
 
 
 @pytest.mark.timeout(300)
@@ -97,3 +103,86 @@ def test_misspelled_or_bad_key_fails_with_a_clear_error(tmp_path, override, mess
     result = _train(tmp_path, "trainer=cpu_single", override, timeout=100)
     assert result.returncode != 0
     assert message in result.stderr + result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_multirun_jobs_get_their_own_run_directories(tmp_path):
+    # Two jobs of one sweep: each trains from scratch in its own directory (none resumes the other's run).
+    result = subprocess.run(
+        [sys.executable, TRAIN, "-m", "trainer=cpu_single", "fault_tolerance=off", "model.lr=0.05,0.1",
+         "trainer.max_steps=4", "trainer.val_check_interval=2", "checkpoint.every_n_train_steps=2"],
+        env=_recipe_env(tmp_path), capture_output=True, text=True, timeout=280, cwd=str(tmp_path))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    (sweep,) = (tmp_path / "outputs" / "sweeps").iterdir()
+    assert sweep.name.startswith("local-")  # no launcher, no SLURM: a fresh run name, not a timestamp
+    assert sorted(p.name for p in sweep.iterdir() if p.is_dir()) == ["0", "1"]
+    for job in ("0", "1"):
+        assert (sweep / job / "checkpoints" / "last.ckpt").exists()
+    assert "resuming from" not in out
+    assert out.count("training finished at step 4") == 2
+
+
+@pytest.mark.timeout(300)
+def test_a_restarted_job_resumes_from_its_own_run_directory(tmp_path):
+    # Under ft_launcher rank 0 is killed at step 25; the restarted workers find the same
+    # directory (named by the launcher's run id) and resume from its checkpoint.
+    result = subprocess.run(
+        [sys.executable, "-m", "ft_core.launcher", "--nproc-per-node=1", "--max-restarts=1", "--rdzv-id=job-7",
+         "--rdzv-backend=c10d", "--rdzv-endpoint=127.0.0.1:0", f"--log-dir={tmp_path / 'logs'}", TRAIN,
+         "fault=kill_rank0", "trainer.max_steps=30"],
+        env=_recipe_env(tmp_path), capture_output=True, text=True, timeout=280, cwd=str(tmp_path))
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    run_dir = tmp_path / "outputs" / "runs" / "job-7"
+    assert [p.name for p in (tmp_path / "outputs" / "runs").iterdir()] == ["job-7"]
+    assert f"resuming from {run_dir / 'checkpoints' / 'last.ckpt'}" in out
+    assert "training finished at step 30" in out
+
+
+@pytest.mark.parametrize(("environ", "name"), [
+    ({"SLURM_JOB_ID": "4242", "TORCHELASTIC_RUN_ID": "abc"}, "4242"),  # kept by a requeue
+    ({"TORCHELASTIC_RUN_ID": "abc"}, "abc"),  # kept by every in-job restart
+    ({"TORCHELASTIC_RUN_ID": "none"}, None),  # torchrun's "not given"
+    ({}, None),
+])
+def test_default_run_name(environ, name):
+    sys.path.insert(0, RECIPES)
+    try:
+        from recipe_lib.run_name import check_run_name, default_run_name
+    finally:
+        sys.path.remove(RECIPES)
+    got = default_run_name(environ)
+    if name is not None:
+        assert got == name
+    else:  # a fresh name: the same within the process, never a timestamp
+        assert got.startswith("local-") and got == default_run_name({})
+    with pytest.raises(ValueError, match="run_name: invalid value '../x'"):
+        check_run_name("../x")
+
+
+def test_help_and_cfg_show_the_fault_tolerance_settings(tmp_path):
+    help_text = subprocess.run([sys.executable, TRAIN, "--help", "fault_tolerance=sections"],
+                               env=_recipe_env(tmp_path), capture_output=True, text=True, timeout=100).stdout
+    assert "ft_launcher --nproc-per-node=2" in help_text  # the header says how to run it
+    assert "fault_tolerance: heartbeats, off, sections" in help_text
+    section = help_text.split("\nfault_tolerance:\n", 1)[1]
+    assert "rank_section_timeouts:\n    setup: 120.0\n    step: 15.0" in section
+    assert "callback:\n  _target_: ft_integrations.lightning.FaultToleranceCallback\n  mode: sections" in section
+    job = subprocess.run([sys.executable, TRAIN, "--cfg", "job", "fault_tolerance=heartbeats"],
+                         env=_recipe_env(tmp_path), capture_output=True, text=True, timeout=100).stdout
+    assert "rank_heartbeat_timeout: 30.0" in job and "initial_rank_heartbeat_timeout: 120.0" in job
+
+
+def test_bad_key_in_a_recipe_file_names_the_key(tmp_path):
+    # A fault_tolerance option of the user's own (--config-dir) with a misspelled key.
+    group = tmp_path / "conf" / "fault_tolerance"
+    group.mkdir(parents=True)
+    (group / "mine.yaml").write_text("# @package _global_\nfault_tolerance:\n  rank_hearbeat_timeout: 3\n")
+    result = subprocess.run([sys.executable, TRAIN, "--config-dir", str(tmp_path / "conf"), "fault_tolerance=mine",
+                             "trainer=cpu_single"], env=_recipe_env(tmp_path), capture_output=True, text=True,
+                            timeout=100, cwd=str(tmp_path))
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "Key 'rank_hearbeat_timeout' not in 'FaultToleranceConfig'" in out
+    assert "full_key: fault_tolerance.rank_hearbeat_timeout" in out

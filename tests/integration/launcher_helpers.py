@@ -17,6 +17,7 @@ import subprocess
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any, Optional
 
@@ -125,14 +126,15 @@ class ProcessTracker:
 class Launcher:
     """One ``python -m ft_core.launcher ... worker.py`` process (one node) and its files."""
 
-    def __init__(self, directory: str, flags: list[str], env: dict[str, str]) -> None:
+    def __init__(self, directory: str, flags: list[str], env: dict[str, str],
+                 script: Sequence[str] = (WORKER,), cwd: Optional[str] = None) -> None:
         self.dir = directory
         os.makedirs(directory, exist_ok=True)
         self.events_path = os.path.join(directory, "ft_events.jsonl")
         self.output_path = os.path.join(directory, "launcher.out")
         with open(self.output_path, "wb") as out:
-            self.proc = spawn_python(["-m", "ft_core.launcher", f"--log-dir={directory}", *flags, WORKER],
-                                     env=env, stdout=out, stderr=subprocess.STDOUT)
+            self.proc = spawn_python(["-m", "ft_core.launcher", f"--log-dir={directory}", *flags, *script],
+                                     env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
 
     def events(self, name: Optional[str] = None) -> list[dict[str, Any]]:
         events = read_events(self.events_path)[0]
@@ -190,6 +192,22 @@ class LauncherGroup:
         self.tracker.add_root(launcher.proc.pid)
         self.launchers.append(launcher)
         return launcher
+
+    def start_nodes(self, script: Sequence[str], nnodes: int = 2, *flags: str, **env: str) -> list[Launcher]:
+        """``nnodes`` launchers of one job running ``script`` (no test worker, no fast flags): loopback
+        c10d rendezvous, one process per node, in ``tmp_path`` as working directory."""
+        rdzv = Rendezvous("c10d")
+        nodes = []
+        for index in range(nnodes):
+            launcher = Launcher(os.path.join(self.tmp_path, f"node{index}"),
+                                [*rdzv.flags(str(nnodes)), "--nproc-per-node=1", *flags], python_env(**env),
+                                script=script, cwd=self.tmp_path)
+            self.tracker.add_root(launcher.proc.pid)
+            self.launchers.append(launcher)
+            nodes.append(launcher)
+            if index == 0:
+                rdzv.wait_ready()
+        return nodes
 
     def worker_records(self, event: Optional[str] = None) -> list[dict[str, Any]]:
         records = read_events(self.record_path)[0]

@@ -11,6 +11,8 @@ import pytest
 from helpers import wait_for
 from launcher_helpers import LauncherGroup, exit_event
 
+from ft_core.report import build_report, load_records
+
 pytestmark = pytest.mark.timeout(240)
 
 
@@ -42,15 +44,40 @@ def test_crashes_of_every_kind_are_restarted(launchers):
 
 
 def test_hang_is_detected_and_restarted(launchers):
-    node = launchers.start("--max-restarts=2", FT_TEST_FAULT="hang")
+    # Cycle 0: rank 0 exits with 3; cycle 1: rank 0 hangs; cycle 2 finishes.
+    node = launchers.start("--max-restarts=2", FT_TEST_FAULT="exit3,hang")
     assert node.wait(180) == 0, node.output()[-3000:]
     hangs = [e for e in node.events("hang_detected") if e["rank"] == 0]
     assert hangs and hangs[0]["reason"] == "heartbeat" and hangs[0]["elapsed"] >= 3
+    # The stack is kept next to the event log, named by the cycle the hang happened in.
+    assert os.path.basename(hangs[0]["stack_dump_file"]).startswith(f"cycle1_rank0_pid{hangs[0]['pid']}")
+    assert os.path.dirname(hangs[0]["stack_dump_file"]) == os.path.join(node.dir, "ft_stacks")
     with open(hangs[0]["stack_dump_file"]) as handle:
         assert "inject" in handle.read()  # the hung rank's Python stack
-    (restart,) = node.events("restart")
-    assert restart["kind"] == "hang" and "hung: heartbeat timeout" in restart["reason"]
-    assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1]
+    assert [r["kind"] for r in node.events("restart")] == ["crash", "hang"]
+    assert "hung: heartbeat timeout" in node.events("restart")[1]["reason"]
+    assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1, 2]
+
+    # Quiet by default: one headline per hung rank giving the stack file; no stack, no torch echo.
+    output = node.output()
+    headline = f"rank 0 (pid {hangs[0]['pid']}) hung: heartbeat timeout"
+    (line,) = [line for line in output.splitlines() if headline in line and "[ft-monitor" in line]
+    assert line.endswith(f"; sent SIGKILL; stack: {hangs[0]['stack_dump_file']}")
+    assert "Current thread" not in output and "failed (exitcode" not in output
+
+    # The goodput report of this real run.
+    report = build_report(load_records([node.events_path]))
+    crash, hang = report.faults
+    assert (crash.kind, crash.cycle, crash.culprit_rank, crash.detection_s) == ("crash", 0, 0, 0.0)
+    assert (hang.kind, hang.cycle) == ("hang", 1) and hang.ranks[0] == 0
+    # Rank 1, blocked in the all-reduce with the hung rank 0, may miss its heartbeat deadline too:
+    # then two ranks hung and the report leaves the culprit unknown (README "Goodput report").
+    assert hang.culprit_rank in (0, None) and len(hang.ranks) == (1 if hang.culprit_rank == 0 else 2)
+    assert hang.detection_s == pytest.approx(hangs[0]["elapsed"], abs=0.01)
+    assert hang.restart_s > 0 and hang.recompute_s is None  # the worker reports no checkpoints
+    assert report.cycles == 3 and 0 < report.goodput_pct < 100
+    assert report.training_time_s + report.detection_s + report.restart_s <= report.wall_time_s
+    assert "goodput    : " in output and "fault cost : detection 3." in output
 
 
 def test_explicit_flag_equal_to_the_default_wins_over_the_workers_fallback(launchers):
@@ -69,10 +96,12 @@ def test_explicit_flag_equal_to_the_default_wins_over_the_workers_fallback(launc
 
 
 def test_budget_spent_exits_1(launchers):
-    node = launchers.start("--max-restarts=1", FT_TEST_FAULT="exit3", FT_TEST_FAULT_CYCLES="all")
+    node = launchers.start("--max-restarts=1", "-v", FT_TEST_FAULT="exit3", FT_TEST_FAULT_CYCLES="all")
     assert node.wait(120) == 1, node.output()[-3000:]
     assert len(node.events("cycle_start")) == 2
     assert "restart budget spent" in exit_event(node)["reason"]
+    # -v: debug lines of the launcher and the monitor, and torch elastic's own report of the failure.
+    assert "rank monitor serving on" in node.output() and "failed (exitcode: 3)" in node.output()
 
 
 def test_no_progress_exits_93(launchers):
@@ -85,14 +114,40 @@ def test_no_progress_exits_93(launchers):
     assert "no progress" in exit_event(node)["reason"]
 
 
-def test_sigterm_is_forwarded_and_clean_exit_is_0(launchers):
-    node = launchers.start(FT_TEST_FAULT="forever", FT_TEST_ON_SIGTERM="exit0")
+@pytest.mark.parametrize("finished", [False, True], ids=["unfinished_143", "flag_exists_0"])
+def test_sigterm_exit_code_says_whether_to_requeue(launchers, tmp_path, finished):
+    # SLURM's SIGTERM before preemption: the workers save and exit 0, but only a finished job exits 0.
+    flag = tmp_path / "finished.flag"
+    if finished:
+        flag.touch()
+    node = launchers.start(FT_TEST_FAULT="forever", FT_TEST_ON_SIGTERM="exit0",
+                           FAULT_TOL_FINISHED_FLAG_FILE=str(flag))
     node.wait_event("rank_connected", 120, count=2)
     node.proc.send_signal(signal.SIGTERM)
-    assert node.wait(60) == 0, node.output()[-3000:]
+    assert node.wait(60) == (0 if finished else 128 + signal.SIGTERM), node.output()[-3000:]
     (sig,) = node.events("signal")
     assert sig["signal"] == "SIGTERM" and sig["running_workers"] == 2
     assert {e.get("exit_code") for e in node.events("worker_exit")} == {0}
+    assert ("training is finished" if finished else "training not finished") in exit_event(node)["reason"]
+
+
+def test_sigterm_after_every_worker_exited_0_exits_0(launchers):
+    # A long monitoring interval keeps the launcher asleep after its workers are done: the
+    # signal lands before it saw them succeed (as SIGTERM during the exit barrier would).
+    node = launchers.start("--monitor-interval=30", FT_TEST_STEPS="1")
+    workers = wait_for(lambda: len(launchers.worker_records("finished")) == 2 and launchers.worker_records("finished"),
+                       120, "both workers to finish")
+
+    def exited() -> bool:
+        return all(not psutil.pid_exists(w["pid"]) or psutil.Process(w["pid"]).status() == psutil.STATUS_ZOMBIE
+                   for w in workers)
+
+    wait_for(exited, 30, "both workers to exit")
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.wait(60) == 0, node.output()[-3000:]
+    (sig,) = node.events("signal")
+    assert sig["running_workers"] == 0
+    assert "after every worker had finished" in exit_event(node)["reason"]
 
 
 def test_shutdown_request_wins_over_the_requesting_rank_exiting(launchers):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -97,6 +99,25 @@ def test_sections_mode_learns_checkpoints_and_flags_a_finished_run(tmp_path, mon
     assert resumed.client.state_dict() == ckpt_state(tmp_path)
     assert events(proc, "timeouts_updated")[-1]["timeouts"] == ckpt_state(tmp_path)
     assert (tmp_path / "finished.flag").exists()
+
+
+@pytest.mark.timeout(120)
+def test_slow_teardown_after_the_last_learning_is_not_a_hang(tmp_path, monitor):
+    # A short run learns an out-of-section timeout of about 1 s at the end of training; what
+    # Lightning does after that (here a callback taking 2.5 s) is healthy and must not be killed.
+    # SIGCONT as the termination signal and no stack dump: a false kill is recorded, not fatal to pytest.
+    proc = monitor(dataclasses.replace(SECTIONS_CFG, safety_factor=2, rank_termination_signal="SIGCONT",
+                                       stack_dump_signal=None))
+
+    class SlowTeardown(Callback):
+        def on_fit_end(self, trainer, pl_module):
+            time.sleep(2.5)
+
+    fit(tmp_path, [FaultToleranceCallback(mode="sections", calculate_timeouts_after_steps=3), SlowTeardown()])
+    learned = events(proc, "timeouts_updated")[-1]["timeouts"]["current_timeouts"]["section"]
+    assert learned["is_out_of_section_calculated"] and learned["out_of_section"] < 2.5
+    assert disconnects(proc) == [True]
+    assert not events(proc, "hang_detected")
 
 
 @pytest.mark.timeout(120)

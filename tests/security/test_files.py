@@ -38,11 +38,12 @@ def test_the_launcher_event_log_and_saved_stacks_are_private(tmp_path):
     log = EventLog(str(tmp_path / "logs" / "ft_events.jsonl"))
     try:
         log.write(Progress(iteration=1, source="rank 0", cycle=0))
-        saved = log.save_stack("Thread 0x1 (most recent call first):\n", cycle=0, rank=1, pid=7)
+        stacks = jobdir.saved_stacks_dir(log.path)
+        saved = jobdir.keep_stack(stacks, 0, 1, 7, "Thread 0x1 (most recent call first):\n")
     finally:
         log.close()
     assert _mode(log.path) == 0o600
-    assert saved == jobdir.saved_stack_path(log.path, 0, 1, 7)
+    assert saved == jobdir.saved_stack_path(stacks, 0, 1, 7)
     assert _mode(saved) == 0o600 and _mode(os.path.dirname(saved)) == 0o700
 
 
@@ -56,10 +57,11 @@ def test_the_launcher_does_not_write_through_planted_symlinks(tmp_path, victim):
     os.unlink(logs / "ft_events.jsonl")
     log = EventLog(str(logs / "ft_events.jsonl"))
     try:
-        planted = jobdir.saved_stack_path(log.path, 0, 1, 7)
-        os.makedirs(os.path.dirname(planted), mode=0o700)
+        stacks = jobdir.saved_stacks_dir(log.path)
+        planted = jobdir.saved_stack_path(stacks, 0, 1, 7)
+        os.makedirs(stacks, mode=0o700)
         os.symlink(victim, planted)
-        assert log.save_stack("the stack\n", cycle=0, rank=1, pid=7) == planted
+        assert jobdir.keep_stack(stacks, 0, 1, 7, "the stack\n") == planted
     finally:
         log.close()
     assert victim.read_text() == VICTIM_TEXT

@@ -25,3 +25,12 @@ def test_launcher_flags_and_exit_codes_are_documented():
     exit_codes = README.split("### Exit codes", 1)[1].split("\n### ", 1)[0]
     for code in ("| 0 |", "| 1 |", "| 93 |"):
         assert code in exit_codes
+
+
+def test_files_shown_in_the_readme_are_the_files():
+    """A block after ``<!-- file: PATH -->`` is PATH verbatim (the tested sbatch script, for one)."""
+    shown = re.findall(r"<!-- file: (\S+) -->\n```\w*\n(.*?)```", README, flags=re.S)
+    assert shown
+    for path, text in shown:
+        with open(os.path.join(REPO_ROOT, path), encoding="utf-8") as handle:
+            assert handle.read() == text, f"README's copy of {path} is out of date"

@@ -24,8 +24,9 @@ def test_the_layout_derives_from_the_directory_or_the_socket(tmp_path):
     custom = str(tmp_path / "elsewhere" / "my.sock")
     assert jobdir.token_path(custom) == custom + ".token"
     assert jobdir.stack_dump_dir(custom) == str(tmp_path / "elsewhere" / "stacks")
-    assert jobdir.saved_stack_path(str(tmp_path / "logs" / "ft_events.jsonl"), 2, 1, 7) == str(
-        tmp_path / "logs" / "ft_stacks" / "cycle2_rank1_pid7.txt")
+    stacks = jobdir.saved_stacks_dir(str(tmp_path / "logs" / "ft_events.jsonl"))
+    assert stacks == str(tmp_path / "logs" / "ft_stacks")
+    assert jobdir.saved_stack_path(stacks, 2, 1, 7) == str(tmp_path / "logs" / "ft_stacks" / "cycle2_rank1_pid7.txt")
 
 
 def test_the_names_match_what_users_and_nvrx_expect():

@@ -1,0 +1,95 @@
+"""Rendezvous settings ``ft_launcher`` derives from SLURM, so ``srun ft_launcher ...`` needs no ``--rdzv-*``.
+
+Under SLURM (``SLURM_JOB_ID`` set), what torchrun leaves to the user is filled in,
+never what the user gave:
+
+* ``--rdzv-id`` (torchrun's default ``none``) becomes ``$SLURM_JOB_ID``: the same on
+  every node, and across requeues of the job;
+* for a multi-node job without ``--rdzv-endpoint``, the rendezvous is c10d on the
+  job's first node (``scontrol show hostnames $SLURM_JOB_NODELIST | head -n1``), port
+  ``$MASTER_PORT`` when set, else torch's c10d port 29400 — unless the static
+  rendezvous was chosen explicitly with ``--master-addr``.
+
+Called after torchrun's own defaults: a single-node run without ``--rdzv-*`` keeps
+its private c10d rendezvous with a fresh id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from typing import Optional
+
+from torch.distributed.run import parse_min_max_nnodes
+
+from ft_core.validation import ValidationError, int_in_range
+
+__all__ = ["apply_slurm_defaults", "first_host"]
+
+JOB_ID_ENV = "SLURM_JOB_ID"
+NODELIST_ENVS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+#: torchrun's default for ``--rdzv-id`` and ``--master-addr``: "not given".
+_UNSET_RDZV_ID = "none"
+_DEFAULT_MASTER_ADDR = "127.0.0.1"
+#: torch's c10d rendezvous port when an endpoint names none.
+DEFAULT_C10D_PORT = 29400
+
+
+def apply_slurm_defaults(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> list[str]:
+    """Fill in the rendezvous settings of ``args`` from SLURM's environment; returns what was set.
+
+    Raises:
+        ft_core.validation.ValidationError: naming the environment variable that is missing or invalid.
+    """
+    env = os.environ if environ is None else environ
+    job_id = env.get(JOB_ID_ENV)
+    if not job_id:
+        return []
+    derived = []
+    if args.rdzv_id == _UNSET_RDZV_ID:
+        args.rdzv_id = job_id
+        derived.append(f"--rdzv-id={job_id}")
+    _, max_nodes = parse_min_max_nnodes(args.nnodes)
+    static_chosen = args.rdzv_backend == "static" and args.master_addr != _DEFAULT_MASTER_ADDR
+    if max_nodes > 1 and not args.rdzv_endpoint and not args.standalone and not static_chosen:
+        nodelist = next((env[name] for name in NODELIST_ENVS if env.get(name)), None)
+        if nodelist is None:
+            raise ValidationError(NODELIST_ENVS[0], None, "SLURM's node list, or give --rdzv-endpoint",
+                                  problem=f"{JOB_ID_ENV} is set but {NODELIST_ENVS[0]} is not")
+        port = int_in_range("MASTER_PORT", env.get("MASTER_PORT", str(DEFAULT_C10D_PORT)), 1, 65535, coerce=True)
+        args.rdzv_backend = "c10d" if args.rdzv_backend == "static" else args.rdzv_backend
+        args.rdzv_endpoint = f"{first_host(nodelist)}:{port}"
+        derived += [f"--rdzv-backend={args.rdzv_backend}", f"--rdzv-endpoint={args.rdzv_endpoint}"]
+    return derived
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM hostlist (``node[07-09,12],gpu3`` -> ``node07``).
+
+    ``scontrol show hostnames`` is the authority when it is installed; the expression
+    is expanded here otherwise (only the first host is needed).
+    """
+    scontrol = shutil.which("scontrol")
+    if scontrol:
+        try:
+            out = subprocess.run([scontrol, "show", "hostnames", nodelist], capture_output=True, text=True,
+                                 timeout=30, check=True).stdout.split()
+            if out:
+                return out[0]
+        except (OSError, subprocess.SubprocessError):
+            pass  # fall back to our own expansion
+    depth, first = 0, nodelist
+    for index, char in enumerate(nodelist):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            first = nodelist[:index]
+            break
+    # Each bracketed range list contributes its first number, zero padding kept.
+    host = re.sub(r"\[([^\]]*)\]", lambda m: re.split(r"[-,]", m.group(1))[0], first.strip())
+    if not host or "[" in host or "]" in host:
+        raise ValueError(f"cannot read the first host of SLURM nodelist {nodelist!r}")
+    return host

@@ -1,0 +1,61 @@
+"""Rendezvous settings derived from SLURM's environment (ft_core.launcher.slurm)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ft_core.launcher.cli import build_parser
+from ft_core.launcher.slurm import apply_slurm_defaults, first_host
+
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-09,12],login1"}
+
+
+def parse(*argv: str):
+    return build_parser().parse_args([*argv, "train.py"])
+
+
+@pytest.fixture(autouse=True)
+def no_scontrol(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")  # our expansion, not a cluster's scontrol
+
+
+@pytest.mark.parametrize(("nodelist", "first"), [
+    ("gpu[07-09,12],login1", "gpu07"), ("node1", "node1"), ("a1,b2", "a1"), ("rack[2-3]-n[001-004]", "rack2-n001"),
+    ("x[5]", "x5"),
+])
+def test_first_host_of_a_hostlist(nodelist, first):
+    assert first_host(nodelist) == first
+
+
+def test_multi_node_job_gets_id_and_head_node():
+    args = parse("--nnodes=4", "--nproc-per-node=8")
+    assert apply_slurm_defaults(args, SLURM) == ["--rdzv-id=4242", "--rdzv-backend=c10d",
+                                                 "--rdzv-endpoint=gpu07:29400"]
+    assert (args.rdzv_id, args.rdzv_backend, args.rdzv_endpoint) == ("4242", "c10d", "gpu07:29400")
+    args = parse("--nnodes=2")
+    apply_slurm_defaults(args, {**SLURM, "MASTER_PORT": "12345"})
+    assert args.rdzv_endpoint == "gpu07:12345"
+    with pytest.raises(ValueError, match="MASTER_PORT: invalid value 'x1'"):
+        apply_slurm_defaults(parse("--nnodes=2"), {**SLURM, "MASTER_PORT": "x1"})
+
+
+def test_what_the_user_gave_wins():
+    args = parse("--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint=head:1234", "--rdzv-id=mine")
+    assert apply_slurm_defaults(args, SLURM) == []
+    assert (args.rdzv_id, args.rdzv_endpoint) == ("mine", "head:1234")
+    static = parse("--nnodes=2", "--master-addr=10.0.0.1", "--node-rank=0")
+    apply_slurm_defaults(static, SLURM)
+    assert (static.rdzv_backend, static.rdzv_endpoint) == ("static", "")
+
+
+def test_single_node_and_no_slurm_are_left_alone():
+    single = parse("--nproc-per-node=2", "--rdzv-id=fresh")  # as torchrun's single-node default leaves it
+    assert apply_slurm_defaults(single, SLURM) == []
+    assert single.rdzv_endpoint == "" and single.rdzv_id == "fresh"
+    outside = parse("--nnodes=2")
+    assert apply_slurm_defaults(outside, {}) == [] and outside.rdzv_id == "none"
+
+
+def test_missing_nodelist_is_a_clear_error():
+    with pytest.raises(ValueError, match="SLURM_JOB_NODELIST is not; allowed: .*give --rdzv-endpoint"):
+        apply_slurm_defaults(parse("--nnodes=2"), {"SLURM_JOB_ID": "1"})
