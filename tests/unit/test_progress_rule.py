@@ -11,6 +11,7 @@ import pytest
 import torch.distributed as dist
 
 from ft_core.launcher.coordination import JobCoordinator
+from ft_core.launcher.job_store import C10dJobStore
 from ft_core.launcher.progress import made_progress
 
 
@@ -28,10 +29,9 @@ def test_made_progress(latest, mark, minimum, expected):
 
 
 def _coordinator(min_progress_iterations: int, max_no_progress_cycles: int = 2) -> JobCoordinator:
-    coordinator = JobCoordinator("run", "node0", max_restarts=100, max_no_progress_cycles=max_no_progress_cycles,
-                                 no_restart_exit_code=93, min_progress_iterations=min_progress_iterations)
-    coordinator.attach(dist.HashStore())
-    return coordinator
+    return JobCoordinator("run", "node0", max_restarts=100, max_no_progress_cycles=max_no_progress_cycles,
+                          no_restart_exit_code=93, store=C10dJobStore(dist.HashStore()),
+                          min_progress_iterations=min_progress_iterations)
 
 
 def _fault(coordinator: JobCoordinator, cycle: int, checkpoint: int):
