@@ -424,4 +424,3 @@ def signal_outcome(sig: signal.Signals, detail: str, workers_finished: bool = Fa
     if training_finished():
         return Outcome(0, f"{sig.name} received; training is finished ({finished_flag_path()} exists)", "keep")
     return Outcome(128 + sig.value, f"{sig.name} received; training not finished ({detail})", "keep")
-
