@@ -342,15 +342,16 @@ class RankMonitorClient:
         self._send_state(encode(ReportCheckpoint(int(iteration))))
 
     # -- timeouts ---------------------------------------------------------
-    def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False) -> bool:
+    def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False, calc_initial: bool = True) -> bool:
         """Learn heartbeat timeouts from observed intervals (a collective across ranks).
 
-        Returns False when skipped for lack of data (``skip_if_not_ready``).
+        ``calc_initial=False`` keeps the ``initial`` timeout (a fresh start must not learn it
+        for a resume). Returns False when skipped for lack of data (``skip_if_not_ready``).
         """
         self._require_init("calculate_and_set_hb_timeouts")
         assert self.hb_timeouts is not None
         try:
-            new = self._calc.calculate_hb_timeouts(self.hb_timeouts, skip_if_not_ready)  # type: ignore[union-attr]
+            new = self._calc.calculate_hb_timeouts(self.hb_timeouts, skip_if_not_ready, calc_initial)  # type: ignore[union-attr]
         except TimeoutsNotReadyError as exc:
             raise RankMonitorClientError(str(exc)) from None
         if new is None:

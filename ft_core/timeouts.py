@@ -126,7 +126,9 @@ class HeartbeatTimeouts:
     def __post_init__(self) -> None:
         where = type(self).__name__
         self.were_calculated = _flag(f"{where}.were_calculated", self.were_calculated)
-        self.initial = _timeout(f"{where}.initial", self.initial, self.were_calculated)
+        # ``initial`` may stay None when calculated: a fresh start keeps the configured value
+        # (see TimeoutsCalc.calculate_hb_timeouts), and None is a configured value.
+        self.initial = _timeout(f"{where}.initial", self.initial)
         self.subsequent = _timeout(f"{where}.subsequent", self.subsequent, self.were_calculated)
 
     @property
@@ -217,7 +219,7 @@ class SectionTimeouts:
 def timeouts_state_dict(hb: Optional[HeartbeatTimeouts], sections: Optional[SectionTimeouts]) -> dict[str, Any]:
     """NVRx's ``{"current_timeouts": {...}}``: only the parts that were calculated; JSON-safe."""
     current: dict[str, Any] = {}
-    if hb is not None and hb.were_calculated and hb.are_valid:
+    if hb is not None and hb.were_calculated and hb.subsequent is not None:
         current["heartbeat"] = hb.to_dict()
     if sections is not None and (sections.calculated_sections or sections.is_out_of_section_calculated):
         current["section"] = sections.to_dict()
@@ -406,11 +408,13 @@ class TimeoutsCalc:
         return max(new, observed, self.min_timeout)
 
     def calculate_hb_timeouts(
-        self, current: HeartbeatTimeouts, skip_if_not_ready: bool = False
+        self, current: HeartbeatTimeouts, skip_if_not_ready: bool = False, calc_initial: bool = True
     ) -> Optional[HeartbeatTimeouts]:
         """New heartbeat timeouts, or ``None`` if not ready and ``skip_if_not_ready``.
 
-        Collective when a process group exists: every rank must call it.
+        With ``calc_initial=False`` the ``initial`` timeout keeps its current value: the
+        delay to the first heartbeat of a fresh start says nothing about a resume's, which
+        also loads a checkpoint. Collective when a process group exists: every rank must call it.
         """
         initial, subsequent = _synchronized([self.first_hb_delay, self.max_hb_interval])
         if initial is None or subsequent is None:
@@ -421,7 +425,8 @@ class TimeoutsCalc:
                 "(pass skip_if_not_ready=True to skip instead)"
             )
         return HeartbeatTimeouts(
-            initial=self._merged(current.initial, current.were_calculated, initial),
+            initial=self._merged(current.initial, current.were_calculated, initial) if calc_initial
+            else current.initial,
             subsequent=self._merged(current.subsequent, current.were_calculated, subsequent),
             were_calculated=True,
         )

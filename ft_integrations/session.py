@@ -86,9 +86,9 @@ class LearningSchedule:
     """When a session calculates timeouts, and what it may learn at each point.
 
     The integrations differ only here: Lightning learns heartbeat or section timeouts at
-    global step ``after_steps``, ``setup`` in any run and out-of-section gaps once an epoch
-    boundary was seen; Megatron learns section timeouts after ``after_steps`` timed steps of
-    each run, past its ``warmup_steps``, and ``setup`` only after a persistent checkpoint load.
+    global step ``after_steps`` and out-of-section gaps once an epoch boundary was seen;
+    Megatron learns section timeouts after ``after_steps`` timed steps of each run, past its
+    ``warmup_steps``. Both learn the startup phases only in a run that resumed from a checkpoint.
     """
 
     #: Calculate at all (``calculate_timeouts=`` / ``--calc-ft-timeouts``).
@@ -101,8 +101,10 @@ class LearningSchedule:
     after_steps: int = 1
     #: The first steps of every run that stay out of ``step`` (the integration keeps them in ``setup``).
     warmup_steps: int = 0
-    #: Learn ``setup`` only in a run that loaded a persistent checkpoint: a fresh start is
-    #: shorter than a resume, and the value must hold for the next restart's ``setup``.
+    #: Learn the startup phases (``setup``, and the ``initial`` heartbeat timeout) only in a run
+    #: that loaded a persistent checkpoint (:meth:`FaultToleranceSession.checkpoint_loaded`):
+    #: a fresh start is shorter than a resume, and the value must hold for the next restart's.
+    #: A fresh start keeps them as they are (configured, or learned by an earlier resume).
     setup_needs_checkpoint_load: bool = False
     #: Learn the out-of-section timeout only once the integration reported the boundary where
     #: the longest gaps happen (:meth:`FaultToleranceSession.saw_boundary`), or at the end.
@@ -198,7 +200,7 @@ class FaultToleranceSession:
         self._learn(when)
 
     def checkpoint_loaded(self, persistent: bool) -> None:
-        """A checkpoint was loaded; a persistent one makes ``setup`` worth learning."""
+        """A checkpoint was loaded; a persistent one makes this run a resume, whose startup is learned."""
         self._persistent_checkpoint_loaded = persistent
 
     def saw_boundary(self) -> None:
@@ -287,7 +289,8 @@ class FaultToleranceSession:
             return
         try:
             if self.schedule.learns is MonitoringMode.HEARTBEATS:
-                changed = self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
+                changed = self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True,
+                                                                    calc_initial=self._learns_startup())
             else:
                 names, out_of_section = self._sections_to_learn()
                 if not names and not out_of_section:
@@ -308,10 +311,14 @@ class FaultToleranceSession:
             self._info(f"{self.name}: learned timeouts {when}: {current[part]}")
         self._write_state_file()
 
+    def _learns_startup(self) -> bool:
+        """Whether this run may learn the phases a resume lengthens (``setup``, the initial heartbeat)."""
+        return not self.schedule.setup_needs_checkpoint_load or self._persistent_checkpoint_loaded
+
     def _sections_to_learn(self) -> tuple[list[str], bool]:
         timeouts = self.client.section_timeouts
         assert timeouts is not None, "learning runs only on a connected client"
-        setup_ok = not self.schedule.setup_needs_checkpoint_load or self._persistent_checkpoint_loaded
+        setup_ok = self._learns_startup()
         names = sorted(name for name in timeouts.section if name != Section.SETUP or setup_ok)
         # Only where the monitor watches it: learning must not switch on a timeout the launcher disabled.
         cfg = self.client.cfg

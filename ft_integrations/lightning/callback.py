@@ -170,10 +170,11 @@ class FaultToleranceCallback(Callback):
         self.exc_handling_policy = exc_handling_policy
         self.standalone = standalone
         self.config = _coerce_config(config, mode)
-        # Learned at global step ``steps``; "setup" in any run (the callback cannot tell a
-        # resume's setup from a fresh one's); out-of-section gaps once an epoch boundary was seen.
+        # Learned at global step ``steps``; "setup" and the initial heartbeat only when the Trainer
+        # resumed from a checkpoint (on_load_checkpoint ran): a fresh start's would kill a resume;
+        # out-of-section gaps once an epoch boundary was seen.
         schedule = LearningSchedule(enabled=calculate_timeouts, learns=mode, after_steps=steps,
-                                    out_of_section_needs_boundary=True)
+                                    setup_needs_checkpoint_load=True, out_of_section_needs_boundary=True)
         self._session = FaultToleranceSession(schedule, state_file=state_file, name="FaultToleranceCallback",
                                               logger=log, info=rank_zero_info, warn=rank_zero_warn)
         #: The rank's monitor client (the session's); ``client.cfg`` is the monitor's config once connected.
@@ -475,6 +476,12 @@ class FaultToleranceCallback(Callback):
     def state_dict(self) -> dict[str, Any]:
         """The learned timeouts (``{"current_timeouts": ...}``), saved in the Lightning checkpoint."""
         return self._session.state_dict()
+
+    @override
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                           checkpoint: dict[str, Any]) -> None:
+        # Lightning calls it when ``fit`` resumes from a checkpoint (after ``setup``, which began the run).
+        self._session.checkpoint_loaded(persistent=True)
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -86,7 +86,8 @@ def test_sections_mode_learns_checkpoints_and_flags_a_finished_run(tmp_path, mon
     assert not isinstance(trainer.strategy.checkpoint_io, FaultToleranceCheckpointIO)  # restored at teardown
     assert [e["iteration"] for e in events(proc, "checkpoint_reported")] == [2, 4, 6]
     saved = ckpt_state(tmp_path)["current_timeouts"]["section"]
-    assert sorted(saved["calculated_sections"]) == ["checkpointing", "setup", "step", "validation"]
+    # A fresh fit does not learn `setup`: a resume's is longer (it loads the checkpoint).
+    assert sorted(saved["calculated_sections"]) == ["checkpointing", "step", "validation"]
     assert all(0 < saved["section"][name] < 300 for name in saved["calculated_sections"])
     assert events(proc, "timeouts_updated")
     assert disconnects(proc) == [True]

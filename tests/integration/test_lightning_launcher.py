@@ -25,11 +25,12 @@ FT_FLAGS = {
 }
 
 
-def launch(tmp_path: Path, mode: str, fault: dict, *extra: str, max_restarts: int = 2):
+def launch(tmp_path: Path, mode: str, fault: dict, *extra: str, max_restarts: int = 2,
+           ft_flags: tuple[str, ...] = ("--ft-safety-factor=50",)):
     events_file = tmp_path / "ft_events.jsonl"
     cmd = [sys.executable, "-m", "ft_core.launcher", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--ft-events-file={events_file}",
-           "--ft-safety-factor=50", *FT_FLAGS[mode],
+           *ft_flags, *FT_FLAGS[mode],
            str(SCRIPTS / "train.py"), f"--mode={mode}", f"--max-steps={MAX_STEPS}", "--every-n-steps=2",
            f"--ckpt-dir={tmp_path / 'ckpt'}", f"--out-dir={tmp_path}", f"--fault={json.dumps(fault)}", *extra]
     result = run_job(cmd, base_env(tmp_path), timeout=400, log_path=tmp_path / "launcher.log")
@@ -69,7 +70,9 @@ def test_hang_in_step_restarts_and_resumes_with_learned_timeouts(tmp_path, mode)
         assert learned["heartbeat"]["were_calculated"] is True
         assert learned["heartbeat"]["subsequent"] < 60
     else:
-        assert {"setup", "step", "checkpointing"} <= set(learned["section"]["calculated_sections"])
+        # A fresh start learns its steps and saves, not `setup` (a resume's is longer).
+        assert {"step", "checkpointing"} <= set(learned["section"]["calculated_sections"])
+        assert "setup" not in learned["section"]["calculated_sections"]
         assert learned["section"]["section"]["step"] < 60
         assert hang["timeout"] == pytest.approx(learned["section"]["section"]["step"])
     step4 = _checkpoint_state_at_step(tmp_path, 4)
@@ -78,6 +81,38 @@ def test_hang_in_step_restarts_and_resumes_with_learned_timeouts(tmp_path, mode)
     flag = tmp_path / "finished.flag"
     assert flag.exists()
     assert flag.stat().st_mtime >= of(events, "cycle_start")[-1]["time"]  # written by the finishing cycle
+
+
+#: How long cycle 1's checkpoint load sleeps: far above a fresh start's setup times the safety factor.
+LOAD_SLEEP = 20.0
+
+
+@pytest.mark.timeout(480)
+def test_slow_resume_is_not_killed_by_setup_learned_on_a_fresh_start(tmp_path):
+    # Safety factor 3 and a 10 s floor: a fresh start's setup (about 1 s) learned as-is would be
+    # about 10 s, half of the resume's checkpoint load. Steps (0.1 s) stay far below the floor.
+    result, events = launch(tmp_path, "sections", {"kind": "hang_step", "rank": 1, "step": 5},
+                            f"--load-sleep={LOAD_SLEEP}",
+                            ft_flags=("--ft-safety-factor=3", "--ft-min-calculated-timeout=10"))
+    assert result.returncode == 0, result.output[-6000:]
+    assert [e["cycle"] for e in of(events, "cycle_start")] == [0, 1]  # exactly one restart
+    resumed_at = of(events, "cycle_start")[1]["time"]
+    hangs = of(events, "hang_detected")
+    assert hangs and all(e["time"] < resumed_at for e in hangs), hangs  # only the injected hang
+    assert {e.get("section") for e in hangs} == {"step"}
+
+    runs = reports(tmp_path)
+    # The premise: the resume's load alone is much longer than the fresh start's whole setup.
+    assert runs[0, 0]["setup_seconds"] * 2 < LOAD_SLEEP < runs[0, 1]["setup_seconds"]
+    assert runs[0, 1]["start_step"] == 4 and runs[0, 1]["end_step"] == runs[1, 1]["end_step"] == MAX_STEPS
+    # The fresh start learned the steps, not `setup`; the resume learned `setup` from what it saw.
+    fresh = _checkpoint_state_at_step(tmp_path, 4)["current_timeouts"]["section"]
+    assert "step" in fresh["calculated_sections"] and "setup" not in fresh["calculated_sections"]
+    assert fresh["section"]["setup"] == 120
+    resumed = runs[0, 1]["end_timeouts"]["current_timeouts"]["section"]
+    assert "setup" in resumed["calculated_sections"]
+    assert resumed["section"]["setup"] >= runs[0, 1]["setup_seconds"]
+    assert (tmp_path / "finished.flag").exists()
 
 
 def _checkpoint_state_at_step(tmp_path: Path, step: int) -> dict:

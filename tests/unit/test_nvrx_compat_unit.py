@@ -113,8 +113,8 @@ def test_bad_timeout_values_are_rejected_naming_key_value_and_what_is_allowed(wh
      "current_timeouts.heartbeat.were_calculated", "true or false"),
     ({"current_timeouts": {"heartbeat": {"initial": 1.0, "subsequent": 1.0, "were_calculated": True,
                                          "extra": 1}}}, "current_timeouts.heartbeat", "initial"),
-    ({"current_timeouts": {"heartbeat": {"initial": None, "subsequent": 5.0, "were_calculated": True}}},
-     "current_timeouts.heartbeat.initial", "calculated"),
+    ({"current_timeouts": {"heartbeat": {"initial": 5.0, "subsequent": None, "were_calculated": True}}},
+     "current_timeouts.heartbeat.subsequent", "calculated"),
     ({"current_timeouts": {"section": {"section": {"step": 1.0}, "out_of_section": None,
                                        "calculated_sections": "step", "is_out_of_section_calculated": False}}},
      "current_timeouts.section.calculated_sections", "list"),
@@ -137,6 +137,15 @@ def test_malformed_states_are_rejected(state, key, allowed):
     with pytest.raises(RankMonitorClientError) as raised:
         RankMonitorClient().load_state_dict(state)
     assert key in str(raised.value) and allowed in str(raised.value)
+
+
+def test_a_calculated_heartbeat_state_may_keep_no_initial_timeout():
+    # A fresh start learns `subsequent` but keeps a configured `initial` of None (no timeout):
+    # the delay to its first heartbeat says nothing about a resume's.
+    state = {"current_timeouts": {"heartbeat": {"initial": None, "subsequent": 5.0, "were_calculated": True}}}
+    client = RankMonitorClient()
+    client.load_state_dict(state)
+    assert client.state_dict() == state
 
 
 def test_a_state_that_is_not_a_mapping_is_rejected():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import signal
 import time
 
 import pytest
@@ -38,13 +39,18 @@ def clean_env(monkeypatch):
 
 @pytest.fixture
 def start_monitor(attach_monitor):
+    # This process is the rank: a deadline it misses must not kill pytest. The config rejects
+    # signals that do not end a process, so the test ignores the one the monitor sends.
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+
     def start(**overrides):
-        # This process is the rank: a deadline it misses must not stop or kill pytest.
         defaults = {"rank_section_timeouts": SECTIONS, "safety_factor": 2.0, "min_calculated_timeout": 0.01,
-                    "rank_termination_signal": "SIGCONT", "stack_dump_signal": None}
+                    "rank_termination_signal": "SIGUSR2", "stack_dump_signal": None,
+                    "num_warmup_iterations": 0}
         return attach_monitor(FaultToleranceConfig(**{**defaults, **overrides}), token=TOKEN)
 
-    return start
+    yield start
+    signal.signal(signal.SIGUSR2, previous)
 
 
 class Messages:
@@ -154,6 +160,51 @@ def test_first_save_learns_once_and_setup_waits_for_a_persistent_checkpoint_load
     session.checkpoint_loaded(persistent=True)
     session.learn_at_end()
     assert "setup" in session.client.section_timeouts.calculated_sections
+
+
+def test_a_fresh_start_keeps_startup_timeouts_and_a_resume_learns_them_never_below_what_it_saw(
+        start_monitor, sessions):
+    monitor = start_monitor()
+    # Fresh start: a quick setup, learned steps; setup keeps its configured value.
+    fresh, _ = sessions(connect=True, setup_needs_checkpoint_load=True)
+    fresh.client.start_section(Section.SETUP)
+    fresh.client.end_section(Section.SETUP)
+    run_step(fresh)
+    fresh.step_completed(1)
+    assert fresh.client.section_timeouts.calculated_sections == {"step"}
+    assert fresh.client.section_timeouts.section["setup"] == SECTIONS["setup"]
+    state = fresh.state_dict()
+    fresh.client.shutdown_workload_monitoring()
+
+    # Resume: restored from the fresh start's state, its setup (a checkpoint load) is slower than
+    # anything a fresh start would have learned, and it is not killed; it learns setup from itself.
+    resumed, _ = sessions(setup_needs_checkpoint_load=True)
+    resumed.restore(state)
+    resumed.client.init_workload_monitoring()
+    resumed.client.start_section(Section.SETUP)
+    time.sleep(0.3)
+    resumed.checkpoint_loaded(persistent=True)
+    resumed.client.end_section(Section.SETUP)
+    run_step(resumed)
+    resumed.step_completed(2)
+    learned = resumed.client.section_timeouts
+    assert "setup" in learned.calculated_sections and learned.section["setup"] >= 0.3
+    assert [e for e in read_events(monitor.events_path)[0] if e["event"] == "hang_detected"] == []
+
+
+def test_heartbeat_initial_is_learned_only_by_a_resume(start_monitor, sessions):
+    start_monitor(rank_section_timeouts={}, initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=60.0)
+    session, _ = sessions(connect=True, learns=MonitoringMode.HEARTBEATS, setup_needs_checkpoint_load=True)
+    for _ in range(3):
+        session.client.send_heartbeat()
+    session.learn_at_end()
+    hb = session.client.hb_timeouts
+    assert hb.were_calculated and hb.subsequent is not None
+    assert hb.initial is None  # the configured value (no timeout) stays, and is saved as such
+    assert session.state_dict()["current_timeouts"]["heartbeat"]["initial"] is None
+    session.checkpoint_loaded(persistent=True)
+    session.learn_at_end()
+    assert session.client.hb_timeouts.initial is not None
 
 
 def test_setup_is_learned_in_any_run_without_that_rule(start_monitor, sessions):

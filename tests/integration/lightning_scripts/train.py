@@ -23,12 +23,13 @@ from ft_integrations.lightning import FaultToleranceCallback
 class SlowModel(LightningModule):
     """A linear model whose step and checkpoint take a known minimum time."""
 
-    def __init__(self, step_sleep: float, save_sleep: float, setup_sleep: float) -> None:
+    def __init__(self, step_sleep: float, save_sleep: float, setup_sleep: float, load_sleep: float = 0.0) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(8, 1)
         self.step_sleep = step_sleep
         self.save_sleep = save_sleep
         self.setup_sleep = setup_sleep
+        self.load_sleep = load_sleep
 
     def setup(self, stage):
         # Floors under the learned timeouts, so a loaded test machine cannot trip them.
@@ -45,6 +46,10 @@ class SlowModel(LightningModule):
     def on_save_checkpoint(self, checkpoint):
         time.sleep(self.save_sleep)
 
+    def on_load_checkpoint(self, checkpoint):
+        # A resume's setup is longer than a fresh start's: it loads a checkpoint.
+        time.sleep(self.load_sleep)
+
 
 class Report(Callback):
     """Records what the tests check, per rank and restart cycle."""
@@ -59,9 +64,12 @@ class Report(Callback):
         with open(self.path, "w", encoding="utf-8") as handle:
             json.dump(self.data, handle)
 
+    def setup(self, trainer, pl_module, stage):
+        self._setup_started = time.monotonic()
+
     def on_train_start(self, trainer, pl_module):
         self.data.update(start_step=trainer.global_step, start_timeouts=self.ft.client.state_dict(),
-                         active=self.ft.active)
+                         active=self.ft.active, setup_seconds=time.monotonic() - self._setup_started)
         self._write()
 
     def on_fit_end(self, trainer, pl_module):
@@ -83,6 +91,7 @@ def main() -> None:
     parser.add_argument("--step-sleep", type=float, default=0.1)
     parser.add_argument("--save-sleep", type=float, default=0.3)
     parser.add_argument("--setup-sleep", type=float, default=0.5)
+    parser.add_argument("--load-sleep", type=float, default=0.0, help="seconds a checkpoint load takes")
     parser.add_argument("--fault", default=None, help="SimulatedFault fields as JSON")
     parser.add_argument("--policy", choices=["none", "shutdown"], default="none")
     parser.add_argument("--standalone", default="monitor")
@@ -110,7 +119,7 @@ def main() -> None:
                    ModelCheckpoint(dirpath=args.ckpt_dir, save_top_k=-1, save_last=True,
                                    every_n_train_steps=args.every_n_steps)],
     )
-    trainer.fit(SlowModel(args.step_sleep, args.save_sleep, args.setup_sleep), DataLoader(data, batch_size=4), ckpt_path="last")
+    trainer.fit(SlowModel(args.step_sleep, args.save_sleep, args.setup_sleep, args.load_sleep), DataLoader(data, batch_size=4), ckpt_path="last")
 
 
 if __name__ == "__main__":
