@@ -206,8 +206,8 @@ class FaultToleranceSession:
         """A checkpoint save ended on every rank; learns after the run's first one (or every one)."""
         self.saves_completed += 1
         if not self._learned_after_save or self.schedule.learn_after_every_save:
-            self._learned_after_save = True
-            self._learn("after the first checkpoint save")
+            first, self._learned_after_save = not self._learned_after_save, True
+            self._learn("after the first checkpoint save" if first else "after a checkpoint save")
 
     def learn_at_end(self, when: str = "at the end of training") -> None:
         """Training ended on every rank: the last calculation, from every gap observed."""

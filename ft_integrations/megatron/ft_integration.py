@@ -95,7 +95,9 @@ def setup(args: Any = None) -> None:
 def on_training_step_start() -> None:
     """Before each training step (Megatron-LM's iteration, ``args.curr_iteration``, is reported)."""
     if _active():
-        hooks.on_training_step_start(getattr(_args, "curr_iteration", None))
+        # Megatron-LM's global args are set after setup() and updated by its train loop.
+        args = _megatron_global_args(parse=False) or _args
+        hooks.on_training_step_start(getattr(args, "curr_iteration", None))
 
 
 def on_training_step_end() -> None:
@@ -190,15 +192,17 @@ def _parse_sim_fault(desc: str) -> tuple[Optional[FaultKind], Optional[int], flo
     return _SIM_FAULT_KINDS.get(parts[0]), rank, delay
 
 
-def _megatron_global_args() -> Any:
-    """Inside Megatron-LM: its global args, or its own parse of ``sys.argv``; else None."""
+def _megatron_global_args(parse: bool = True) -> Any:
+    """Inside Megatron-LM: its global args, or (``parse``) its own parse of ``sys.argv``; else None."""
     try:
         from megatron.training import arguments, global_vars
     except ImportError:
         return None
     args = getattr(global_vars, "_GLOBAL_ARGS", None)
     # Megatron-LM calls setup() before initialize_megatron() has set them: parse as it does.
-    return args if args is not None else arguments.parse_args(ignore_unknown_args=True)
+    if args is None and parse:
+        args = arguments.parse_args(ignore_unknown_args=True)
+    return args
 
 
 def _parse_argv() -> argparse.Namespace:
