@@ -67,11 +67,15 @@ def test_learned_timeouts_catch_a_hang_and_the_resumed_healthy_run_is_not_killed
          "--inject-hang-in-step-at-iter=18"])
     assert exit_code == 0, output[-6000:]
     hangs = [e for e in events if e["event"] == "hang_detected"]
-    # Caught in a step by the learned timeout. (The iteration is not reported here: it comes from
-    # Megatron-LM's global args, and only megatron-core is installed.)
-    assert [(e["reason"], e["section"]) for e in hangs] == [("section", "step")], output[-6000:]
-    assert hangs[0]["timeout"] < 60, hangs
-    assert [e["cycle"] for e in events if e["event"] == "restart"] == [0]
+    restarts = [e for e in events if e["event"] == "restart"]
+    assert [e["cycle"] for e in restarts] == [0], output[-6000:]
+    # Caught in a step by the learned timeout (the other rank, blocked in the same step's
+    # tensor-parallel collective, may be reported too). The iteration is not reported here: it
+    # comes from Megatron-LM's global args, and only megatron-core is installed.
+    assert hangs and {(e["reason"], e["section"]) for e in hangs} == {("section", "step")}, output[-6000:]
+    assert all(e["timeout"] < 60 for e in hangs), hangs
+    # The resumed run, with evaluations inside "step" under the learned timeouts, is not killed.
+    assert all(e["time"] < restarts[0]["time"] for e in hangs), hangs
     assert "resumed from iteration 16" in output
     state = json.loads((tmp_path / "ckpt" / "ft_state.json").read_text())["current_timeouts"]["section"]
     assert set(state["calculated_sections"]) == {"setup", "step", "checkpointing"}, state
