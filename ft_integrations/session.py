@@ -109,6 +109,21 @@ class LearningSchedule:
     #: Learn the out-of-section timeout only once the integration reported the boundary where
     #: the longest gaps happen (:meth:`FaultToleranceSession.saw_boundary`), or at the end.
     out_of_section_needs_boundary: bool = False
+    #: Calculate once the step count reaches ``after_steps``; False: only after saves and at
+    #: the end (Megatron-LM's schedule).
+    learn_after_steps: bool = True
+    #: Calculate after every checkpoint save, not only the run's first one (Megatron-LM):
+    #: each synchronous save refines the values with everything observed so far.
+    learn_after_every_save: bool = False
+    #: Learn ``step`` only once the run completed this many steps, warm-up included
+    #: (Megatron-LM: 16): a few steps say too little about the slowest one.
+    step_needs_steps: int = 0
+    #: Learn ``checkpointing``; False with asynchronous saves, whose duration varies too much
+    #: between runs (all overlapped in one, a costly finalization in the next).
+    learn_checkpointing: bool = True
+    #: Learn the out-of-section timeout only in a run that could also learn ``setup`` and
+    #: ``step`` and saved a checkpoint: only such a run has seen all the usual gaps.
+    out_of_section_needs_complete_run: bool = False
 
 
 class FaultToleranceSession:
@@ -159,6 +174,8 @@ class FaultToleranceSession:
         self.writer = writer
         #: Training steps completed in this run.
         self.steps_completed = 0
+        #: Checkpoint saves completed in this run.
+        self.saves_completed = 0
         self._learned_after_steps = False
         self._learned_after_save = False
         self._persistent_checkpoint_loaded = False
@@ -177,7 +194,7 @@ class FaultToleranceSession:
                 ``after_steps`` timed steps of this run, counted by the session.
         """
         self.steps_completed += 1
-        if self._learned_after_steps:
+        if self._learned_after_steps or not self.schedule.learn_after_steps:
             return
         if step is None:
             step = self.steps_completed
@@ -189,10 +206,11 @@ class FaultToleranceSession:
             self._learn(f"after {step} steps")
 
     def save_completed(self) -> None:
-        """A checkpoint save ended on every rank; learns after the run's first one."""
-        if not self._learned_after_save:
-            self._learned_after_save = True
-            self._learn("after the first checkpoint save")
+        """A checkpoint save ended on every rank; learns after the run's first one (or every one)."""
+        self.saves_completed += 1
+        if not self._learned_after_save or self.schedule.learn_after_every_save:
+            first, self._learned_after_save = not self._learned_after_save, True
+            self._learn("after the first checkpoint save" if first else "after a checkpoint save")
 
     def learn_at_end(self, when: str = "at the end of training") -> None:
         """Training ended on every rank: the last calculation, from every gap observed."""
@@ -318,13 +336,22 @@ class FaultToleranceSession:
     def _sections_to_learn(self) -> tuple[list[str], bool]:
         timeouts = self.client.section_timeouts
         assert timeouts is not None, "learning runs only on a connected client"
+        schedule = self.schedule
         setup_ok = self._learns_startup()
-        names = sorted(name for name in timeouts.section if name != Section.SETUP or setup_ok)
+        step_ok = self.steps_completed >= schedule.step_needs_steps
+        excluded = {Section.SETUP} if not setup_ok else set()
+        if not step_ok:
+            excluded.add(Section.STEP)
+        if not schedule.learn_checkpointing:
+            excluded.add(Section.CHECKPOINTING)
+        names = sorted(name for name in timeouts.section if name not in excluded)
         # Only where the monitor watches it: learning must not switch on a timeout the launcher disabled.
         cfg = self.client.cfg
         watched = (cfg is not None and cfg.rank_out_of_section_timeout is not None) \
             or timeouts.is_out_of_section_calculated
-        return names, watched and self._boundary_seen
+        complete = not schedule.out_of_section_needs_complete_run \
+            or (setup_ok and step_ok and self.saves_completed > 0)
+        return names, watched and self._boundary_seen and complete
 
     def _write_state_file(self) -> None:
         if not self.state_file or not self.writer:

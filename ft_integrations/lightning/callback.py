@@ -21,6 +21,7 @@ from ft_core.validation import (
     int_in_range,
     path_or_none,
 )
+from ft_integrations.fault_injection import FaultInjector, SimulatedFault
 from ft_integrations.lightning._pl import (
     Callback,
     MisconfigurationException,
@@ -29,7 +30,6 @@ from ft_integrations.lightning._pl import (
     rank_zero_warn,
 )
 from ft_integrations.lightning.checkpoint_io import FaultToleranceCheckpointIO
-from ft_integrations.lightning.fault_injection import FaultInjector, SimulatedFault
 from ft_integrations.session import (
     FINISHED_FLAG_ENV,
     FaultToleranceSession,

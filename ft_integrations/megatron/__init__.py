@@ -12,7 +12,9 @@ Example::
     ...
     ft.shutdown()
 
-See ``examples/megatron/train.py`` for a complete megatron-core loop.
+See ``examples/megatron/train.py`` for a complete megatron-core loop. Megatron-LM itself
+switches one import: ``from ft_integrations.megatron import ft_integration`` (same functions
+and call sites as ``megatron.training.ft_integration``).
 """
 
 from ft_integrations.megatron.args import add_ft_args

@@ -21,6 +21,7 @@ sites onto it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -61,12 +62,19 @@ class FaultToleranceSetupError(RuntimeError):
 
 
 # -- lifecycle ------------------------------------------------------------
-def setup(args: Any) -> None:
+def setup(args: Any, *, megatron_lm: bool = False) -> None:
     """Connect to the node's rank monitor and open the ``setup`` section (call before model init).
 
     ``args`` is the parsed namespace (flags from :func:`add_ft_args`; ``args.save`` locates
     ``ft_state.json``). Learned timeouts found in the state file are sent with the handshake,
     so they already guard this ``setup``.
+
+    ``megatron_lm=True`` gives Megatron-LM's semantics (used by
+    :mod:`ft_integrations.megatron.ft_integration`): eval steps are timed as ``step`` (past
+    the first ``--ft-num-warmup-iters`` of each evaluation), and timeouts are learned after
+    every synchronous save and at shutdown only, ``step`` once ``--ft-calc-timeouts-after-iters``
+    steps ran, ``checkpointing`` only without ``args.async_save``, out-of-section only at the
+    shutdown of a run that saw everything else.
     """
     state = get_state()
     if state.enabled is not None:
@@ -74,13 +82,19 @@ def setup(args: Any) -> None:
     if not getattr(args, "enable_ft_package", False):
         state.enabled = False
         return
+    after_steps = int(getattr(args, "ft_calc_timeouts_after_iters", DEFAULT_CALC_TIMEOUTS_AFTER_ITERS))
     schedule = LearningSchedule(
         enabled=bool(getattr(args, "calc_ft_timeouts", False)),
         learns=MonitoringMode.SECTIONS,
-        after_steps=int(getattr(args, "ft_calc_timeouts_after_iters", DEFAULT_CALC_TIMEOUTS_AFTER_ITERS)),
+        after_steps=after_steps,
         warmup_steps=int(getattr(args, "ft_num_warmup_iters", DEFAULT_NUM_WARMUP_ITERS)),
         setup_needs_checkpoint_load=True,
     )
+    if megatron_lm:
+        schedule = dataclasses.replace(
+            schedule, learn_after_steps=False, learn_after_every_save=True, step_needs_steps=after_steps,
+            learn_checkpointing=not getattr(args, "async_save", False),
+            out_of_section_needs_boundary=True, out_of_section_needs_complete_run=True)
     session = FaultToleranceSession(schedule, state_file=_state_file_path(args), name="fault tolerance",
                                     logger=log)
     # Local rank 0 writes: one writer per node, whether or not --save is shared.
@@ -90,13 +104,16 @@ def setup(args: Any) -> None:
     client.init_workload_monitoring()
     state.session = session
     state.enabled = True
+    state.megatron_lm = megatron_lm
     client.start_section(Section.SETUP)
     state.in_setup = True
 
     timeouts = client.section_timeouts
     assert timeouts is not None  # set by init_workload_monitoring() above
     tracked = set(timeouts.section)
-    if Section.EVAL not in tracked and Section.VALIDATION in tracked:
+    if megatron_lm:
+        state.eval_section = Section.STEP
+    elif Section.EVAL not in tracked and Section.VALIDATION in tracked:
         state.eval_section = Section.VALIDATION  # the Lightning callback's name, e.g. from a shared YAML
     ours = {Section.SETUP, Section.STEP, Section.CHECKPOINTING, state.eval_section}
     state.heartbeat_mode = not (tracked & ours)
@@ -121,7 +138,7 @@ def shutdown(training_finished: bool = False) -> None:
     if session is None:
         return
     session.client.end_all_sections()
-    state.in_setup = state.in_step = False
+    state.in_setup = state.in_step = state.in_eval_step = False
     session.learn_at_end("at shutdown")
     session.client.shutdown_workload_monitoring()
     state.session = None
@@ -142,15 +159,17 @@ def abort() -> None:
 
 
 # -- training, evaluation -------------------------------------------------
-def on_training_step_start(iteration: int) -> None:
-    """Before a training step; ``iteration`` is reported to the monitor with the section."""
+def on_training_step_start(iteration: Optional[int] = None) -> None:
+    """Before a training step; ``iteration`` (if given) is reported to the monitor with the section."""
     state = get_state()
     session = _session("on_training_step_start")
     if session is None:
         return
     client = session.client
-    state.iteration = int(iteration)
-    client.set_iteration(state.iteration)
+    state.eval_steps_in_round = 0  # training resumed: the next evaluation warms up again
+    if iteration is not None:
+        state.iteration = int(iteration)
+        client.set_iteration(state.iteration)
     if session.in_warmup():
         # Warm-up (compilation, allocator, first collectives) stays in "setup"; the heartbeat
         # carries the iteration, so a hang here is reported with it.
@@ -178,18 +197,33 @@ def on_training_step_end() -> None:
 
 
 def on_eval_step_start() -> None:
+    """Before an evaluation step: opens ``eval`` (Megatron-LM semantics: ``step``, past eval warm-up)."""
     state = get_state()
     session = _session("on_eval_step_start")
-    if session is not None:
-        session.client.start_section(state.eval_section)
+    if session is None:
+        return
+    client = session.client
+    if state.megatron_lm:
+        if state.in_setup:  # an evaluation before any training step ends setup, as in Megatron-LM
+            client.end_section(Section.SETUP)
+            state.in_setup = False
+        if state.eval_steps_in_round < session.schedule.warmup_steps:
+            client.send_heartbeat()  # the first eval steps of a round are slow: keep them out of step
+            return
+    client.start_section(state.eval_section)
+    state.in_eval_step = True
 
 
 def on_eval_step_end() -> None:
+    """After an evaluation step."""
     state = get_state()
     session = _session("on_eval_step_end")
     if session is None:
         return
-    session.client.end_section(state.eval_section)
+    state.eval_steps_in_round += 1
+    if state.in_eval_step:
+        session.client.end_section(state.eval_section)
+        state.in_eval_step = False
     if state.heartbeat_mode:
         session.client.send_heartbeat()
 

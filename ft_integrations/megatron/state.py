@@ -31,6 +31,13 @@ class HookState:
     iteration: Optional[int] = None
     in_setup: bool = False
     in_step: bool = False
+    #: Megatron-LM's semantics (``ft_integration``): eval steps in ``step`` past each
+    #: evaluation's first warm-up steps, which also close ``setup``.
+    megatron_lm: bool = False
+    #: An eval step is open (in ``eval_section``).
+    in_eval_step: bool = False
+    #: Eval steps since the last training step (Megatron-LM's eval warm-up counts per evaluation).
+    eval_steps_in_round: int = 0
 
     @property
     def client(self) -> Optional[RankMonitorClient]:

@@ -35,7 +35,7 @@ from ft_integrations.strenum import StrEnum
 
 __all__ = ["FAULT_KINDS", "FaultInjector", "FaultKind", "SimulatedFault", "SimulatedFaultError"]
 
-log = logging.getLogger("ft_integrations.lightning")
+log = logging.getLogger("ft_integrations.fault_injection")
 
 
 class FaultKind(StrEnum):

@@ -1,0 +1,118 @@
+"""A training script shaped like Megatron-LM's pretrain()/train()/evaluate()/save_checkpoint().
+
+It calls ``ft_integrations.megatron.ft_integration`` exactly where Megatron-LM calls its own
+``megatron.training.ft_integration`` (the one-line import switch of the migration guide),
+on megatron-core (tensor-parallel MLP, CPU/gloo). The model, data and checkpoint format are
+``examples/megatron/train.py``'s; only the loop and the FT call sites are Megatron-LM's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing, parallel_state
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "megatron"))
+from train import TRACKER_FILE, MLPTask, _injecting, cpu_save_strategy, hang_forever  # noqa: E402
+from train import parse_args as example_args  # noqa: E402
+
+from ft_core.fileutil import atomic_write_text  # noqa: E402
+from ft_integrations.megatron import ft_integration  # noqa: E402
+
+
+def save_checkpoint(args: argparse.Namespace, model: Any, iteration: int, strategy: Any) -> None:
+    # megatron/training/checkpointing.py: save_checkpoint()
+    ft_integration.on_checkpointing_start()
+    checkpoint_dir = os.path.join(args.save, f"iter_{iteration:07d}")
+    if dist.get_rank() == 0:
+        os.makedirs(checkpoint_dir, exist_ok=True)
+    dist.barrier()
+    state = model.sharded_state_dict()
+    state["iteration"] = iteration
+    dist_checkpointing.save(state, checkpoint_dir, sharded_strategy=strategy)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        atomic_write_text(os.path.join(args.save, TRACKER_FILE), f"{iteration}\n")
+        print(f"saved checkpoint at iteration {iteration}", flush=True)
+    ft_integration.on_checkpointing_end(is_async_finalization=False)
+
+
+def load_checkpoint(args: argparse.Namespace, model: Any) -> int:
+    # megatron/training/checkpointing.py: load_checkpoint()
+    tracker = os.path.join(args.load, TRACKER_FILE) if args.load else None
+    if tracker is None or not os.path.exists(tracker):
+        return 0
+    with open(tracker, encoding="utf-8") as handle:
+        iteration = int(handle.read().strip())
+    state = dist_checkpointing.load(model.sharded_state_dict(), os.path.join(args.load, f"iter_{iteration:07d}"))
+    assert state.pop("iteration") == iteration
+    model.load_state_dict(state)
+    ft_integration.on_checkpoint_loaded(is_local_chkpt=False)
+    if dist.get_rank() == 0:
+        print(f"resumed from iteration {iteration}", flush=True)
+    return iteration
+
+
+def evaluate(args: argparse.Namespace, task: MLPTask, iteration: int) -> float:
+    # megatron/training/training.py: evaluate()
+    total = 0.0
+    with torch.no_grad():
+        for i in range(args.eval_iters):
+            ft_integration.on_eval_step_start()
+            total += task.loss(iteration * args.eval_iters + i, split=1).item()
+            time.sleep(args.step_time)
+            ft_integration.on_eval_step_end()
+    return total / args.eval_iters
+
+
+def train(args: argparse.Namespace, task: MLPTask, iteration: int, strategy: Any) -> int:
+    # megatron/training/training.py: train()
+    optimizer = torch.optim.SGD(task.model.parameters(), lr=args.lr)
+    while iteration < args.train_iters:
+        args.curr_iteration = iteration
+        ft_integration.on_training_step_start()
+        if _injecting(args, args.inject_hang_in_step_at_iter, iteration):
+            hang_forever("training step", iteration)
+        optimizer.zero_grad(set_to_none=True)
+        task.loss(iteration).backward()
+        optimizer.step()
+        time.sleep(args.step_time)
+        ft_integration.on_training_step_end()
+        iteration += 1
+        if args.eval_interval and iteration % args.eval_interval == 0:
+            evaluate(args, task, iteration)
+        if args.save_interval and iteration % args.save_interval == 0:
+            save_checkpoint(args, task.model, iteration, strategy)
+    return iteration
+
+
+def pretrain() -> None:
+    # megatron/training/training.py: pretrain()
+    ft_integration.setup()  # no argument, as Megatron-LM: it reads sys.argv itself
+    args = example_args()
+    dist.init_process_group("gloo")  # initialize_megatron()
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=dist.get_world_size())
+    ft_integration.maybe_setup_simulated_fault()
+    try:
+        task = MLPTask(args, torch.device("cpu"))
+        strategy = cpu_save_strategy()
+        iteration = load_checkpoint(args, task.model)
+        iteration = train(args, task, iteration, strategy)
+        if iteration % args.save_interval:
+            save_checkpoint(args, task.model, iteration, strategy)
+    finally:
+        parallel_state.destroy_model_parallel()
+    ft_integration.shutdown()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format=f"[rank {os.environ.get('RANK', 0)}] %(name)s: %(message)s")
+    pretrain()
