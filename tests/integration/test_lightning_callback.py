@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -103,11 +104,14 @@ def test_sections_mode_learns_checkpoints_and_flags_a_finished_run(tmp_path, mon
 
 
 @pytest.mark.timeout(120)
-def test_slow_teardown_after_the_last_learning_is_not_a_hang(tmp_path, monitor):
+def test_slow_teardown_after_the_last_learning_is_not_a_hang(tmp_path, monitor, request):
     # A short run learns an out-of-section timeout of about 1 s at the end of training; what
     # Lightning does after that (here a callback taking 2.5 s) is healthy and must not be killed.
-    # SIGCONT as the termination signal and no stack dump: a false kill is recorded, not fatal to pytest.
-    proc = monitor(dataclasses.replace(SECTIONS_CFG, safety_factor=2, rank_termination_signal="SIGCONT",
+    # SIGUSR2 (ignored here) as the termination signal and no stack dump: a false kill is recorded,
+    # not fatal to pytest.
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    request.addfinalizer(lambda: signal.signal(signal.SIGUSR2, previous))
+    proc = monitor(dataclasses.replace(SECTIONS_CFG, safety_factor=2, rank_termination_signal="SIGUSR2",
                                        stack_dump_signal=None))
 
     class SlowTeardown(Callback):

@@ -24,9 +24,18 @@ pytestmark = pytest.mark.timeout(240)
 
 
 def _cfg(**overrides) -> FaultToleranceConfig:
-    # This process is the rank in in-process tests: a detected hang must not kill pytest.
+    # This process is the rank in in-process tests: a detected hang must not kill pytest, so the
+    # monitor "terminates" with SIGUSR2, which this module ignores (see _ignore_termination_signal).
     # Every step is timed and learned (no warm-up) unless a test is about warm-up.
-    return FaultToleranceConfig(**{"rank_termination_signal": "SIGCONT", "num_warmup_iterations": 0, **overrides})
+    return FaultToleranceConfig(**{"rank_termination_signal": "SIGUSR2", "stack_dump_signal": None,
+                                   "num_warmup_iterations": 0, **overrides})
+
+
+@pytest.fixture(autouse=True)
+def _ignore_termination_signal():
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    yield
+    signal.signal(signal.SIGUSR2, previous)
 
 
 def _events(monitor, name=None):
