@@ -184,5 +184,5 @@ def test_bad_key_in_a_recipe_file_names_the_key(tmp_path):
                             timeout=100, cwd=str(tmp_path))
     out = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "Key 'rank_hearbeat_timeout' not in 'FaultToleranceConfig'" in out
+    assert "Key 'rank_hearbeat_timeout' not in 'FaultToleranceSchema'" in out
     assert "full_key: fault_tolerance.rank_hearbeat_timeout" in out

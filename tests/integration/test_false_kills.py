@@ -197,7 +197,9 @@ def test_bad_timeouts_refuse_only_that_client(start_monitor, swarm):
     # The other ranks were watched all along: the healthy one finished, the hung one was caught.
     assert _exits(proc) == {0: 0, 1: KILLED}
     _the_hang(monitor, 1, "section")
-    assert len(_events(monitor, "connection_rejected")) == refused
+    # Every refused client got its error (checked above); the records of a burst are rate-limited
+    # (at most 20 per 10 s, the rest counted in the next record), so not every one is in the log.
+    assert min(refused, 20) <= len(_events(monitor, "connection_rejected")) <= refused
 
 
 def test_launcher_logs_and_summarises_a_late_monitor(tmp_path):
