@@ -123,7 +123,7 @@ def _control_request(path: str, rank: int, timeout: float = 10.0) -> Ack:
         sock.settimeout(timeout)
         sock.connect(path)
         send_msg(sock, Hello(token=TOKEN, rank=rank, role=Role.CONTROL))
-        send_msg(sock, WorkloadControl(WorkloadAction.ShutdownWorkload.value, "test", rank))
+        send_msg(sock, WorkloadControl(WorkloadAction.ShutdownWorkload.name, "test", rank))
         reply = recv_msg(sock, FrameDecoder(), timeout)
     assert isinstance(reply, Ack)
     return reply
