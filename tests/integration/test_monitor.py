@@ -13,6 +13,7 @@ import pytest
 from helpers import REPO_ROOT, kill_group, python_env, spawn_python, wait_for, wait_for_event
 
 from ft_core.client import RankMonitorClient, RankMonitorClientError
+from ft_core.config import FaultToleranceConfig
 from ft_core.events import read_events
 from ft_core.protocol import FrameDecoder, Heartbeat, Hello, encode, recv_msg, send_msg
 
@@ -108,9 +109,13 @@ def test_warmup_steps_are_not_timed(start_monitor, ranks):
 # -- the default warm-up (5 steps, as NVRx): later detection in those steps, never an extra kill ----------
 
 
+#: The config default (NVRx's); the start_monitor fixture pins 0 unless a test asks.
+DEFAULT_WARMUP = FaultToleranceConfig().num_warmup_iterations
+
+
 def test_default_warmup_does_not_kill_slow_first_steps(start_monitor, ranks):
     # Five steps longer than the step timeout (compilation, data-loader start), then fast ones: healthy.
-    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5")
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5", num_warmup_iterations=DEFAULT_WARMUP)
     proc = ranks(monitor, "steps", extra=["--step-times", "0.8,0.8,0.8,0.8,0.8,0.05,0.05,0.05"])
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -119,7 +124,7 @@ def test_default_warmup_does_not_kill_slow_first_steps(start_monitor, ranks):
 
 
 def test_default_warmup_still_catches_a_hang_in_the_first_timed_step(start_monitor, ranks):
-    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5")
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5", num_warmup_iterations=DEFAULT_WARMUP)
     proc = ranks(monitor, "steps", extra=["--step-times", "0.05,0.05,0.05,0.05,0.05", "--then", "hang"])
     assert _killed(proc)
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
@@ -128,7 +133,7 @@ def test_default_warmup_still_catches_a_hang_in_the_first_timed_step(start_monit
 
 def test_a_hang_in_a_warmup_step_is_caught_by_the_heartbeat_timeout(start_monitor, ranks):
     # The step timeout does not apply in warm-up; the heartbeat timeout still does: later, not never.
-    monitor = start_monitor(rank_heartbeat_timeout=2.0, rank_section_timeouts="step:0.5")
+    monitor = start_monitor(rank_heartbeat_timeout=2.0, rank_section_timeouts="step:0.5", num_warmup_iterations=DEFAULT_WARMUP)
     proc = ranks(monitor, "steps", extra=["--then", "hang"])
     assert _killed(proc)
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")

@@ -111,11 +111,14 @@ def main() -> None:
         client.set_iteration(args.beats + 3)
         hang_in_step(client)
     elif args.scenario == "steps":
-        for seconds in filter(None, args.step_times.split(",")):
+        step_times = [float(seconds) for seconds in filter(None, args.step_times.split(","))]
+        for step, seconds in enumerate(step_times):
+            client.set_iteration(args.beats + step)  # one iteration per step, as training loops report
             client.start_section("step")
-            time.sleep(float(seconds))
+            time.sleep(seconds)
             client.end_section("step")
         if args.then == "hang":
+            client.set_iteration(args.beats + len(step_times))  # the next iteration hangs
             hang_in_step(client)
         client.shutdown_workload_monitoring()
     elif args.scenario == "out_of_section":
