@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 from helpers import kill_group, python_env, spawn_python, wait_for
-from security_helpers import RANK_SCRIPT, TOKEN
+from security_helpers import RANK_SCRIPT, TOKEN, VICTIM_TEXT
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.monitor import RankMonitorServer
@@ -48,3 +48,10 @@ def ranks(tmp_path):
     for proc in procs:
         kill_group(proc)
 
+
+@pytest.fixture
+def victim(tmp_path):
+    """A file an attacker would like the monitor to overwrite or leak."""
+    path = tmp_path / "victim.txt"
+    path.write_text(VICTIM_TEXT)
+    return path

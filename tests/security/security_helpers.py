@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import sys
 
 from helpers import REPO_ROOT, wait_for
@@ -13,6 +14,8 @@ from ft_core.events import read_events
 RANK_SCRIPT = os.path.join(REPO_ROOT, "tests", "integration", "core_workers", "rank.py")
 BENCHMARKS = os.path.join(REPO_ROOT, "benchmarks")
 TOKEN = "security-test-token-0123456789"
+#: What a planted-symlink victim file holds; it must still hold it after the test.
+VICTIM_TEXT = "a file of the victim's choice\n"
 
 
 def connect(monitor) -> socket.socket:
@@ -57,3 +60,8 @@ def import_benchmark(name: str):
     if BENCHMARKS not in sys.path:
         sys.path.insert(0, BENCHMARKS)
     return __import__(name)
+
+
+def file_mode(path) -> int:
+    """Permission bits of ``path`` itself (a symlink is not followed)."""
+    return stat.S_IMODE(os.lstat(path).st_mode)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 import subprocess
 import sys
 import textwrap
@@ -12,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import kill_group, python_env, spawn_python, wait_for
+from security_helpers import VICTIM_TEXT, file_mode
 
 from ft_core import fileutil, jobdir
 from ft_core.events import EventWriter, Progress, RankConnected, read_records
@@ -19,18 +19,6 @@ from ft_core.launcher.events import EventLog
 
 pytestmark = pytest.mark.timeout(120)
 
-VICTIM_TEXT = "a file of the victim's choice\n"
-
-
-def _mode(path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
-
-
-@pytest.fixture
-def victim(tmp_path):
-    path = tmp_path / "victim.txt"
-    path.write_text(VICTIM_TEXT)
-    return path
 
 
 # -- event logs -------------------------------------------------------------------
@@ -42,9 +30,9 @@ def test_the_launcher_event_log_and_saved_stacks_are_private(tmp_path):
         saved = jobdir.keep_stack(stacks, 0, 1, 7, "Thread 0x1 (most recent call first):\n")
     finally:
         log.close()
-    assert _mode(log.path) == 0o600
+    assert file_mode(log.path) == 0o600
     assert saved == jobdir.saved_stack_path(stacks, 0, 1, 7)
-    assert _mode(saved) == 0o600 and _mode(os.path.dirname(saved)) == 0o700
+    assert file_mode(saved) == 0o600 and file_mode(os.path.dirname(saved)) == 0o700
 
 
 def test_the_launcher_does_not_write_through_planted_symlinks(tmp_path, victim):
@@ -111,7 +99,7 @@ def test_a_state_file_write_replaces_a_planted_symlink_without_following_it(tmp_
     os.symlink(victim, target)
     fileutil.atomic_write_json(target, {"current_timeouts": {}})
     assert victim.read_text() == VICTIM_TEXT
-    assert not os.path.islink(target) and _mode(target) == 0o600
+    assert not os.path.islink(target) and file_mode(target) == 0o600
     assert fileutil.read_json(target) == {"current_timeouts": {}}
 
 
@@ -158,7 +146,7 @@ def test_a_dead_owners_job_dir_is_removed_and_a_live_ones_is_kept(tmp_path):
     live, live_dir = _claim_in_child(root)
     try:
         assert os.path.isdir(dead_dir) and os.path.isdir(live_dir)
-        assert _mode(root) == 0o700 and _mode(dead_dir) == 0o700
+        assert file_mode(root) == 0o700 and file_mode(dead_dir) == 0o700
         kill_group(dead)  # SIGKILL: no cleanup ran
         claim = jobdir.claim_job_dir(str(root))
         try:

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
-import stat
 import tempfile
 from pathlib import Path
 
 import pytest
+from security_helpers import VICTIM_TEXT, file_mode
 
 from ft_core import jobdir
 from ft_core.jobdir import JobDir, UnsafePathError, make_private_dir, write_private_file
@@ -24,19 +24,6 @@ from ft_core.monitor.standalone import standalone_socket_path
 pytestmark = pytest.mark.timeout(60)
 
 OTHER_UID = 65534  # "nobody"
-VICTIM_TEXT = "a file of the victim's choice\n"
-
-
-def _mode(path) -> int:
-    return stat.S_IMODE(os.lstat(path).st_mode)
-
-
-@pytest.fixture
-def victim(tmp_path):
-    """A file an attacker would like the monitor to overwrite or leak."""
-    path = tmp_path / "victim.txt"
-    path.write_text(VICTIM_TEXT)
-    return path
 
 
 def _start_monitor(directory):
@@ -90,7 +77,7 @@ def test_a_wide_job_dir_of_ours_is_tightened_with_a_warning(tmp_path, caplog):
     os.chmod(path, 0o775)
     with caplog.at_level(logging.WARNING, logger="ft_core.jobdir"):
         make_private_dir(str(path))
-    assert _mode(path) == 0o700
+    assert file_mode(path) == 0o700
     assert any(str(path) in r.getMessage() and "0o775" in r.getMessage() for r in caplog.records)
 
 
@@ -102,7 +89,7 @@ def test_a_sticky_shared_directory_is_not_a_job_dir(tmp_path):
     with pytest.raises(UnsafePathError) as err:
         make_private_dir(str(shared))
     assert "shared" in str(err.value)
-    assert _mode(shared) == 0o1777
+    assert file_mode(shared) == 0o1777
 
 
 def test_a_planted_token_symlink_is_not_followed(tmp_path, victim):
@@ -111,7 +98,7 @@ def test_a_planted_token_symlink_is_not_followed(tmp_path, victim):
     os.symlink(victim, token_file)
     write_private_file(token_file, "secret-token")
     assert victim.read_text() == VICTIM_TEXT  # not overwritten
-    assert not os.path.islink(token_file) and _mode(token_file) == 0o600
+    assert not os.path.islink(token_file) and file_mode(token_file) == 0o600
     with open(token_file) as handle:
         assert handle.read() == "secret-token"
 
@@ -124,7 +111,7 @@ def test_the_monitor_does_not_write_through_planted_symlinks(tmp_path, victim):
     with pytest.raises(RuntimeError):  # the event log is a symlink: the monitor refuses to start
         _start_monitor(tmp_path / "job").stop()  # (stopped if it wrongly started)
     assert victim.read_text() == VICTIM_TEXT
-    assert _mode(jobdir.token_path(job.monitor_socket)) == 0o600  # replaced by a file of ours
+    assert file_mode(jobdir.token_path(job.monitor_socket)) == 0o600  # replaced by a file of ours
 
 
 def test_the_standalone_path_lives_in_a_verified_per_user_directory(runtime_dir, monkeypatch):
@@ -135,7 +122,7 @@ def test_the_standalone_path_lives_in_a_verified_per_user_directory(runtime_dir,
     assert path == standalone_socket_path()  # every local rank derives the same path
     root = os.path.dirname(os.path.dirname(path))
     assert os.path.dirname(root) == runtime
-    assert _mode(root) == 0o700 and os.stat(root).st_uid == os.getuid()
+    assert file_mode(root) == 0o700 and os.stat(root).st_uid == os.getuid()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="chown to another uid needs root")
@@ -164,7 +151,7 @@ def test_a_stack_dump_symlink_is_not_followed(tmp_path, victim, attach_monitor):
     try:
         os.kill(os.getpid(), client.cfg.stack_dump_signal)  # what the monitor sends on a hang
         assert victim.read_text() == VICTIM_TEXT
-        assert not os.path.islink(dump_file) and _mode(dump_file) == 0o600
+        assert not os.path.islink(dump_file) and file_mode(dump_file) == 0o600
         with open(dump_file) as handle:
             assert "test_a_stack_dump_symlink_is_not_followed" in handle.read()
     finally:
