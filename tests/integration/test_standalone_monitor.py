@@ -13,8 +13,9 @@ from lightning_scripts.harness import base_env, run_job
 from ft_core.events import read_events
 
 SCRIPT = Path(__file__).resolve().parent / "core_workers" / "standalone_train.py"
+# No warm-up: the hang at step 2 must be timed (warm-up steps are untimed without a ``warmup`` section).
 CONFIG = {"rank_section_timeouts": {"setup": 120, "step": 3}, "initial_rank_heartbeat_timeout": None,
-          "rank_heartbeat_timeout": None}
+          "rank_heartbeat_timeout": None, "num_warmup_iterations": 0}
 
 
 def _torchrun(tmp_path: Path, runtime_dir: str, via: str, *extra: str) -> tuple:
