@@ -90,8 +90,10 @@ def test_hang_in_checkpoint_save_is_caught_and_the_job_resumes_with_learned_time
     restored = re.findall(r"timeouts restored from the checkpoint: (\{.*\})", output)
     assert [ast.literal_eval(text) for text in restored] == [in_checkpoint]
 
-    # At the end, ft_state.json holds the final values: never below the restored ones.
+    # At the end, ft_state.json holds the final values, merged with the restored ones by NVRx's
+    # exponential average: they may go down (faster steps), but never below what a step needed
+    # (the merge's floor), which the safety factor of 50 keeps far above the 0.05 s steps.
     final = json.loads((save / "ft_state.json").read_text())["current_timeouts"]["section"]
     assert {"setup", "step", "eval", "checkpointing"} <= set(final["calculated_sections"])
-    for name in learned["calculated_sections"]:
-        assert final["section"][name] >= learned["section"][name]
+    assert "setup" not in learned["calculated_sections"]  # setup is learned on a resume only
+    assert final["section"]["step"] >= 50 * 0.05
