@@ -14,8 +14,9 @@ valid.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ft_core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ft_core.client import RankMonitorClient, RankMonitorClientError
@@ -51,14 +52,4 @@ __all__ = [
 assert sorted(_EXPORTS) == __all__, "every export has one owning module"
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ft_core' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # resolve once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

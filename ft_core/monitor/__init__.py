@@ -18,8 +18,9 @@ in a rank does not import the server. Nothing here imports torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from ft_core.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ft_core.events import read_events
@@ -38,14 +39,4 @@ _EXPORTS = {
 __all__ = ["MonitorProcess", "RankMonitorServer", "read_events", "stack_dump_dir"]
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'ft_core.monitor' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # resolve once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
