@@ -175,41 +175,54 @@ def cpu_save_strategy() -> Any:
     return CpuTorchDistSaveStrategy("torch_dist", 1)
 
 
-def save_checkpoint(args: argparse.Namespace, model: MegatronModule, iteration: int, strategy: Any) -> None:
-    ft.on_checkpointing_start()
-    if _injecting(args, args.inject_hang_in_checkpoint_at_iter, iteration):
-        hang_forever("checkpoint save", iteration)
+def write_checkpoint(args: argparse.Namespace, model: MegatronModule, iteration: int, strategy: Any,
+                     **extra: Any) -> None:
+    """Write ``<save>/iter_NNNNNNN`` (the model's shards, ``iteration`` and ``extra``), then point the tracker at it."""
     checkpoint_dir = os.path.join(args.save, f"iter_{iteration:07d}")
     if dist.get_rank() == 0:
         os.makedirs(checkpoint_dir, exist_ok=True)
     dist.barrier()
     state = model.sharded_state_dict()
     state["iteration"] = iteration
-    state["ft_state"] = ft.state_dict()  # learned timeouts travel with the checkpoint
+    state.update(extra)
     dist_checkpointing.save(state, checkpoint_dir, sharded_strategy=strategy)
     dist.barrier()  # every shard is written before the tracker points at it
     if dist.get_rank() == 0:
         atomic_write_text(os.path.join(args.save, TRACKER_FILE), f"{iteration}\n")
-    ft.on_checkpointing_end(is_async_finalization=False, iteration=iteration)
-    if dist.get_rank() == 0:
         print(f"saved checkpoint at iteration {iteration}", flush=True)
+
+
+def read_checkpoint(args: argparse.Namespace, model: MegatronModule) -> tuple[int, dict[str, Any]]:
+    """Load the tracker's checkpoint into ``model``: ``(iteration, the other saved entries)``; ``(0, {})`` if none."""
+    tracker = os.path.join(args.load, TRACKER_FILE) if args.load else None
+    if tracker is None or not os.path.exists(tracker):
+        return 0, {}
+    with open(tracker, encoding="utf-8") as handle:
+        iteration = int(handle.read().strip())
+    state = dist_checkpointing.load(model.sharded_state_dict(), os.path.join(args.load, f"iter_{iteration:07d}"))
+    assert state.pop("iteration") == iteration
+    extra = {key: state.pop(key) for key in list(state) if key not in model.state_dict()}
+    model.load_state_dict(state)
+    if dist.get_rank() == 0:
+        print(f"resumed from iteration {iteration}", flush=True)
+    return iteration, extra
+
+
+def save_checkpoint(args: argparse.Namespace, model: MegatronModule, iteration: int, strategy: Any) -> None:
+    ft.on_checkpointing_start()
+    if _injecting(args, args.inject_hang_in_checkpoint_at_iter, iteration):
+        hang_forever("checkpoint save", iteration)
+    # Learned timeouts travel with the checkpoint.
+    write_checkpoint(args, model, iteration, strategy, ft_state=ft.state_dict())
+    ft.on_checkpointing_end(is_async_finalization=False, iteration=iteration)
 
 
 def load_checkpoint(args: argparse.Namespace, model: MegatronModule) -> int:
     """Resume from the tracker's checkpoint; returns the iteration to continue from (0: fresh start)."""
-    tracker = os.path.join(args.load, TRACKER_FILE) if args.load else None
-    if tracker is None or not os.path.exists(tracker):
-        return 0
-    with open(tracker, encoding="utf-8") as handle:
-        iteration = int(handle.read().strip())
-    state = dist_checkpointing.load(model.sharded_state_dict(), os.path.join(args.load, f"iter_{iteration:07d}"))
-    ft_state = state.pop("ft_state", None)
-    assert state.pop("iteration") == iteration
-    model.load_state_dict(state)
-    ft.load_state_dict(ft_state)
-    ft.on_checkpoint_loaded(is_local_chkpt=False)
-    if dist.get_rank() == 0:
-        print(f"resumed from iteration {iteration}", flush=True)
+    iteration, extra = read_checkpoint(args, model)
+    if iteration:
+        ft.load_state_dict(extra.get("ft_state"))
+        ft.on_checkpoint_loaded(is_local_chkpt=False)
     return iteration
 
 

@@ -17,46 +17,27 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from megatron.core import dist_checkpointing, parallel_state
+from megatron.core import parallel_state
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "megatron"))
-from train import TRACKER_FILE, MLPTask, _injecting, cpu_save_strategy, hang_forever  # noqa: E402
+from train import MLPTask, _injecting, cpu_save_strategy, hang_forever, read_checkpoint, write_checkpoint  # noqa: E402
 from train import parse_args as example_args  # noqa: E402
 
-from ft_core.fileutil import atomic_write_text  # noqa: E402
 from ft_integrations.megatron import ft_integration  # noqa: E402
 
 
 def save_checkpoint(args: argparse.Namespace, model: Any, iteration: int, strategy: Any) -> None:
     # megatron/training/checkpointing.py: save_checkpoint()
     ft_integration.on_checkpointing_start()
-    checkpoint_dir = os.path.join(args.save, f"iter_{iteration:07d}")
-    if dist.get_rank() == 0:
-        os.makedirs(checkpoint_dir, exist_ok=True)
-    dist.barrier()
-    state = model.sharded_state_dict()
-    state["iteration"] = iteration
-    dist_checkpointing.save(state, checkpoint_dir, sharded_strategy=strategy)
-    dist.barrier()
-    if dist.get_rank() == 0:
-        atomic_write_text(os.path.join(args.save, TRACKER_FILE), f"{iteration}\n")
-        print(f"saved checkpoint at iteration {iteration}", flush=True)
+    write_checkpoint(args, model, iteration, strategy)
     ft_integration.on_checkpointing_end(is_async_finalization=False)
 
 
 def load_checkpoint(args: argparse.Namespace, model: Any) -> int:
     # megatron/training/checkpointing.py: load_checkpoint()
-    tracker = os.path.join(args.load, TRACKER_FILE) if args.load else None
-    if tracker is None or not os.path.exists(tracker):
-        return 0
-    with open(tracker, encoding="utf-8") as handle:
-        iteration = int(handle.read().strip())
-    state = dist_checkpointing.load(model.sharded_state_dict(), os.path.join(args.load, f"iter_{iteration:07d}"))
-    assert state.pop("iteration") == iteration
-    model.load_state_dict(state)
-    ft_integration.on_checkpoint_loaded(is_local_chkpt=False)
-    if dist.get_rank() == 0:
-        print(f"resumed from iteration {iteration}", flush=True)
+    iteration, _ = read_checkpoint(args, model)
+    if iteration:
+        ft_integration.on_checkpoint_loaded(is_local_chkpt=False)
     return iteration
 
 
