@@ -92,26 +92,26 @@ def start_monitor(tmp_path):
         monitor.stop()
 
 
-@pytest.fixture(scope="session")
-def etcd_server(tmp_path_factory):
-    """One etcd server (v2 API on) for the whole test session; tests use their own run ids."""
+def _etcd_cluster(tmp_path_factory, size: int):
+    """Start a real etcd cluster of ``size`` members on loopback, or skip the test naming why not."""
     reason = etcd_missing()
     if reason:
         pytest.skip(f"etcd tests need a real etcd server: {reason}")
-    cluster = EtcdCluster(str(tmp_path_factory.mktemp("etcd")), size=1).start()
+    cluster = EtcdCluster(str(tmp_path_factory.mktemp(f"etcd{size}")), size=size).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def etcd_server(tmp_path_factory):
+    """One etcd server (v2 API on) for the whole test session; tests use their own run ids."""
+    yield from _etcd_cluster(tmp_path_factory, 1)
 
 
 @pytest.fixture
 def etcd_cluster3(tmp_path_factory):
     """A fresh 3-member etcd cluster on loopback (the test may kill members)."""
-    reason = etcd_missing()
-    if reason:
-        pytest.skip(f"etcd tests need a real etcd server: {reason}")
-    cluster = EtcdCluster(str(tmp_path_factory.mktemp("etcd3")), size=3).start()
-    yield cluster
-    cluster.stop()
+    yield from _etcd_cluster(tmp_path_factory, 3)
 
 
 @pytest.fixture
