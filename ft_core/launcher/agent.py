@@ -32,6 +32,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 from ft_core.autoresume import finished_flag_path, training_finished
 from ft_core.data import WorkloadAction
 from ft_core.deadline import wait_until
+from ft_core.diagnosis import evidence_of_hang
 from ft_core.events import (
     CheckpointReported,
     ConnectionRejected,
@@ -56,7 +57,6 @@ from ft_core.events import (
     WorkersSucceeded,
     WorkloadControlReceived,
 )
-from ft_core.diagnosis import evidence_of_hang
 from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.coordination import (
