@@ -39,6 +39,7 @@ __all__ = [
     "CheckpointReported",
     "ConnectionRejected",
     "CycleStart",
+    "Diagnosis",
     "Event",
     "EventName",
     "EventWriter",
@@ -53,7 +54,9 @@ __all__ = [
     "Progress",
     "RankConnected",
     "RankDisconnected",
+    "RankEvidence",
     "RankTerminated",
+    "RanksSnapshot",
     "Restart",
     "RestartKind",
     "SignalReceived",
@@ -82,6 +85,7 @@ class EventName(str, enum.Enum):
     TIMEOUTS_UPDATED = "timeouts_updated"
     CONNECTION_REJECTED = "connection_rejected"
     MONITOR_LATE = "monitor_late"
+    RANKS_SNAPSHOT = "ranks_snapshot"
     # written by the launcher
     LAUNCHER_STARTED = "launcher_started"
     CYCLE_START = "cycle_start"
@@ -95,6 +99,7 @@ class EventName(str, enum.Enum):
     MONITOR_CONNECTION_REJECTED = "monitor_connection_rejected"
     SIGNAL = "signal"
     EXIT = "exit"
+    DIAGNOSIS = "diagnosis"
 
 
 class HangReason(str, enum.Enum):
@@ -206,6 +211,34 @@ class ConnectionRejected(Event, frozen=True, tag=EventName.CONNECTION_REJECTED.v
     reason: str
 
 
+class RankEvidence(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """What one rank was doing when a fault ended its cycle: the input of :func:`ft_core.diagnosis.diagnose`."""
+
+    rank: int
+    pid: int
+    #: The launcher (``host:pid``) of the rank's node; set by the launcher.
+    node: Optional[str] = None
+    #: The last iteration the rank reported (None: it never did).
+    iteration: Optional[int] = None
+    #: The innermost open tracked section (None: out of any section).
+    section: Optional[str] = None
+    #: Unix time of the rank's last sign of life (None: it never sent one).
+    last_activity: Optional[float] = None
+    #: Seconds without a sign of life (or in its expired section) when the evidence was taken.
+    stalled_for: Optional[float] = None
+    #: True when its own deadline passed (a ``hang_detected``); False: it was still within its timeouts.
+    hung: bool = False
+    #: From its stack dump: blocked inside a torch.distributed collective (None: no stack).
+    in_collective: Optional[bool] = None
+    stack_dump_file: Optional[str] = None
+
+
+class RanksSnapshot(Event, frozen=True, tag=EventName.RANKS_SNAPSHOT.value):
+    """The monitor's view of its live (not hung) ranks, taken when the launcher asks at the end of a cycle."""
+
+    ranks: list[RankEvidence]
+
+
 # -- records of the launcher ----------------------------------------------------
 class MonitorLate(Event, frozen=True, tag=EventName.MONITOR_LATE.value):
     """The monitor woke ``late`` seconds after it meant to; that time was granted to the ranks as grace."""
@@ -298,11 +331,27 @@ class LauncherExit(Event, frozen=True, tag=EventName.EXIT.value):
     reason: str
 
 
+class Diagnosis(Event, frozen=True, tag=EventName.DIAGNOSIS.value):
+    """Who caused a hang and who only waited for it; the same record on every node of the job."""
+
+    cycle: int
+    culprits: list[int]
+    waiting: list[int]
+    #: The rule that decided, in one line.
+    evidence: str
+    #: The one-line story for humans ("rank 1 (node X, pid P) hung in section step ...").
+    headline: str
+    #: The nodes (``host:pid`` of their launchers) of the culprits.
+    culprit_nodes: list[str]
+    #: The launcher that gathered the evidence of every node and decided.
+    decided_by: Optional[str] = None
+
+
 AnyEvent = Union[
     MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported,
     TimeoutsUpdated, ConnectionRejected, MonitorLate, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
     WorkersSucceeded, Restart, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
-    SignalReceived, LauncherExit,
+    SignalReceived, LauncherExit, RanksSnapshot, Diagnosis,
 ]
 
 _ENCODER = msgspec.json.Encoder()

@@ -25,10 +25,12 @@ run of the job between requeues; the queue time between attempts is not wall tim
   the last checkpointed one, when both are known;
 * goodput = (training - recomputation) / wall time.
 
-The culprit of a fault is the rank that crashed first, or the only rank that hung.
-When several ranks hung (a collective hang: every rank waits in its step and misses
-its deadline within milliseconds of the others) the event log cannot tell the
-culprit from its peers: it is left unknown and ``ranks`` lists them all.
+The culprit of a fault is the rank that crashed first, or the culprit the launchers'
+``diagnosis`` of a hang named (:mod:`ft_core.diagnosis`: stacks, iterations, who
+stopped first), with the ranks that only waited in ``waiting``. Without a diagnosis
+(older logs) it is the only rank that hung; when several ranks hung the event log
+alone cannot tell the culprit from its peers: it is left unknown and ``ranks`` lists
+them all.
 """
 
 from __future__ import annotations
@@ -80,6 +82,9 @@ class Fault:
     #: Times used by the timeline.
     detected: float
     resumed: Optional[float]
+    #: Ranks that only waited for the culprit, and the diagnosis' headline (hangs the launchers diagnosed).
+    waiting: list[int] = dataclasses.field(default_factory=list)
+    diagnosis: Optional[str] = None
 
     @property
     def lost_s(self) -> float:
@@ -188,7 +193,7 @@ class Report:
                 "iteration": f.iteration, "checkpoint_iteration": f.checkpoint_iteration,
                 "iterations_lost": f.iterations_lost, "detection_s": _round(f.detection_s),
                 "restart_s": _round(f.restart_s), "recompute_s": _round(f.recompute_s),
-                "lost_s": _round(f.lost_s), "reason": f.reason,
+                "lost_s": _round(f.lost_s), "reason": f.reason, "waiting": f.waiting, "diagnosis": f.diagnosis,
             } for f in self.faults],
             "exit_codes": self.exit_codes,
             "exit_reasons": self.exit_reasons,
@@ -350,6 +355,7 @@ def _fault(attempt: int, cycle: _Cycle, group: Sequence[_Launcher], following: O
     hung_pids: set[tuple[str, int]] = set()
     restarts: list[dict[str, Any]] = []
     controls: list[dict[str, Any]] = []
+    diagnoses: list[tuple[dict[str, Any], _Launcher]] = []
     for launcher in group:
         pids = _cycle_pids(launcher.records, cycle.number)
         for r in launcher.records:
@@ -375,6 +381,8 @@ def _fault(attempt: int, cycle: _Cycle, group: Sequence[_Launcher], following: O
                     kinds.append(str(r["kind"]))
             elif event == EventName.WORKLOAD_CONTROL and cycle.start <= r["time"] <= cycle.end:
                 controls.append(r)
+            elif event == EventName.DIAGNOSIS and r.get("cycle") == cycle.number:
+                diagnoses.append((r, launcher))
     if not kinds and any(r.get("kind") == "peer" for r in restarts) and not controls:
         # Another node ended the cycle for a fault whose records are not in these logs.
         kinds.append("peer")
@@ -399,6 +407,12 @@ def _fault(attempt: int, cycle: _Cycle, group: Sequence[_Launcher], following: O
     recompute = max(0.0, onset - (max(in_cycle) if in_cycle else cycle.ready)) if has_progress else None
     resumed = following.ready if following is not None else None
     culprit = _culprit(failures)
+    diagnosis = diagnoses[0][0] if diagnoses else None  # the same record on every node
+    if diagnosis is not None and diagnosis.get("culprits"):
+        hosts = {launcher.node: launcher.host for launcher in group}
+        nodes = diagnosis.get("culprit_nodes") or []
+        culprit = (diagnosis["culprits"][0], hosts.get(nodes[0], nodes[0].rsplit(":", 1)[0]) if nodes else None)
+        ranks = [*diagnosis["culprits"], *(r for r in ranks if r not in diagnosis["culprits"])]
     return Fault(
         attempt=attempt, cycle=cycle.number, kind=kind, time=onset,
         reason=reasons[0] if reasons else f"{kind} in cycle {cycle.number}",
@@ -408,7 +422,9 @@ def _fault(attempt: int, cycle: _Cycle, group: Sequence[_Launcher], following: O
         else None,
         detection_s=max(0.0, detected - onset),
         restart_s=max(0.0, resumed - detected) if resumed is not None else None,
-        recompute_s=recompute, detected=detected, resumed=resumed)
+        recompute_s=recompute, detected=detected, resumed=resumed,
+        waiting=list(diagnosis.get("waiting") or []) if diagnosis else [],
+        diagnosis=diagnosis.get("headline") if diagnosis else None)
 
 
 def _culprit(failures: Sequence[_Failure]) -> tuple[Optional[int], Optional[str]]:
@@ -485,6 +501,8 @@ def format_report(report: Report) -> str:
                 f"  {i:<2} {f.attempt:<7} {f.cycle:<5} {f.kind:<8} {'+' + _seconds(f.time - t0):<9} {culprit:<19} "
                 f"{_opt(f.iteration):<9} {_opt(f.checkpoint_iteration):<5} {_seconds(f.detection_s):<9} "
                 f"{_seconds(f.restart_s):<9} {_seconds(f.recompute_s)}")
+            if f.diagnosis:
+                lines.append(f"     diagnosis: {f.diagnosis}")
     codes = sorted({str(code) for code in report.exit_codes})
     lines.append(f"  exit code(s)   : {', '.join(codes) or 'n/a'}"
                  + (f" ({report.exit_reasons[-1]})" if report.exit_reasons else ""))

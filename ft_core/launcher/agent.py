@@ -31,10 +31,13 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 
 from ft_core.autoresume import finished_flag_path, training_finished
 from ft_core.data import WorkloadAction
+from ft_core.deadline import wait_until
+from ft_core.diagnosis import evidence_of_hang
 from ft_core.events import (
     CheckpointReported,
     ConnectionRejected,
     CycleStart,
+    Diagnosis,
     HangDetected,
     MonitorConnectionRejected,
     MonitorDied,
@@ -43,6 +46,8 @@ from ft_core.events import (
     Progress,
     RankConnected,
     RankDisconnected,
+    RankEvidence,
+    RanksSnapshot,
     RankTerminated,
     Restart,
     RestartKind,
@@ -61,6 +66,7 @@ from ft_core.launcher.coordination import (
     leave_rendezvous,
     spares_waiting,
 )
+from ft_core.launcher.culprit import CulpritExchange
 from ft_core.launcher.events import EventLog
 from ft_core.launcher.job_store import open_job_store
 from ft_core.launcher.node_monitor import NodeMonitor
@@ -72,6 +78,8 @@ __all__ = ["FtElasticAgent", "Outcome", "Services", "signal_outcome"]
 
 log = logging.getLogger("ft_core.launcher")
 
+#: How long the launcher waits for the monitor's snapshot beyond the monitor's own stack-dump wait.
+SNAPSHOT_MARGIN = 2.0
 #: How long a node that ends the job keeps the rendezvous store up for hot spares to see the end.
 SPARE_RELEASE_TIMEOUT = 10.0
 
@@ -125,6 +133,9 @@ class FtElasticAgent(LocalElasticAgent):
         #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
         self._failed: dict[int, tuple[int, int]] = {}
         self._failed_at = 0.0
+        #: The evidence of this node's ranks for the diagnosis of this cycle's hang, once taken.
+        self._evidence: Optional[list[RankEvidence]] = None
+        self._snapshot: Optional[RanksSnapshot] = None
         self.outcome = Outcome(1, "the launcher stopped before the job ended")
 
     # -- seams: rendezvous, environment, start, stop, monitor ---------------
@@ -158,6 +169,7 @@ class FtElasticAgent(LocalElasticAgent):
         assert self._cycle is not None
         self._hangs.clear()
         self._failed.clear()
+        self._evidence = None
         with workers_die_with_agent():
             pids = super()._start_workers(worker_group)
         started = time.time()
@@ -184,6 +196,9 @@ class FtElasticAgent(LocalElasticAgent):
         if failed and not self._failed:
             self._failed = failed
             self._failed_at = time.time()
+            self._read_monitor_events()
+            if any(pid in self._hangs for pid, _code in failed.values()):
+                self._take_evidence()  # before the survivors are stopped: what were they doing?
             # Torch's poll would stop the survivors with a fixed 30 s grace period; use ours.
             pcontext.close(signal.SIGTERM, self._opts.workers_stop_timeout)  # type: ignore[union-attr,arg-type]
         return super()._monitor_workers(worker_group)
@@ -245,7 +260,10 @@ class FtElasticAgent(LocalElasticAgent):
 
     def _end_cycle(self, trigger: _Trigger, decision: Optional[Decision], result: RunResult) -> Optional[RunResult]:
         cycle = self._cycle_number()
-        if trigger.kind.is_fault:
+        diagnosis = self._diagnose(trigger, decision)
+        if diagnosis is not None:
+            self._svc.events.diagnosed(diagnosis)
+        elif trigger.kind.is_fault:
             self._svc.events.fault(trigger.kind)
         self._svc.events.interrupted(trigger.time)
         if trigger.kind is RestartKind.EXCLUDED:
@@ -264,6 +282,54 @@ class FtElasticAgent(LocalElasticAgent):
                     trigger.kind.value, trigger.reason, restarts, self._worker_group.spec.max_restarts)
         self._restart_workers(self._worker_group)
         return None
+
+    # -- who hung, who waited (diagnosis) -------------------------------------
+    def _take_evidence(self) -> list[RankEvidence]:
+        """This node's evidence: its hang records and a snapshot of its live ranks (stacks included)."""
+        if self._evidence is not None:
+            return self._evidence
+        self._snapshot = None
+        if self._svc.monitor.request_snapshot():
+            def snapshot_in() -> Optional[RanksSnapshot]:
+                self._read_monitor_events()
+                return self._snapshot
+
+            # The monitor waits at most stack_dump_timeout for the dumps; then it writes the record.
+            if wait_until(snapshot_in, self._svc.monitor.cfg.stack_dump_timeout + SNAPSHOT_MARGIN) is None:
+                log.warning("the rank monitor sent no snapshot of its ranks; diagnosing without it")
+        node = self._svc.events.node
+        evidence = [evidence_of_hang(h, node) for h in self._hangs.values()]
+        if self._snapshot is not None:
+            evidence += [msgspec.structs.replace(e, node=node) for e in self._snapshot.ranks]
+        self._evidence = evidence
+        return evidence
+
+    def _diagnose(self, trigger: _Trigger, decision: Optional[Decision]) -> Optional[Diagnosis]:
+        """The job-wide diagnosis of this cycle's hang (see :mod:`.culprit`), written and told; None otherwise."""
+        store = self._coord.job_store
+        cycle = self._cycle_number()
+        decider = decision is None or decision.node == self._svc.events.node
+        if trigger.kind not in (RestartKind.HANG, RestartKind.PEER):
+            if decider and store is not None:
+                CulpritExchange(store, self._svc.events.node, 0.0).publish(cycle, None)
+            return None
+        evidence = self._take_evidence()
+        if store is None:
+            return None
+        exchange = CulpritExchange(store, self._svc.events.node, self._svc.monitor.cfg.stack_dump_timeout)
+        group_rank = self._worker_group.group_rank or 0
+        exchange.share(cycle, group_rank, evidence)
+        if decider and trigger.kind is RestartKind.HANG:
+            diagnosis = exchange.decide(cycle, self._worker_group.group_world_size or 1, evidence)
+        elif decider:
+            exchange.publish(cycle, None)
+            return None
+        else:
+            diagnosis = exchange.wait(cycle, evidence)
+        if diagnosis is not None:
+            self._svc.events.write(diagnosis)
+            log.error("cycle %d: %s (evidence: %s)", cycle, diagnosis.headline, diagnosis.evidence)
+        return diagnosis
 
     # -- what ends a cycle --------------------------------------------------
     def _local_trigger(self, result: RunResult) -> Optional[_Trigger]:
@@ -332,6 +398,8 @@ class FtElasticAgent(LocalElasticAgent):
                     self._on_progress(ev.iteration, f"rank {ev.rank}")
                 case ConnectionRejected():
                     self._svc.events.write(MonitorConnectionRejected(time=ev.time, pid=ev.pid, reason=ev.reason))
+                case RanksSnapshot():
+                    self._snapshot = ev
                 case MonitorLate():
                     self._svc.events.monitor_late(ev.late)
                     self._svc.events.write(ev)

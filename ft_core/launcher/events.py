@@ -18,7 +18,7 @@ import socket
 import time
 from typing import Optional
 
-from ft_core.events import Event, EventWriter, RestartKind
+from ft_core.events import Diagnosis, Event, EventWriter, RestartKind
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE, PRIVATE_DIR_MODE
 from ft_core.report import build_report, load_records, short_summary
 
@@ -48,6 +48,8 @@ class EventLog:
         self.monitor_late_max = 0.0
         #: (cycle, job-wide cause) of every restart, in order.
         self.restarts: list[tuple[int, str]] = []
+        #: The job-wide diagnosis of every hang, in order (the same on every node).
+        self.diagnoses: list[Diagnosis] = []
 
     def write(self, record: Event) -> Event:
         """Append one record (stamped with this node); returns what was written."""
@@ -58,6 +60,12 @@ class EventLog:
     def fault(self, kind: RestartKind) -> None:
         """Count a fault seen on this node, for the summary."""
         self.faults[kind] += 1
+
+    def diagnosed(self, diagnosis: Diagnosis) -> None:
+        """A hang, diagnosed job-wide: a fault of this node only if a culprit is one of its ranks."""
+        self.diagnoses.append(diagnosis)
+        if self.node in diagnosis.culprit_nodes:
+            self.faults[RestartKind.HANG] += 1
 
     def monitor_late(self, late: float) -> None:
         """The node monitor woke ``late`` seconds late (a sign of an overloaded node), for the summary."""
@@ -82,6 +90,9 @@ class EventLog:
     def summary(self, exit_code: int, reason: str) -> str:
         """A few lines for humans: cycles, faults by kind, time lost, monitor lateness, exit code and why."""
         faults = ", ".join(f"{count} {kind.value}" for kind, count in sorted(self.faults.items())) or "none"
+        elsewhere = sorted({node for d in self.diagnoses for node in d.culprit_nodes} - {self.node})
+        if elsewhere and not self.faults:
+            faults = f"none here; culprit on node {', '.join(elsewhere)}"
         late = (f"late {self.monitor_late_count} times, worst {self.monitor_late_max:.2f} s (granted to the "
                 "ranks as grace; node overloaded?)" if self.monitor_late_count else "never late")
         shown = self.restarts[-SUMMARY_RESTARTS:]
@@ -92,6 +103,7 @@ class EventLog:
             "ft_launcher summary",
             f"  cycles run : {self.cycles}",
             f"  faults     : {faults}",
+            *(f"  culprit    : cycle {d.cycle}: {d.headline}" for d in self.diagnoses[-SUMMARY_RESTARTS:]),
             *restarts,
             f"  time lost  : {self.time_lost:.2f} s (fault to next cycle's workers)",
             f"  monitor    : {late}",

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.events import Event, read_records
 from ft_core.jobdir import JobDir
 from ft_core.monitor import MonitorProcess, RankMonitorServer
+from ft_core.monitor.snapshot import SNAPSHOT_SIGNAL
 
 __all__ = ["NodeMonitor"]
 
@@ -53,6 +55,16 @@ class NodeMonitor:
         if self._proc is not None:
             self._proc.kill()
         self.start()
+
+    def request_snapshot(self) -> bool:
+        """Ask the monitor for a ``ranks_snapshot`` record of its live ranks; False if it is not running."""
+        if not self.is_alive() or self.pid is None:
+            return False
+        try:
+            os.kill(self.pid, SNAPSHOT_SIGNAL)
+        except ProcessLookupError:
+            return False
+        return True
 
     def poll_events(self) -> list[Event]:
         """Records the monitor wrote since the previous call."""

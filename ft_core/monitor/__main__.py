@@ -12,6 +12,7 @@ from typing import Optional
 from ft_core.config import FaultToleranceConfig
 from ft_core.jobdir import TOKEN_ENV
 from ft_core.monitor.server import RankMonitorServer
+from ft_core.monitor.snapshot import SNAPSHOT_SIGNAL
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -36,6 +37,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    signal.signal(SNAPSHOT_SIGNAL, lambda _signum, _frame: server.request_snapshot())
 
     def _ready() -> None:
         # The parent waits for this line on our stdout; afterwards stdout is unused.

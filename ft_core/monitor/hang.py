@@ -20,7 +20,7 @@ import msgspec
 
 from ft_core.events import HangDetected, HangReason
 
-__all__ = ["DUMP_POLL", "Expiry", "Hang", "HangState"]
+__all__ = ["DUMP_POLL", "DumpWait", "Expiry", "Hang", "HangState"]
 
 #: While a stack dump is pending, the server checks the dump file this often.
 DUMP_POLL = 0.005
@@ -44,16 +44,35 @@ class Expiry:
 
 
 @dataclasses.dataclass
+class DumpWait:
+    """A stack dump asked of a rank: new bytes past ``offset`` in its dump file, awaited until ``deadline``."""
+
+    #: Size of the rank's dump file before the dump was asked for: the new stack starts there.
+    offset: int
+    deadline: float
+    _last_size: int = -1
+
+    def poll(self, now: float, dump_size: int) -> Optional[float]:
+        """Seconds to wait for the dump to settle, or None once it is complete or the deadline passed.
+
+        The dump is complete once the file grew past the offset and kept the
+        same size over one poll interval (faulthandler writes it in pieces).
+        """
+        if now >= self.deadline:
+            return None
+        settled = dump_size > self.offset and dump_size == self._last_size
+        self._last_size = dump_size
+        return None if settled else min(DUMP_POLL, self.deadline - now)
+
+
+@dataclasses.dataclass
 class Hang:
     """One hung rank, from detection to termination (times are monotonic, ``report`` has unix times)."""
 
     #: The ``hang_detected`` record; the stack is added when the rank is terminated.
     report: HangDetected
     state: HangState = HangState.DETECTED
-    #: Size of the rank's dump file before the dump was asked for: the new stack starts there.
-    dump_offset: int = 0
-    dump_deadline: float = 0.0
-    _dump_last_size: int = -1
+    dump: Optional[DumpWait] = None
 
     @classmethod
     def detect(cls, expiry: Expiry, *, rank: int, pid: int, iteration: Optional[int], open_sections: list[str],
@@ -72,24 +91,21 @@ class Hang:
     def request_stack_dump(self, dump_offset: int, deadline: float) -> None:
         """The dump signal was sent: wait for new bytes past ``dump_offset`` until ``deadline``."""
         self._expect(HangState.DETECTED)
-        self.dump_offset = dump_offset
-        self.dump_deadline = deadline
+        self.dump = DumpWait(dump_offset, deadline)
         self.state = HangState.AWAITING_STACK_DUMP
 
-    def poll(self, now: float, dump_size: int) -> Optional[float]:
-        """Seconds to wait for the dump to settle, or None when the rank is to be terminated now.
+    @property
+    def dump_offset(self) -> int:
+        """Where the stack starts in the rank's dump file (0 when no dump was asked for)."""
+        return self.dump.offset if self.dump is not None else 0
 
-        The dump is complete once the file grew past the offset and kept the
-        same size over one poll interval (faulthandler writes it in pieces).
-        """
+    def poll(self, now: float, dump_size: int) -> Optional[float]:
+        """Seconds to wait for the dump to settle, or None when the rank is to be terminated now (see DumpWait)."""
         if self.state is HangState.DETECTED:
             return None
         self._expect(HangState.AWAITING_STACK_DUMP)
-        if now >= self.dump_deadline:
-            return None
-        settled = dump_size > self.dump_offset and dump_size == self._dump_last_size
-        self._dump_last_size = dump_size
-        return None if settled else min(DUMP_POLL, self.dump_deadline - now)
+        assert self.dump is not None
+        return self.dump.poll(now, dump_size)
 
     def terminate(self, stack: Optional[str] = None, stack_dump_file: Optional[str] = None) -> HangDetected:
         """The termination signal is being sent; ``stack`` is what the dump file gained, if anything.

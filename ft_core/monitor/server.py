@@ -62,6 +62,7 @@ from ft_core.events import (
     MonitorStarted,
     RankConnected,
     RankDisconnected,
+    RankEvidence,
     RankTerminated,
     TimeoutsUpdated,
 )
@@ -71,8 +72,9 @@ from ft_core.jobdir import (
     JobDir,
     keep_stack,
 )
-from ft_core.monitor.hang import Expiry, Hang
+from ft_core.monitor.hang import DumpWait, Expiry, Hang
 from ft_core.monitor.process import MonitorProcess, run_in_subprocess
+from ft_core.monitor.snapshot import Snapshot
 from ft_core.protocol import (
     MAX_HELLO_FRAME_BYTES,
     Ack,
@@ -213,6 +215,15 @@ class WatchedRank:
         self.open_sections.clear()
         self.out_of_section_since = now
 
+    def evidence(self, now: float, wall_now: float) -> RankEvidence:
+        """What this rank is doing at ``now`` (monotonic; ``wall_now`` is the same instant in unix time)."""
+        last = self.last_activity
+        return RankEvidence(
+            rank=self.rank, pid=self.pid, iteration=self.iteration,
+            section=next(reversed(self.open_sections), None),  # the innermost: opened last
+            last_activity=None if last is None else round(wall_now - (now - last), 3),
+            stalled_for=None if last is None else round(now - last, 3))
+
     def next_deadline(self) -> Optional[Expiry]:
         """The earliest deadline of this rank, or None when nothing is timed."""
         candidates = []
@@ -305,6 +316,11 @@ class RankMonitorServer:
         self._parent_pid = os.getppid()
         #: Seconds of monitor lateness granted to the ranks so far; see :meth:`_now`.
         self._grace = 0.0
+        #: Set by :meth:`request_snapshot` (a signal handler); the socket pair wakes the loop for it.
+        self._snapshot_requested = False
+        self._snapshot: Optional[Snapshot] = None
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_w.setblocking(False)
 
     # -- setup / teardown -------------------------------------------------
     def _listen(self) -> None:
@@ -316,6 +332,8 @@ class RankMonitorServer:
         listener.listen(256)
         listener.setblocking(False)
         self._selector.register(listener, selectors.EVENT_READ, None)
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, self._wake_r)
         self._listener = listener
         self._events = EventWriter(self.events_path)
         self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
@@ -337,6 +355,21 @@ class RankMonitorServer:
         if self._reserve_fd is not None:
             os.close(self._reserve_fd)
             self._reserve_fd = None
+        for sock in (self._wake_r, self._wake_w):
+            if sock.fileno() >= 0:
+                try:
+                    self._selector.unregister(sock)
+                except (KeyError, ValueError):
+                    pass  # only the read end is registered, and only while serving
+                sock.close()
+
+    def request_snapshot(self) -> None:
+        """Write a ``ranks_snapshot`` of the live ranks soon (safe from a signal handler; see :mod:`.snapshot`)."""
+        self._snapshot_requested = True
+        try:
+            self._wake_w.send(b"s")
+        except OSError:
+            pass  # already woken (the pair's buffer is full), or closing
 
     def stop(self) -> None:
         """Make :meth:`serve_forever` return (safe from a signal handler)."""
@@ -373,6 +406,8 @@ class RankMonitorServer:
                 for key, _mask in ready:
                     if key.data is None:
                         self._accept()
+                    elif key.data is self._wake_r:
+                        _drain(self._wake_r)
                     elif key.data.sock.fileno() >= 0:
                         self._read(key.data)
                 if os.getppid() != self._parent_pid:
@@ -395,6 +430,11 @@ class RankMonitorServer:
     def _check_deadlines(self, now: float) -> float:
         """Act on every expired deadline; return how long the loop may sleep."""
         sleep = self.cfg.workload_check_interval
+        if self._snapshot_requested:
+            self._snapshot_requested = False
+            self._start_snapshot(now)
+        if self._snapshot is not None:
+            sleep = min(sleep, self._advance_snapshot(now))
         for conn in list(self._connections.values()):
             if conn.rank is None:
                 if now - conn.accepted_at <= HANDSHAKE_TIMEOUT:
@@ -730,6 +770,39 @@ class RankMonitorServer:
             log.warning("could not keep the stack of rank %d in %s: %s", rank.rank, self.stacks_dir, exc)
             return rank.dump_path
 
+    # -- snapshot of the live ranks (diagnosis) ---------------------------
+    def _start_snapshot(self, now: float) -> None:
+        """Take the evidence of every live rank and ask each that can dump for its stack."""
+        snapshot = self._snapshot = Snapshot()
+        wall_now = time.time()
+        sig = self.cfg.stack_dump_signal
+        for conn in self._connections.values():
+            rank = conn.rank
+            if rank is None or rank.hang is not None:
+                continue  # a hung rank's evidence is its hang_detected record
+            dump = None
+            # Only a rank that registered its dump handler (it sent a dump path, then a first sign of life)
+            # is signalled: to any other the dump signal's default action would be death.
+            if sig is not None and rank.dump_path and rank.pid > 0 and rank.first_activity is not None:
+                try:
+                    offset = _file_size(rank.dump_path)
+                    os.kill(rank.pid, sig)
+                    dump = DumpWait(offset, now + self.cfg.stack_dump_timeout)
+                except OSError as exc:
+                    log.debug("no stack dump from rank %d for the snapshot: %s", rank.rank, exc)
+            snapshot.add(rank.evidence(now, wall_now), rank.dump_path, dump)
+        self._advance_snapshot(now)
+
+    def _advance_snapshot(self, now: float) -> float:
+        """Wait for the snapshot's dumps without blocking the loop; record it once they are in."""
+        assert self._snapshot is not None
+        wait = self._snapshot.poll(now, _file_size)
+        if wait is not None:
+            return wait
+        self._record(self._snapshot.record(_read_from))
+        self._snapshot = None
+        return self.cfg.workload_check_interval
+
     # -- subprocess helper ------------------------------------------------
     @classmethod
     def run_in_subprocess(
@@ -758,6 +831,24 @@ def _timeouts_text(hb: dict[str, Any], sections: dict[str, Any]) -> str:
     parts.append(f"heartbeat {value(hb['initial'], hb['were_calculated'])} first / "
                  f"{value(hb['subsequent'], hb['were_calculated'])} between")
     return ", ".join(parts) + " (* learned)"
+
+
+def _read_from(path: str, offset: int) -> Optional[str]:
+    """What ``path`` holds past ``offset`` (None if it cannot be read)."""
+    try:
+        with open(path, errors="replace") as handle:
+            handle.seek(offset)
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(4096):
+            pass
+    except OSError:
+        pass  # empty (EAGAIN)
 
 
 def _file_size(path: str) -> int:

@@ -72,7 +72,8 @@ def test_hang_is_detected_and_restarted(launchers):
     assert (hang.kind, hang.cycle) == ("hang", 1) and hang.ranks[0] == 0
     # Rank 1, blocked in the all-reduce with the hung rank 0, may miss its heartbeat deadline too:
     # then two ranks hung and the report leaves the culprit unknown (README "Goodput report").
-    assert hang.culprit_rank in (0, None) and len(hang.ranks) == (1 if hang.culprit_rank == 0 else 2)
+    # The diagnosis names rank 0 even when rank 1, blocked in the all-reduce, expired first.
+    assert (hang.culprit_rank, hang.waiting) == (0, [1]) and set(hang.ranks) <= {0, 1}
     assert hang.detection_s == pytest.approx(hangs[0]["elapsed"], abs=0.01)
     assert hang.restart_s > 0 and hang.recompute_s is None  # the worker reports no checkpoints
     assert report.cycles == 3 and 0 < report.goodput_pct < 100

@@ -146,8 +146,9 @@ def test_json_keys_are_fixed_and_unknowns_are_null(tmp_path):
     (fault,) = data["faults"]
     assert list(fault) == ["attempt", "cycle", "kind", "time", "culprit_rank", "culprit_node", "ranks", "iteration",
                            "checkpoint_iteration", "iterations_lost", "detection_s", "restart_s", "recompute_s",
-                           "lost_s", "reason"]
+                           "lost_s", "reason", "waiting", "diagnosis"]
     assert fault["recompute_s"] is None and fault["checkpoint_iteration"] is None
+    assert fault["waiting"] == [] and fault["diagnosis"] is None  # no diagnosis record in this log
     assert fault["restart_s"] == pytest.approx(23.2 - 20.0)
 
 

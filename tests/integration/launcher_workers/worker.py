@@ -16,6 +16,10 @@ FT_TEST_FAULT_AFTER   path: the fault waits until this file exists; cycles that 
                       exists step until they are stopped
 FT_TEST_STEPS         steps per cycle (default 5); "forever" runs until signalled
 FT_TEST_STEP_TIME     seconds slept per step (default 0.05)
+FT_TEST_SECTIONS      "1": each step is a tracked section "step", with its iteration reported
+                      (the fault then happens inside the step, before its all-reduce)
+FT_TEST_SLOW_RANK     global rank that is slow but healthy: it sleeps FT_TEST_SLOW_TIME more per step
+FT_TEST_SLOW_TIME     seconds the slow rank adds to each step, before its all-reduce (default 1.0)
 FT_TEST_CHECKPOINT    report this checkpointed iteration at step 0 (default: none)
 FT_TEST_ON_SIGTERM    "exit0" (exit 0 on SIGTERM) | "ignore"; default: Python's default
 FT_TEST_FALLBACK      JSON object: the fallback_config this worker offers the monitor
@@ -169,16 +173,26 @@ def main() -> int:
     resumed = read_resume_step(resume_file) if resume_file else 0
     if resume_file:
         record(event="resumed", step=resumed, time=time.time())
+    sections = os.environ.get("FT_TEST_SECTIONS") == "1"
+    slow = os.environ.get("FT_TEST_SLOW_RANK") == str(RANK)
+    slow_time = float(os.environ.get("FT_TEST_SLOW_TIME", "1.0"))
     step = 0
     while steps == "forever" or step < int(steps):
+        if sections:
+            client.set_iteration(step)
+            client.start_section("step")
         if step == 0 and checkpoint is not None:
             client.report_checkpoint(int(checkpoint))
         if step >= fault_step and kind not in ("none", "forever"):
             if not trigger_file or os.path.exists(trigger_file):
                 inject(kind, client)
+        if slow:
+            time.sleep(slow_time)
         if use_torch:
             value = torch.ones(1)
             dist.all_reduce(value)
+        if sections:
+            client.end_section("step")
         client.send_heartbeat()
         time.sleep(step_time)
         step += 1

@@ -1,0 +1,175 @@
+"""Who hung and who only waited: naming the culprit(s) of a hang from the evidence of every rank.
+
+When one rank hangs, its peers block in the next collective waiting for it and
+miss their own deadlines too; the first rank to expire is often an innocent
+waiter. :func:`diagnose` ranks the evidence each monitor has about its ranks
+(:class:`~ft_core.events.RankEvidence`) with three rules, strongest first, each
+applied only while it can tell ranks apart:
+
+1. **Stacks.** A rank whose stack dump shows it blocked inside a
+   ``torch.distributed`` collective is waiting for a peer -- provided some rank
+   is known to be elsewhere (else all of them are in the collective, and the
+   stacks tell nothing).
+2. **Lowest iteration.** Ranks that reported a higher iteration than the lowest
+   one got further: they wait. A rank that never reported an iteration cannot be
+   compared and stays a suspect.
+3. **Who stopped first.** Only when no remaining suspect has a stack: ranks whose
+   last sign of life is more than :data:`STOPPED_FIRST_MARGIN` later than the
+   earliest one were still alive after it stopped. (A waiter may well stop first
+   when the culprit kept heartbeating before it hung, so stacks take precedence.)
+
+What is left are the culprits (all of them when nothing tells them apart: an
+honest tie); the other ranks were waiting. The diagnosis only *names*: nothing
+in the launcher or the monitor kills or restarts because of it.
+
+Example::
+
+    >>> from ft_core.events import RankEvidence
+    >>> verdict = diagnose([
+    ...     RankEvidence(rank=0, pid=10, node="a:1", iteration=25, section="step", hung=True, stalled_for=3.0,
+    ...                  in_collective=True),
+    ...     RankEvidence(rank=1, pid=11, node="a:1", iteration=25, section="step", stalled_for=2.9,
+    ...                  in_collective=False)])
+    >>> [e.rank for e in verdict.culprits], [e.rank for e in verdict.waiting]
+    ([1], [0])
+    >>> verdict.headline()
+    'rank 1 (node a:1, pid 11) hung in section step at iteration 25 for 2.9 s; ranks 0 were waiting for it'
+
+This module must not import torch nor the monitor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from typing import Optional
+
+from ft_core.events import Diagnosis, HangDetected, RankEvidence
+
+__all__ = ["STOPPED_FIRST_MARGIN", "Verdict", "diagnose", "evidence_of_hang", "stack_in_collective"]
+
+#: A rank whose last sign of life is this much later than the earliest suspect's was still running after
+#: that one stopped. Generous: ranks of one job step in lock-step, so a real gap is the length of a hang.
+STOPPED_FIRST_MARGIN = 1.0
+
+#: Where torch's collectives live: a thread whose innermost frame is here is blocked in one.
+_COLLECTIVE_PATH = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+_THREAD_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
+_FRAME = re.compile(r'^\s*File "([^"]*)", line')
+
+
+def stack_in_collective(stack: Optional[str]) -> Optional[bool]:
+    """Whether a faulthandler dump shows the rank blocked in a ``torch.distributed`` collective.
+
+    The thread judged is the one faulthandler marks "Current thread" (the one
+    that took the dump signal), else the last one listed (CPython lists the
+    main thread last). None when the text holds no frame.
+    """
+    if not stack:
+        return None
+    blocks: list[tuple[bool, list[str]]] = []
+    for line in stack.splitlines():
+        header = _THREAD_HEADER.match(line)
+        if header:
+            blocks.append((header.group(1) == "Current thread", []))
+            continue
+        frame = _FRAME.match(line)
+        if frame:
+            if not blocks:
+                blocks.append((False, []))
+            blocks[-1][1].append(frame.group(1))
+    blocks = [b for b in blocks if b[1]]
+    if not blocks:
+        return None
+    current = [files for is_current, files in blocks if is_current]
+    files = current[0] if current else blocks[-1][1]
+    return bool(_COLLECTIVE_PATH.search(files[0]))  # most recent call first
+
+
+def evidence_of_hang(hang: HangDetected, node: Optional[str]) -> RankEvidence:
+    """The evidence a ``hang_detected`` record (with its stack, as the monitor wrote it) gives."""
+    return RankEvidence(
+        rank=hang.rank, pid=hang.pid, node=node, iteration=hang.iteration,
+        section=hang.section or (hang.open_sections[-1] if hang.open_sections else None),
+        last_activity=hang.deadline_time - hang.timeout, stalled_for=hang.elapsed, hung=True,
+        in_collective=stack_in_collective(hang.stack), stack_dump_file=hang.stack_dump_file)
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The outcome of :func:`diagnose`: culprits and waiters (ordered by rank) and why, in one line."""
+
+    culprits: list[RankEvidence]
+    waiting: list[RankEvidence]
+    evidence: str
+
+    def headline(self) -> str:
+        """The one line a human reads first: what each culprit did, and who waited for it."""
+        parts = [_story(e) for e in self.culprits]
+        them = "it" if len(self.culprits) == 1 else "them"
+        if self.waiting:
+            parts.append(f"ranks {_ranks(self.waiting)} were waiting for {them}")
+        else:
+            parts.append("no rank was only waiting")
+        return "; ".join(parts)
+
+    def to_event(self, cycle: int, decided_by: Optional[str]) -> Diagnosis:
+        return Diagnosis(cycle=cycle, culprits=[e.rank for e in self.culprits],
+                         waiting=[e.rank for e in self.waiting], evidence=self.evidence, headline=self.headline(),
+                         culprit_nodes=sorted({e.node for e in self.culprits if e.node}), decided_by=decided_by)
+
+
+def diagnose(evidence: Sequence[RankEvidence]) -> Optional[Verdict]:
+    """Name the culprit(s) of a hang from the ``evidence`` of every rank (see the module docstring).
+
+    A rank given twice (e.g. a hang record and a snapshot) counts once: the
+    hang record wins. None when there is no evidence at all.
+    """
+    by_rank: dict[int, RankEvidence] = {}
+    for e in sorted(evidence, key=lambda e: not e.hung):  # hang records first: they win
+        by_rank.setdefault(e.rank, e)
+    if not by_rank:
+        return None
+    everyone = [by_rank[rank] for rank in sorted(by_rank)]
+    suspects = everyone
+    why: list[str] = []
+
+    outside = [e for e in suspects if e.in_collective is False]
+    inside = [e for e in suspects if e.in_collective]
+    if outside and inside:
+        suspects = [e for e in suspects if not e.in_collective]
+        why.append(f"ranks {_ranks(inside)} blocked in a collective, ranks {_ranks(outside)} elsewhere")
+
+    iterations = [e.iteration for e in suspects if e.iteration is not None]
+    if iterations and min(iterations) != max(iterations):
+        lowest = min(iterations)
+        ahead = [e for e in suspects if e.iteration is not None and e.iteration > lowest]
+        suspects = [e for e in suspects if e.iteration is None or e.iteration == lowest]
+        why.append(f"lowest iteration {lowest} (ranks {_ranks(suspects)}; ranks {_ranks(ahead)} further)")
+
+    stopped = [e.last_activity for e in suspects if e.last_activity is not None]
+    if stopped and all(e.in_collective is None for e in suspects):
+        first = min(stopped)
+        later = [e for e in suspects if e.last_activity is not None and e.last_activity > first + STOPPED_FIRST_MARGIN]
+        if later:
+            suspects = [e for e in suspects if e not in later]
+            why.append(f"ranks {_ranks(suspects)} stopped first (ranks {_ranks(later)} were alive "
+                       f"> {STOPPED_FIRST_MARGIN:g} s later)")
+
+    if not why:
+        why.append("nothing tells the ranks apart (same iteration, no stack shows a rank waiting in a collective)")
+    waiting = [e for e in everyone if e not in suspects]
+    return Verdict(culprits=suspects, waiting=waiting, evidence="; ".join(why))
+
+
+def _story(e: RankEvidence) -> str:
+    where = f"in section {e.section}" if e.section else "outside any section"
+    at = f"at iteration {e.iteration}" if e.iteration is not None else "(no iteration reported)"
+    node = f"node {e.node}, " if e.node else ""
+    length = f" for {e.stalled_for:.1f} s" if e.stalled_for is not None else ""
+    return f"rank {e.rank} ({node}pid {e.pid}) hung {where} {at}{length}"
+
+
+def _ranks(evidence: Sequence[RankEvidence]) -> str:
+    return ", ".join(str(e.rank) for e in evidence)

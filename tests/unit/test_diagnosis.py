@@ -1,0 +1,121 @@
+"""The culprit ranking rule (ft_core.diagnosis) and the monitor's snapshot waiting (ft_core.monitor.snapshot)."""
+
+from __future__ import annotations
+
+from ft_core.diagnosis import STOPPED_FIRST_MARGIN, diagnose, stack_in_collective
+from ft_core.events import RankEvidence
+from ft_core.monitor.hang import DumpWait
+from ft_core.monitor.snapshot import Snapshot
+
+IN_ALL_REDUCE = """Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2501 in all_reduce
+  File "/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py", line 83 in wrapper
+  File "/job/train.py", line 40 in main
+"""
+IN_SLEEP = """Thread 0x00007f0000000002 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/elastic/timer.py", line 9 in watch
+  File "/usr/lib/python3.11/threading.py", line 975 in run
+
+Thread 0x00007f0000000001 (most recent call first):
+  File "/job/train.py", line 12 in inject
+  File "/job/train.py", line 40 in main
+"""
+
+
+def ev(rank, **fields):
+    return RankEvidence(rank=rank, pid=100 + rank, node="h:1", **fields)
+
+
+def ranks(verdict):
+    return [e.rank for e in verdict.culprits], [e.rank for e in verdict.waiting]
+
+
+def test_stacks_name_the_rank_outside_the_collective_even_when_the_waiter_expired_first():
+    verdict = diagnose([ev(0, iteration=25, section="step", hung=True, stalled_for=3.0, in_collective=True),
+                        ev(1, iteration=25, section="step", stalled_for=2.9, in_collective=False)])
+    assert ranks(verdict) == ([1], [0])
+    assert verdict.headline() == ("rank 1 (node h:1, pid 101) hung in section step at iteration 25 for 2.9 s; "
+                                  "ranks 0 were waiting for it")
+    event = verdict.to_event(cycle=4, decided_by="h:1")
+    assert (event.culprits, event.waiting, event.culprit_nodes, event.cycle) == ([1], [0], ["h:1"], 4)
+
+
+def test_the_lowest_iteration_is_the_culprit():
+    verdict = diagnose([ev(0, iteration=26), ev(1, iteration=25), ev(2, iteration=26)])
+    assert ranks(verdict) == ([1], [0, 2])
+    assert "lowest iteration 25" in verdict.evidence
+
+
+def test_ties_at_the_lowest_iteration_name_every_tied_rank():
+    assert ranks(diagnose([ev(0, iteration=7), ev(1, iteration=5), ev(2, iteration=5)])) == ([1, 2], [0])
+
+
+def test_all_ranks_hung_at_the_same_iteration_are_all_culprits():
+    verdict = diagnose([ev(r, iteration=9, hung=True, stalled_for=3.0) for r in range(3)])
+    assert ranks(verdict) == ([0, 1, 2], [])
+    assert verdict.headline().endswith("; no rank was only waiting")
+    assert "nothing tells the ranks apart" in verdict.evidence
+
+
+def test_a_rank_without_iteration_info_stays_a_suspect_until_its_stack_clears_it():
+    assert ranks(diagnose([ev(0, iteration=3), ev(1), ev(2, iteration=4)])) == ([0, 1], [2])
+    cleared = diagnose([ev(0, iteration=3, in_collective=False), ev(1, in_collective=True)])
+    assert ranks(cleared) == ([0], [1])
+    assert "(no iteration reported)" in diagnose([ev(1)]).headline()
+
+
+def test_collective_stacks_tell_nothing_when_every_rank_is_in_one():
+    assert ranks(diagnose([ev(0, iteration=5, in_collective=True), ev(1, iteration=4, in_collective=True)])) \
+        == ([1], [0])
+
+
+def test_who_stopped_first_decides_only_without_stacks_and_beyond_the_margin():
+    late = 100.0 + STOPPED_FIRST_MARGIN + 0.5
+    assert ranks(diagnose([ev(0, iteration=5, last_activity=late), ev(1, iteration=5, last_activity=100.0)])) \
+        == ([1], [0])
+    # Within the margin: ranks in lock-step, a tie.
+    assert ranks(diagnose([ev(0, iteration=5, last_activity=100.5), ev(1, iteration=5, last_activity=100.0)])) \
+        == ([0, 1], [])
+    # A waiter often stopped first (the culprit heartbeated, then hung): its stack wins over timing.
+    assert ranks(diagnose([ev(0, iteration=5, last_activity=100.0, in_collective=True),
+                           ev(1, iteration=5, last_activity=late, in_collective=False)])) == ([1], [0])
+
+
+def test_a_hang_record_wins_over_a_snapshot_of_the_same_rank():
+    verdict = diagnose([ev(1, iteration=2, in_collective=True), ev(1, iteration=2, hung=True, in_collective=False),
+                        ev(0, iteration=2, in_collective=True)])
+    assert ranks(verdict) == ([1], [0]) and verdict.culprits[0].hung
+
+
+def test_no_evidence_no_verdict():
+    assert diagnose([]) is None
+
+
+def test_stack_classification():
+    assert stack_in_collective(IN_ALL_REDUCE) is True
+    assert stack_in_collective(IN_SLEEP) is False  # the main thread (listed last) is outside torch.distributed
+    assert stack_in_collective("") is None and stack_in_collective("garbage") is None
+
+
+def test_snapshot_waits_for_every_dump_then_classifies_each_stack():
+    snapshot = Snapshot()
+    snapshot.add(ev(1, iteration=3), "/d1", DumpWait(offset=10, deadline=51.0))
+    snapshot.add(ev(0, iteration=3), "/d0", DumpWait(offset=0, deadline=51.0))
+    snapshot.add(ev(2, iteration=3))  # no dump asked (it cannot dump): recorded as it is
+    sizes = {"/d0": 0, "/d1": 10}
+    assert snapshot.poll(50.0, sizes.__getitem__) is not None  # nothing written yet
+    sizes.update({"/d0": 300, "/d1": 250})
+    assert snapshot.poll(50.01, sizes.__getitem__) is not None  # still growing
+    assert snapshot.poll(50.02, sizes.__getitem__) is None  # settled
+    stacks = {("/d0", 0): IN_ALL_REDUCE, ("/d1", 10): IN_SLEEP}
+    record = snapshot.record(lambda path, offset: stacks[(path, offset)])
+    assert [(e.rank, e.in_collective, e.stack_dump_file) for e in record.ranks] == \
+        [(0, True, "/d0"), (1, False, "/d1"), (2, None, None)]
+
+
+def test_snapshot_gives_up_on_a_rank_that_never_dumps_at_its_deadline():
+    snapshot = Snapshot()
+    snapshot.add(ev(0), "/d0", DumpWait(offset=0, deadline=50.5))
+    assert snapshot.poll(50.4, lambda _path: 0) is not None
+    assert snapshot.poll(50.5, lambda _path: 0) is None
+    assert snapshot.record(lambda _path, _offset: "").ranks[0].in_collective is None
