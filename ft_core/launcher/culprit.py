@@ -1,8 +1,12 @@
 """One diagnosis per faulty cycle for the whole job: every node's evidence meets in the job store.
 
-Each launcher whose cycle ended for a hang (its own, or another node's
-decision) shares the evidence of its ranks under ``diagnosis/<cycle>/evidence/<group
-rank>``. The launcher that decided the cycle's end gathers the evidence of every
+The launcher that decides the end of a cycle for a hang first marks
+``diagnosis/<cycle>/wanted``; for any other end it publishes ``null`` at once,
+so a node told of another node's decision snapshots its ranks (stack dumps
+take up to ``stack_dump_timeout``) only when a diagnosis is wanted -- a crash
+restarts as fast as before. Each launcher whose cycle ended for a hang (its
+own, or another node's) shares the evidence of its ranks under
+``diagnosis/<cycle>/evidence/<group rank>``. The launcher that decided the cycle's end gathers the evidence of every
 node (waiting at most :data:`EVIDENCE_TIMEOUT` for late ones), runs
 :func:`ft_core.diagnosis.diagnose` and publishes the result under
 ``diagnosis/<cycle>`` -- or ``null`` when its fault was no hang -- so the
@@ -44,6 +48,18 @@ class CulpritExchange:
         self.node = node
         #: The others snapshot their ranks (stack dumps included) before they share.
         self.evidence_timeout = EVIDENCE_TIMEOUT + stack_dump_timeout
+
+    def request(self, cycle: int) -> None:
+        """As the deciding node of a hang: ask every node for its evidence."""
+        self._store.set(f"diagnosis/{cycle}/wanted", "1")
+
+    def requested(self, cycle: int) -> bool:
+        """As another node: whether the decider wants evidence (False: its fault was no hang, or it is gone)."""
+        wanted, result = f"diagnosis/{cycle}/wanted", f"diagnosis/{cycle}"
+        # The decider marks or publishes right after deciding, before any node can learn of the decision.
+        wait_until(lambda: self._store.get(wanted) is not None or self._store.get(result) is not None,
+                   self.evidence_timeout)
+        return self._store.get(wanted) is not None
 
     def share(self, cycle: int, group_rank: int, evidence: Sequence[RankEvidence]) -> None:
         self._store.set(f"diagnosis/{cycle}/evidence/{group_rank}", msgspec.json.encode(list(evidence)).decode())
