@@ -187,6 +187,11 @@ class JobCoordinator:
         # Held so the server lives exactly as long as the cycle it serves.
         self._worker_store_server: Optional[dist.TCPStore] = None
 
+    @property
+    def job_store(self) -> Optional[JobStore]:
+        """The job store (None until the first rendezvous of a static job): other job-wide state lives there too."""
+        return self._job
+
     # -- store plumbing ---------------------------------------------------
     def _state(self) -> JobState:
         assert self._job is not None

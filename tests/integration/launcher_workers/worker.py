@@ -16,6 +16,10 @@ FT_TEST_FAULT_AFTER   path: the fault waits until this file exists; cycles that 
                       exists step until they are stopped
 FT_TEST_STEPS         steps per cycle (default 5); "forever" runs until signalled
 FT_TEST_STEP_TIME     seconds slept per step (default 0.05)
+FT_TEST_FORWARD_TIME  seconds each step spends in a "forward" phase marked with client.timed() (straggler
+                      detection); default: no phase is marked
+FT_TEST_SLOW_RANK     global rank whose forward phase lasts FT_TEST_SLOW_FACTOR (default 1.6) times longer, in
+                      the cycles FT_TEST_FAULT_CYCLES selects
 FT_TEST_CHECKPOINT    report this checkpointed iteration at step 0 (default: none)
 FT_TEST_ON_SIGTERM    "exit0" (exit 0 on SIGTERM) | "ignore"; default: Python's default
 FT_TEST_FALLBACK      JSON object: the fallback_config this worker offers the monitor
@@ -169,8 +173,17 @@ def main() -> int:
     resumed = read_resume_step(resume_file) if resume_file else 0
     if resume_file:
         record(event="resumed", step=resumed, time=time.time())
+    forward = os.environ.get("FT_TEST_FORWARD_TIME")
+    forward_time = float(forward) if forward else None
+    if forward_time is not None and os.environ.get("FT_TEST_SLOW_RANK") == str(RANK) and cycle_selected():
+        forward_time *= float(os.environ.get("FT_TEST_SLOW_FACTOR", "1.6"))
     step = 0
     while steps == "forever" or step < int(steps):
+        if forward_time is not None:
+            if step == 0:
+                record(event="first_phase", time=time.time())
+            with client.timed("forward"):
+                time.sleep(forward_time)
         if step == 0 and checkpoint is not None:
             client.report_checkpoint(int(checkpoint))
         if step >= fault_step and kind not in ("none", "forever"):
