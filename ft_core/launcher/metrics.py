@@ -121,7 +121,7 @@ class LauncherMetrics:
                     self._scores[(score.rank, score.phase)] = (score.relative, score.individual)
 
     # -- the endpoint -----------------------------------------------------------
-    def start(self, port: int, addr: str = "") -> int:
+    def start(self, port: int, addr: str = "0.0.0.0") -> int:
         """Serve ``/metrics`` on ``port`` (0: a free port); returns the port and logs the address."""
         try:
             from prometheus_client import CollectorRegistry, start_http_server
@@ -132,7 +132,7 @@ class LauncherMetrics:
         registry.register(self)  # type: ignore[arg-type]  # a Collector is anything with collect()
         self._server, _thread = start_http_server(port, addr=addr, registry=registry)
         bound = int(self._server.server_address[1])
-        log.info("metrics endpoint: http://%s:%d/metrics", addr or "0.0.0.0", bound)
+        log.info("metrics endpoint: http://%s:%d/metrics", addr, bound)
         return bound
 
     def stop(self) -> None:

@@ -42,13 +42,14 @@ def value(samples: Samples, name: str, **labels: str) -> Optional[float]:
 def test_restart_counter_and_heartbeat_age_move_during_a_hang(tmp_path):
     trigger = tmp_path / "hang-now"
     with LauncherGroup(tmp_path) as group:
-        launcher = group.start("--ft-metrics-port=0", nproc=2, FT_TEST_TORCH="0", FT_TEST_FAULT="hang",
+        launcher = group.start("--ft-metrics-port=0", "--max-restarts=1", nproc=2, FT_TEST_TORCH="0", FT_TEST_FAULT="hang",
                                FT_TEST_FAULT_RANK="1", FT_TEST_FAULT_AFTER=str(trigger), FT_TEST_STEPS="40",
                                FT_TEST_STEP_TIME="0.05")
         # Port 0: the launcher picked a free port and logged it.
-        port = int(wait_for(lambda: re.search(r"metrics endpoint: http://[\d.]+:(\d+)/metrics", launcher.output()),
-                            60, "the metrics endpoint's log line").group(1))
-        node = launcher.events("launcher_started")[0]["node"]
+        logged = wait_until(lambda: re.search(r"metrics endpoint: http://[\d.]+:(\d+)/metrics", launcher.output()),
+                            60)
+        assert logged, launcher.output()[-3000:]
+        port = int(logged.group(1))
 
         def both_ranks_alive() -> Optional[Samples]:
             samples = scrape(port)
@@ -56,6 +57,7 @@ def test_restart_counter_and_heartbeat_age_move_during_a_hang(tmp_path):
             return samples if all(a is not None and a < 1.5 for a in ages) else None
 
         before = wait_for(both_ranks_alive, 120, "both ranks connected and heartbeating")
+        node = launcher.events("launcher_started")[0]["node"]
         assert value(before, "ft_cycle", node=node) == 0
         assert value(before, "ft_restarts_total", kind="hang") is None
         assert value(before, "ft_goodput_ratio") == pytest.approx(1.0)
