@@ -55,6 +55,7 @@ __all__ = [
     "DEFAULT_WINDOW",
     "MAX_PHASE_NAME",
     "MAX_PHASES_PER_RANK",
+    "Phase",
     "PhaseMedian",
     "PhaseScore",
     "PhaseWindows",
@@ -74,6 +75,15 @@ MAX_PHASES_PER_RANK = 16
 MAX_PHASE_NAME = 64
 #: Durations below this count as this much: a phase of 0 s would give an infinite score.
 _FLOOR = 1e-6
+
+
+class Phase(str, enum.Enum):
+    """The phases the integrations mark (any other name works with ``client.timed``)."""
+
+    #: From the end of the previous batch to the start of this one (Lightning: fetching the batch).
+    DATA = "data"
+    #: From the start of the batch to the backward pass (Lightning: ``training_step``).
+    FORWARD = "forward"
 
 
 class StragglerAction(str, enum.Enum):

@@ -129,7 +129,7 @@ class LauncherMetrics:
             raise MetricsUnavailableError(
                 "--ft-metrics-port needs prometheus-client: pip install 'ft-suite[metrics]'") from None
         registry = CollectorRegistry(auto_describe=False)
-        registry.register(self)  # type: ignore[arg-type]  # a Collector is anything with collect()
+        registry.register(self)  # a Collector is anything with collect()
         self._server, _thread = start_http_server(port, addr=addr, registry=registry)
         bound = int(self._server.server_address[1])
         log.info("metrics endpoint: http://%s:%d/metrics", addr, bound)
@@ -180,9 +180,9 @@ class LauncherMetrics:
                                       labels=["node"]), node, self._late_seconds)
             scores = GaugeMetricFamily("ft_straggler_score", "Latest straggler score of each local rank and phase "
                                        "(1.0 typical, lower is slower)", labels=["node", "rank", "phase", "kind"])
-            for (rank, phase), (relative, individual) in sorted(self._scores.items()):
-                scores.add_metric([node, str(rank), phase, "relative"], relative)
-                scores.add_metric([node, str(rank), phase, "individual"], individual)
+            for (scored, phase), (relative, individual) in sorted(self._scores.items()):
+                scores.add_metric([node, str(scored), phase, "relative"], relative)
+                scores.add_metric([node, str(scored), phase, "individual"], individual)
             yield scores
         status = read_status(self._status_path)
         ages = GaugeMetricFamily("ft_rank_heartbeat_age_seconds", "Seconds since each connected rank's last "
@@ -191,13 +191,13 @@ class LauncherMetrics:
                                     labels=["node", "rank"])
         last_step = GaugeMetricFamily("ft_rank_last_step_duration_seconds", "Duration of each rank's last 'step' "
                                       "section", labels=["node", "rank"])
-        for rank in sorted(status.ranks if status is not None else [], key=lambda r: r.rank):
-            labels = [node, str(rank.rank)]
-            if rank.last_activity is not None:
-                ages.add_metric(labels, max(0.0, now - rank.last_activity))
-            steps.add_metric(labels, count_value=rank.steps, sum_value=rank.step_seconds)
-            if rank.last_step_seconds is not None:
-                last_step.add_metric(labels, rank.last_step_seconds)
+        for watched in sorted(status.ranks if status is not None else [], key=lambda r: r.rank):
+            labels = [node, str(watched.rank)]
+            if watched.last_activity is not None:
+                ages.add_metric(labels, max(0.0, now - watched.last_activity))
+            steps.add_metric(labels, count_value=watched.steps, sum_value=watched.step_seconds)
+            if watched.last_step_seconds is not None:
+                last_step.add_metric(labels, watched.last_step_seconds)
         yield ages
         yield steps
         yield last_step
