@@ -36,7 +36,9 @@ import select
 import socket
 import sys
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import IO, Any, Optional
 
 from ft_core.config import FaultToleranceConfig
@@ -60,6 +62,7 @@ from ft_core.protocol import (
     Hello,
     HelloAck,
     Message,
+    PhaseTime,
     ProtocolError,
     ReportCheckpoint,
     Role,
@@ -72,6 +75,7 @@ from ft_core.protocol import (
     request,
     send_msg,
 )
+from ft_core.straggler import check_phase_sample
 from ft_core.timeouts import (
     CURRENT_TIMEOUTS_KEY,
     HeartbeatTimeouts,
@@ -331,6 +335,30 @@ class RankMonitorClient:
         self._open.clear()
         if tracked_open:
             self._send_state(encode(EndAllSections()))
+
+    # -- straggler detection ----------------------------------------------
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Time a rank-local phase (no collective inside: data fetch, forward...) for straggler detection.
+
+        ``with client.timed("forward"): loss = model(batch)`` sends one small
+        one-way message when the block ends (not when it raises). Nothing is
+        sent while straggler detection is off (``straggler_report_interval``
+        none). See :mod:`ft_core.straggler` for why a phase must not contain a
+        collective.
+        """
+        started = time.monotonic()
+        yield
+        self.record_phase(phase, time.monotonic() - started)
+
+    def record_phase(self, phase: str, seconds: float) -> None:
+        """Report that ``phase`` took ``seconds`` (what :meth:`timed` sends; for phases timed elsewhere)."""
+        self._require_init("record_phase")
+        problem = check_phase_sample(phase, seconds)
+        if problem is not None:
+            raise RankMonitorClientError(f"record_phase: {problem}")
+        if self.cfg is not None and self.cfg.straggler_report_interval is not None:
+            self._send_oneway(encode(PhaseTime(phase, float(seconds))), heartbeat=False)
 
     def set_iteration(self, iteration: Optional[int]) -> None:
         """The training iteration reported with later heartbeats and sections."""

@@ -42,10 +42,12 @@ import msgspec
 import yaml
 
 from ft_core.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES_LIMIT
+from ft_core.straggler import DEFAULT_WINDOW, StragglerAction
 from ft_core.validation import (
     ValidationError,
     boolean,
     convert,
+    enum_member,
     int_in_range,
     is_none_word,
     positive_seconds,
@@ -211,6 +213,19 @@ def _count(minimum: int, maximum: int = _MAX_COUNT) -> Callable[[str, Any], int]
     return functools.partial(int_in_range, minimum=minimum, maximum=maximum, coerce=True)
 
 
+def _score_threshold(name: str, value: Any) -> float:
+    threshold: float = convert(name, value, Annotated[float, msgspec.Meta(gt=0, le=1)],
+                               "a score in (0, 1], e.g. 0.75 (about 33 % slower than typical)", coerce=True)
+    return threshold
+
+
+def _port_or_none(name: str, value: Any) -> Optional[int]:
+    """A TCP port (0: any free one), or None/"none" for no endpoint."""
+    if is_none_word(value):
+        return None
+    return int_in_range(name, value, 0, 65535, coerce=True)
+
+
 #: How each field is checked and converted; values from YAML and the command line arrive as text.
 _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "workload_check_interval": _seconds(maximum=_MAX_CHECK_INTERVAL),
@@ -233,6 +248,12 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "max_no_progress_cycles": _count(-1),
     "min_progress_iterations": _count(1),
     "checkpoint_iteration_file": _optional_file,
+    "straggler_report_interval": _seconds(allow_none=True),
+    "straggler_threshold": _score_threshold,
+    "straggler_consecutive_reports": _count(1),
+    "straggler_window": _count(1, 100_000),
+    "straggler_action": functools.partial(enum_member, enum_type=StragglerAction, coerce=True),
+    "metrics_port": _port_or_none,
 }
 
 #: Keys of NVRx's ``FaultToleranceConfig`` (releases 0.3 to 0.6 and its main branch) that this
@@ -306,6 +327,19 @@ class FaultToleranceConfig:
     min_progress_iterations: int = 1
     #: File holding the latest checkpointed iteration (one integer), read by ft_launcher.
     checkpoint_iteration_file: Optional[str] = None
+    #: Seconds between straggler reports (see :mod:`ft_core.straggler`); None disables detection. Costs
+    #: nothing while no rank marks phases.
+    straggler_report_interval: Optional[float] = 60.0
+    #: A rank whose relative score (typical phase median / its median) stays below this is a straggler.
+    straggler_threshold: float = 0.75
+    #: ... for this many consecutive reports.
+    straggler_consecutive_reports: int = 3
+    #: Phase durations kept per rank and phase (the rolling window the medians are taken over).
+    straggler_window: int = DEFAULT_WINDOW
+    #: What the launchers do about a straggler: report, restart (the cycle) or exclude-node.
+    straggler_action: StragglerAction = StragglerAction.REPORT
+    #: Port of the launcher's Prometheus endpoint (0: a free port, logged); None: no endpoint.
+    metrics_port: Optional[int] = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FaultToleranceConfig:
         # The generated __init__ cannot tell a value that was given from a default that equals
@@ -380,6 +414,7 @@ class FaultToleranceConfig:
         data = dataclasses.asdict(self)
         for key in ("rank_termination_signal", "stack_dump_signal"):
             data[key] = data[key].name if data[key] is not None else None
+        data["straggler_action"] = self.straggler_action.value
         return data
 
     def to_json(self) -> str:
@@ -503,6 +538,15 @@ _FIELD_HELP = {
     "min_progress_iterations": "a cycle made progress if the checkpointed iteration grew by at least N",
     "checkpoint_iteration_file": "file holding the latest checkpointed iteration (one integer); progress signal "
                                  "in addition to RankMonitorClient.report_checkpoint()",
+    "straggler_report_interval": "seconds between straggler reports (medians of the ranks' phase durations), or "
+                                 "none to disable straggler detection",
+    "straggler_threshold": "a rank whose relative score (typical median / its median) stays below this is a "
+                           "straggler",
+    "straggler_consecutive_reports": "... for this many consecutive reports",
+    "straggler_window": "phase durations kept per rank and phase (the window the medians are taken over)",
+    "straggler_action": "what to do about a straggler: report, restart (the cycle) or exclude-node",
+    "metrics_port": "port of the launcher's Prometheus endpoint (0: any free port, logged), or none "
+                    "(needs the 'metrics' extra: prometheus-client)",
 }
 
 

@@ -34,6 +34,7 @@ from typing import Any, Optional, Union
 import msgspec
 
 from ft_core.jobdir import open_private_log
+from ft_core.straggler import PhaseMedian, StragglerAction
 
 __all__ = [
     "CheckpointReported",
@@ -51,6 +52,7 @@ __all__ = [
     "MonitorDied",
     "MonitorLate",
     "MonitorStarted",
+    "PhaseMedians",
     "Progress",
     "RankConnected",
     "RankDisconnected",
@@ -60,6 +62,7 @@ __all__ = [
     "Restart",
     "RestartKind",
     "SignalReceived",
+    "Straggler",
     "TimeoutsUpdated",
     "WorkerExit",
     "WorkersStopped",
@@ -86,6 +89,7 @@ class EventName(str, enum.Enum):
     CONNECTION_REJECTED = "connection_rejected"
     MONITOR_LATE = "monitor_late"
     RANKS_SNAPSHOT = "ranks_snapshot"
+    PHASE_MEDIANS = "phase_medians"  # read by the launcher only (straggler detection)
     # written by the launcher
     LAUNCHER_STARTED = "launcher_started"
     CYCLE_START = "cycle_start"
@@ -98,6 +102,7 @@ class EventName(str, enum.Enum):
     MONITOR_DIED = "monitor_died"
     MONITOR_CONNECTION_REJECTED = "monitor_connection_rejected"
     SIGNAL = "signal"
+    STRAGGLER = "straggler"
     EXIT = "exit"
     DIAGNOSIS = "diagnosis"
 
@@ -122,6 +127,7 @@ class RestartKind(str, enum.Enum):
     SHUTDOWN = "shutdown"  # a rank asked for ShutdownWorkload
     PEER = "peer"  # another node decided
     MEMBERSHIP = "membership"  # new nodes are waiting to join
+    STRAGGLER = "straggler"  # a straggler was found and straggler_action is restart
 
     @property
     def is_fault(self) -> bool:
@@ -129,7 +135,9 @@ class RestartKind(str, enum.Enum):
         return self in _FAULTS
 
 
-_FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY})
+#: A straggler restart spends the budget too: a rank that is slow on every restart must not restart forever.
+_FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY,
+                     RestartKind.STRAGGLER})
 
 
 class Event(msgspec.Struct, kw_only=True, frozen=True, tag_field="event", omit_defaults=True):
@@ -237,6 +245,12 @@ class RanksSnapshot(Event, frozen=True, tag=EventName.RANKS_SNAPSHOT.value):
     """The monitor's view of its live (not hung) ranks, taken when the launcher asks at the end of a cycle."""
 
     ranks: list[RankEvidence]
+class PhaseMedians(Event, frozen=True, tag=EventName.PHASE_MEDIANS.value):
+    """The node's per-rank, per-phase window medians at the end of report round ``round``
+    (``floor(unix time / straggler_report_interval)``); only windows with new samples."""
+
+    round: int
+    medians: list[PhaseMedian]
 
 
 # -- records of the launcher ----------------------------------------------------
@@ -326,6 +340,31 @@ class SignalReceived(Event, frozen=True, tag=EventName.SIGNAL.value):
     running_workers: int
 
 
+class Straggler(Event, frozen=True, tag=EventName.STRAGGLER.value):
+    """A rank's relative score stayed below ``threshold`` for ``consecutive`` reports: the same record on every
+    node (``rank_node`` is the launcher hosting the rank; ``node``, as always, the one that wrote it)."""
+
+    cycle: int
+    rank: int
+    rank_node: str
+    phase: str
+    #: Median over all ranks of their medians / this rank's median (1.0 typical, lower is slower).
+    relative_score: float
+    #: This rank's best median in the cycle / its current median.
+    individual_score: float
+    median: float  # this rank's current median duration of the phase, seconds
+    window: int  # samples the median was taken over
+    threshold: float
+    consecutive: int
+    action: StragglerAction
+
+    def describe(self) -> str:
+        """The straggler in one sentence: the log line and, with ``restart``, the restart reason."""
+        return (f"rank {self.rank} on {self.rank_node} is a straggler in phase {self.phase!r}: relative score "
+                f"{self.relative_score:.2f} < {self.threshold:g} for {self.consecutive} reports (median "
+                f"{self.median:.4f} s over {self.window} samples; individual score {self.individual_score:.2f})")
+
+
 class LauncherExit(Event, frozen=True, tag=EventName.EXIT.value):
     exit_code: int
     reason: str
@@ -349,7 +388,7 @@ class Diagnosis(Event, frozen=True, tag=EventName.DIAGNOSIS.value):
 
 AnyEvent = Union[
     MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported,
-    TimeoutsUpdated, ConnectionRejected, MonitorLate, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
+    TimeoutsUpdated, ConnectionRejected, MonitorLate, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
     WorkersSucceeded, Restart, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
     SignalReceived, LauncherExit, RanksSnapshot, Diagnosis,
 ]

@@ -42,6 +42,7 @@ __all__ = [
     "MAX_HELLO_FRAME_BYTES",
     "MAX_NESTING",
     "Message",
+    "PhaseTime",
     "ProtocolError",
     "ReportCheckpoint",
     "Role",
@@ -123,6 +124,13 @@ class ReportCheckpoint(msgspec.Struct, tag="checkpoint", forbid_unknown_fields=T
     iteration: int
 
 
+class PhaseTime(msgspec.Struct, tag="phase", forbid_unknown_fields=True):
+    """One rank-local phase ended after ``seconds`` (straggler detection; see :mod:`ft_core.straggler`)."""
+
+    name: str
+    seconds: float
+
+
 class Goodbye(msgspec.Struct, tag="bye", forbid_unknown_fields=True):
     """Explicit end of monitoring: the monitor forgets the rank and never kills it."""
 
@@ -140,7 +148,7 @@ class Ack(msgspec.Struct, tag="ack", forbid_unknown_fields=True):
 
 Message = Union[
     Hello, HelloAck, Heartbeat, SectionStart, SectionEnd, EndAllSections, UpdateTimeouts,
-    ReportCheckpoint, Goodbye, WorkloadControl, Ack,
+    ReportCheckpoint, Goodbye, WorkloadControl, Ack, PhaseTime,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

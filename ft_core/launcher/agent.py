@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any, Optional
 
 import msgspec
@@ -43,6 +44,7 @@ from ft_core.events import (
     MonitorDied,
     MonitorLate,
     MonitorStarted,
+    PhaseMedians,
     Progress,
     RankConnected,
     RankDisconnected,
@@ -73,6 +75,8 @@ from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.process import workers_die_with_agent
 from ft_core.launcher.progress import ProgressTracker
+from ft_core.launcher.stragglers import StragglerDetector, StragglerRound
+from ft_core.straggler import StragglerAction
 
 __all__ = ["FtElasticAgent", "Outcome", "Services", "signal_outcome"]
 
@@ -103,6 +107,8 @@ class Services:
     control: WorkloadControlServer
     events: EventLog
     token: str
+    #: Called with every straggler report read (the metrics endpoint's scores); None: nobody listens.
+    on_straggler_round: Optional[Callable[[StragglerRound], None]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +133,10 @@ class FtElasticAgent(LocalElasticAgent):
                                      store=open_job_store(spec.rdzv_handler),
                                      min_progress_iterations=options.min_progress_iterations)
         self._progress = ProgressTracker(options.checkpoint_iteration_file)
+        self._stragglers = None if options.straggler_report_interval is None else StragglerDetector(
+            options.straggler_report_interval, options.straggler_threshold, options.straggler_consecutive_reports,
+            options.straggler_action, services.events.node, lambda: self._coord.job_store,
+            services.on_straggler_round)
         self._cycle: Optional[CycleInfo] = None
         #: hang_detected records of this cycle's workers, by pid.
         self._hangs: dict[int, HangDetected] = {}
@@ -240,7 +250,7 @@ class FtElasticAgent(LocalElasticAgent):
 
         # A rank's request goes first: when the rank exits right after asking (an exception policy
         # does), its exit and its peers' failures are the effect of the request, not a fault to restart.
-        trigger = self._control_trigger() or self._local_trigger(result)
+        trigger = self._control_trigger() or self._local_trigger(result) or self._straggler_trigger()
         decision: Optional[Decision]
         if trigger is not None and trigger.kind is RestartKind.SHUTDOWN:
             decision = self._coord.request_stop(trigger.reason, self._opts.no_restart_exit_code)
@@ -373,6 +383,20 @@ class FtElasticAgent(LocalElasticAgent):
             reasons = [f"rank {rank} failed (exit code {f.exitcode})" for rank, f in result.failures.items()]
         return _Trigger(kind, "; ".join(reasons), self._failed_at or now)
 
+    def _straggler_trigger(self) -> Optional[_Trigger]:
+        """Log the stragglers of a new job-wide report; a trigger when straggler_action asks for one."""
+        wg = self._worker_group
+        if self._stragglers is None or wg.group_rank is None or wg.group_world_size is None:
+            return None
+        trigger = None
+        for straggler in self._stragglers.poll(self._cycle_number(), wg.group_rank, wg.group_world_size):
+            self._svc.events.write(straggler)
+            if straggler.action is StragglerAction.RESTART:
+                trigger = _Trigger(RestartKind.STRAGGLER, straggler.describe(), time.time())
+            elif straggler.action is StragglerAction.EXCLUDE_NODE and straggler.rank_node == self._svc.events.node:
+                trigger = _Trigger(RestartKind.EXCLUDED, straggler.describe(), time.time())
+        return trigger
+
     def _control_trigger(self) -> Optional[_Trigger]:
         request = self._svc.control.pop()
         if request is None:
@@ -407,6 +431,10 @@ class FtElasticAgent(LocalElasticAgent):
                 case MonitorLate():
                     self._svc.events.monitor_late(ev.late)
                     self._svc.events.write(ev)
+                case PhaseMedians():
+                    wg = self._worker_group
+                    if self._stragglers is not None and wg.group_rank is not None:
+                        self._stragglers.publish(ev, self._cycle_number(), wg.group_rank)
 
     def _read_progress_file(self) -> None:
         iteration = self._progress.poll_file()

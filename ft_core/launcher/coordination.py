@@ -189,7 +189,7 @@ class JobCoordinator:
 
     @property
     def job_store(self) -> Optional[JobStore]:
-        """The job store (None until the first rendezvous for the static backend)."""
+        """The job store (None until the first rendezvous of a static job): other job-wide state lives there too."""
         return self._job
 
     # -- store plumbing ---------------------------------------------------

@@ -16,6 +16,7 @@ import collections
 import os
 import socket
 import time
+from collections.abc import Callable
 from typing import Optional
 
 from ft_core.events import Diagnosis, Event, EventWriter, RestartKind
@@ -50,12 +51,17 @@ class EventLog:
         self.restarts: list[tuple[int, str]] = []
         #: The job-wide diagnosis of every hang, in order (the same on every node).
         self.diagnoses: list[Diagnosis] = []
+        #: Called with every record written (e.g. the metrics endpoint's accounting).
+        self.observers: list[Callable[[Event], None]] = []
 
     def write(self, record: Event) -> Event:
         """Append one record (stamped with this node); returns what was written."""
         if self._writer is None:
             return record
-        return self._writer.write(record)
+        record = self._writer.write(record)
+        for observe in self.observers:
+            observe(record)
+        return record
 
     def fault(self, kind: RestartKind) -> None:
         """Count a fault seen on this node, for the summary."""

@@ -24,9 +24,11 @@ from ft_core.jobdir import claim_job_dir, saved_stacks_dir
 from ft_core.launcher.agent import FtElasticAgent, Outcome, Services, signal_outcome
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
+from ft_core.launcher.metrics import LauncherMetrics
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.rendezvous_records import use_cheap_method_names
+from ft_core.monitor.status import status_path
 
 __all__ = ["launch"]
 
@@ -45,6 +47,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     monitor = NodeMonitor(cfg, job_dir, token, stacks_dir=saved_stacks_dir(events.path))
     control = None
     agent = None
+    prometheus: LauncherMetrics | None = None
     outcome = Outcome(1, "the launcher failed before the job started")
     # Workers get a fresh store per cycle from FtElasticAgent, so torch's shared rendezvous store
     # server is not needed; with it, a node that joins later (a hot spare) waits forever for
@@ -55,13 +58,18 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     _install_signal_handlers(config.signals_to_handle)
     use_cheap_method_names()  # a restart's rendezvous would spend most of its time naming its records
     try:
+        if options.metrics_port is not None:
+            prometheus = LauncherMetrics(events, status_path(job_dir))
+            events.observers.append(prometheus.observe)
+            prometheus.start(options.metrics_port)
         monitor.start()
         control = WorkloadControlServer(job_dir.launcher_socket, token, cfg.max_frame_bytes)
         events.write(LauncherStarted(
             run_id=config.run_id, min_nodes=config.min_nodes, max_nodes=config.max_nodes,
             nproc_per_node=config.nproc_per_node, max_restarts=config.max_restarts,
             rdzv_backend=config.rdzv_backend, monitor_pid=monitor.pid, config=cfg.to_dict()))
-        services = Services(monitor, control, events, token)
+        services = Services(monitor, control, events, token,
+                            on_straggler_round=prometheus.observe_round if prometheus is not None else None)
         agent = FtElasticAgent(
             _worker_spec(config, entrypoint, args), config.logs_specs, services=services, options=options,
             start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,
@@ -80,6 +88,8 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
             _release_rendezvous(agent, outcome.rendezvous)
         if control is not None:
             control.close()
+        if prometheus is not None:
+            prometheus.stop()
         monitor.stop()
         claim.release()
         events.write(LauncherExit(exit_code=outcome.exit_code, reason=outcome.reason))

@@ -9,6 +9,7 @@ from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
+from ft_core.straggler import StragglerAction
 from ft_core.validation import boolean, file_path, int_in_range, non_negative_seconds
 
 __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "LauncherOptions", "add_launcher_args"]
@@ -36,6 +37,13 @@ class LauncherOptions:
     events_file: Optional[str] = None
     #: Debug output of the launcher and the monitor, and torch elastic's own log.
     verbose: bool = False
+    #: Straggler detection (``straggler_*`` config keys; ``--ft-straggler-*`` flags); None disables it.
+    straggler_report_interval: Optional[float] = FaultToleranceConfig.straggler_report_interval
+    straggler_threshold: float = FaultToleranceConfig.straggler_threshold
+    straggler_consecutive_reports: int = FaultToleranceConfig.straggler_consecutive_reports
+    straggler_action: StragglerAction = FaultToleranceConfig.straggler_action
+    #: Port of the Prometheus endpoint (``metrics_port``, ``--ft-metrics-port``); None: no endpoint.
+    metrics_port: Optional[int] = FaultToleranceConfig.metrics_port
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, cfg: FaultToleranceConfig) -> LauncherOptions:
@@ -55,6 +63,11 @@ class LauncherOptions:
             checkpoint_iteration_file=cfg.checkpoint_iteration_file,
             events_file=file_path("--ft-events-file", args.ft_events_file),
             verbose=boolean("--verbose", args.verbose, coerce=True),
+            straggler_report_interval=cfg.straggler_report_interval,
+            straggler_threshold=cfg.straggler_threshold,
+            straggler_consecutive_reports=cfg.straggler_consecutive_reports,
+            straggler_action=cfg.straggler_action,
+            metrics_port=cfg.metrics_port,
         )
 
 

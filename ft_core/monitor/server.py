@@ -41,6 +41,7 @@ import dataclasses
 import errno
 import hmac
 import logging
+import math
 import os
 import selectors
 import signal
@@ -60,6 +61,7 @@ from ft_core.events import (
     HangReason,
     MonitorLate,
     MonitorStarted,
+    PhaseMedians,
     RankConnected,
     RankDisconnected,
     RankEvidence,
@@ -75,6 +77,7 @@ from ft_core.jobdir import (
 from ft_core.monitor.hang import DumpWait, Expiry, Hang
 from ft_core.monitor.process import MonitorProcess, run_in_subprocess
 from ft_core.monitor.snapshot import Snapshot
+from ft_core.monitor.status import STATUS_INTERVAL, MonitorStatus, RankStatus, status_path, write_status
 from ft_core.protocol import (
     MAX_HELLO_FRAME_BYTES,
     Ack,
@@ -85,6 +88,7 @@ from ft_core.protocol import (
     Hello,
     HelloAck,
     Message,
+    PhaseTime,
     ProtocolError,
     ReportCheckpoint,
     Role,
@@ -96,6 +100,7 @@ from ft_core.protocol import (
     encode,
 )
 from ft_core.ratelimit import LogThrottle
+from ft_core.straggler import MAX_PHASES_PER_RANK, PhaseWindows, check_phase_sample
 from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, WarmupRule, apply_calculated
 
 __all__ = [
@@ -182,6 +187,10 @@ class WatchedRank:
     cpu_probe: Optional[_CpuProbe] = None
     #: Set once a deadline passed; the rank is never watched again.
     hang: Optional[Hang] = None
+    #: ``step`` sections completed, their total and last duration (seconds): for the metrics endpoint.
+    steps: int = 0
+    step_seconds: float = 0.0
+    last_step_seconds: Optional[float] = None
     #: Which timeout times each ``step`` during warm-up; one rule per connection (= per cycle).
     warmup: WarmupRule = dataclasses.field(init=False)
 
@@ -205,7 +214,12 @@ class WatchedRank:
     def section_end(self, name: str, now: float) -> bool:
         """Close ``name``; False if it was not open. Out-of-section time starts when none is left open."""
         self.touch(now)
-        was_open = self.open_sections.pop(name, None) is not None
+        section = self.open_sections.pop(name, None)
+        was_open = section is not None
+        if section is not None and name == "step":
+            self.steps += 1
+            self.last_step_seconds = now - section.started
+            self.step_seconds += self.last_step_seconds
         if not self.open_sections:
             self.out_of_section_since = now
         return was_open
@@ -321,6 +335,12 @@ class RankMonitorServer:
         self._snapshot: Optional[Snapshot] = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
+        #: Straggler detection: phase durations per rank, and the report round last closed (see :meth:`_periodic`).
+        self._phases = PhaseWindows(cfg.straggler_window)
+        self._phase_round: Optional[int] = None
+        #: The live status file for the launcher's metrics endpoint, and when it is due; None: metrics off.
+        self._status_path = status_path(self.job_dir) if cfg.metrics_port is not None else None
+        self._status_due = 0.0
 
     # -- setup / teardown -------------------------------------------------
     def _listen(self) -> None:
@@ -399,7 +419,7 @@ class RankMonitorServer:
         try:
             while self._running:
                 # Judge only after the previous pass read every readable connection.
-                timeout = self._check_deadlines(self._now())
+                timeout = min(self._check_deadlines(self._now()), self._periodic())
                 planned_wake = time.monotonic() + timeout
                 ready = self._selector.select(timeout)
                 self._grant_lateness(time.monotonic() - planned_wake)
@@ -415,6 +435,47 @@ class RankMonitorServer:
                     break
         finally:
             self.close()
+
+    def _periodic(self) -> float:
+        """Close a straggler report round and write the status file when due; returns seconds until next due.
+
+        Rounds are wall-clock aligned (round ``k`` ends at ``k * interval`` unix seconds) so that the rounds of
+        every node of the job end together and the launcher can judge them side by side. Nothing is written,
+        and the loop does not wake for rounds, while no rank marks phases.
+        """
+        wall = time.time()
+        sleep = math.inf
+        interval = self.cfg.straggler_report_interval
+        if interval is not None:
+            current = math.floor(wall / interval)
+            if self._phase_round is None or current < self._phase_round:
+                self._phase_round = current  # first pass, or the wall clock stepped back
+            elif current > self._phase_round:
+                self._phase_round = current
+                medians = self._phases.report()
+                if medians:
+                    self._record(PhaseMedians(round=current, medians=medians))
+            if self._phases.has_new():
+                sleep = (current + 1) * interval - wall
+        if self._status_path is not None:
+            now = time.monotonic()
+            if now >= self._status_due:
+                self._write_status(wall)
+                self._status_due = now + STATUS_INTERVAL
+            sleep = min(sleep, self._status_due - now)
+        return max(sleep, 0.0)
+
+    def _write_status(self, wall: float) -> None:
+        assert self._status_path is not None
+        now = self._now()
+        ranks = [RankStatus(rank=r.rank, pid=r.pid,
+                            last_activity=None if r.last_activity is None else wall - (now - r.last_activity),
+                            steps=r.steps, step_seconds=r.step_seconds, last_step_seconds=r.last_step_seconds)
+                 for r in (conn.rank for conn in self._connections.values()) if r is not None]
+        try:
+            write_status(self._status_path, MonitorStatus(time=wall, ranks=ranks))
+        except OSError as exc:  # metrics must never stop the monitor
+            log.debug("cannot write the status file %s: %s", self._status_path, exc)
 
     def _grant_lateness(self, late: float) -> None:
         """The loop woke ``late`` seconds after it meant to: that time is not the ranks' fault."""
@@ -624,6 +685,8 @@ class RankMonitorServer:
             if rank.hang is None and not conn.graceful:
                 log.warning("rank %d (pid %d) disconnected without shutdown", rank.rank, rank.pid)
             self._record(RankDisconnected(rank=rank.rank, pid=rank.pid, graceful=conn.graceful))
+        if rank is not None:
+            self._phases.forget(rank.rank)
         conn.rank = None
 
     # -- messages ---------------------------------------------------------
@@ -655,6 +718,14 @@ class RankMonitorServer:
             log.log(logging.INFO if text != self._logged_timeouts else logging.DEBUG, "timeouts: %s", text)
             self._logged_timeouts = text
             self._reply(conn, Ack())
+        elif isinstance(msg, PhaseTime):
+            problem = check_phase_sample(msg.name, msg.seconds)
+            if problem is not None:
+                raise ProtocolError(f"rank {rank.rank}: {problem}")
+            rank.touch(now)
+            if not self._phases.add(rank.rank, msg.name, msg.seconds):
+                log.debug("rank %d marks more than %d phases: %r is not scored", rank.rank, MAX_PHASES_PER_RANK,
+                          msg.name)
         elif isinstance(msg, ReportCheckpoint):
             self._record(CheckpointReported(rank=rank.rank, iteration=msg.iteration))
         elif isinstance(msg, Goodbye):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Optional, Union
 
@@ -13,6 +14,7 @@ from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorCli
 from ft_core.config import FALLBACK_FIELDS, FaultToleranceConfig
 from ft_core.data import WorkloadControlRequest
 from ft_core.monitor.standalone import connect_standalone
+from ft_core.straggler import Phase
 from ft_core.validation import (
     ValidationError,
     boolean,
@@ -191,6 +193,9 @@ class FaultToleranceCallback(Callback):
         self._in_setup = False
         self._checkpointing_open = False
         self._last_reported: Optional[int] = None
+        # Straggler phases (monotonic times): the last batch's end, and this batch's start until its backward.
+        self._batch_ended: Optional[float] = None
+        self._batch_started: Optional[float] = None
 
     # The arguments the session owns, read-only so that the callback and its session cannot disagree.
     @property
@@ -348,6 +353,12 @@ class FaultToleranceCallback(Callback):
             self._session.saw_boundary()
         step = trainer.global_step
         self.client.set_iteration(step)
+        now = time.monotonic()
+        # The data fetch: previous batch end -> this batch start, within an epoch (across an epoch
+        # boundary the gap holds validation and checkpointing, which are not the data loader's).
+        if self._batch_ended is not None and batch_idx > 0:
+            self.client.record_phase(Phase.DATA.value, now - self._batch_ended)
+        self._batch_started = now
         if self._sections:
             self.client.start_section(Section.STEP)
         if self._injector is not None:
@@ -363,6 +374,15 @@ class FaultToleranceCallback(Callback):
         else:
             self.client.send_heartbeat()
         self._session.step_completed(trainer.global_step)
+        self._batch_ended = time.monotonic()
+
+    @override
+    def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+        # The forward pass: batch start -> first backward of the batch (gradient accumulation and
+        # manual optimization may call backward more than once; the first one ends the forward).
+        if self.active and self._batch_started is not None:
+            self.client.record_phase(Phase.FORWARD.value, time.monotonic() - self._batch_started)
+            self._batch_started = None
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

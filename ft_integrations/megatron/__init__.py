@@ -33,6 +33,7 @@ from ft_integrations.megatron.hooks import (
     setup,
     shutdown,
     state_dict,
+    timed,
 )
 from ft_integrations.megatron.state import FT_STATE_FILENAME, get_state, reset_state
 
@@ -55,4 +56,5 @@ __all__ = [
     "setup",
     "shutdown",
     "state_dict",
+    "timed",
 ]

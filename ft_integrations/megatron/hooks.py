@@ -21,10 +21,12 @@ sites onto it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any, Optional
 
 from ft_integrations.megatron.args import DEFAULT_CALC_TIMEOUTS_AFTER_ITERS, DEFAULT_NUM_WARMUP_ITERS
@@ -52,6 +54,7 @@ __all__ = [
     "setup",
     "shutdown",
     "state_dict",
+    "timed",
 ]
 
 log = logging.getLogger("ft_integrations.megatron")
@@ -194,6 +197,25 @@ def on_training_step_end() -> None:
     if state.heartbeat_mode:
         session.client.send_heartbeat()
     session.step_completed()
+
+
+@contextlib.contextmanager
+def timed(phase: str) -> Iterator[None]:
+    """Mark a rank-local phase for straggler detection: ``with ft.timed("data"): batch = next(it)``.
+
+    The hooks mark no phase themselves: ``on_training_step_start/end`` bracket the
+    whole step, whose forward and backward carry pipeline sends/receives and the
+    gradient all-reduce, so a fast rank's time there includes waiting for the slow
+    one. Only code without any communication may be marked, e.g. ``next(data_iterator)``
+    on the first pipeline stage (not Megatron's ``get_batch``, which broadcasts over
+    the tensor-parallel group). A no-op when FT is off.
+    """
+    session = _session("timed")
+    if session is None or not session.client.is_initialized:
+        yield
+        return
+    with session.client.timed(phase):
+        yield
 
 
 def on_eval_step_start() -> None:

@@ -32,7 +32,7 @@ def launchers(tmp_path):
 def test_the_hung_rank_is_named_not_the_rank_waiting_for_it_and_a_slow_rank_is_not_blamed(launchers):
     # Rank 0 is slow but healthy (1 s more per step, within the 3 s step timeout): it must be called a
     # waiter in cycle 0, and must not be killed in cycle 1, where nobody hangs.
-    node = launchers.start(*SECTION_FLAGS, nproc=2, FT_TEST_FAULT_RANK="1", FT_TEST_SLOW_RANK="0", **HANG)
+    node = launchers.start(*SECTION_FLAGS, nproc=2, FT_TEST_FAULT_RANK="1", FT_TEST_LAGGARD_RANK="0", **HANG)
     assert node.wait(240) == 0, node.output()[-4000:]
     (diagnosis,) = node.events("diagnosis")
     assert (diagnosis["cycle"], diagnosis["culprits"], diagnosis["waiting"]) == (0, [1], [0]), diagnosis

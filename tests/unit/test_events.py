@@ -9,6 +9,7 @@ import typing
 import pytest
 
 from ft_core import events as ev
+from ft_core.straggler import PhaseMedian, StragglerAction
 
 #: One instance of every record type, with every field set (optional ones too).
 SAMPLES: list[ev.Event] = [
@@ -39,6 +40,10 @@ SAMPLES: list[ev.Event] = [
     ev.MonitorConnectionRejected(time=1.0, pid=13, reason="garbage"),
     ev.SignalReceived(time=1.0, signal="SIGTERM", running_workers=4),
     ev.LauncherExit(time=1.0, exit_code=93, reason="no progress"),
+    ev.PhaseMedians(time=1.0, round=29925000, medians=[PhaseMedian(rank=3, phase="forward", median=0.1, samples=64)]),
+    ev.Straggler(time=1.0, cycle=0, rank=3, rank_node="host:7", phase="forward", relative_score=0.62,
+                 individual_score=0.98, median=0.16, window=64, threshold=0.75, consecutive=3,
+                 action=StragglerAction.RESTART),
 ]
 
 

@@ -13,6 +13,7 @@ from helpers import kill_group, python_env, spawn_python, wait_for, wait_for_eve
 
 from ft_core.client import RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
+from ft_core.deadline import wait_until
 from ft_core.events import read_events
 from ft_integrations import megatron as ft
 
@@ -273,3 +274,31 @@ def test_heartbeats_are_sent_when_no_section_is_tracked(start_monitor):
     finally:
         kill_group(proc)
     assert events(monitor, "hang_detected") == []
+
+
+# -- straggler phases -----------------------------------------------------------
+def test_timed_is_a_noop_when_ft_is_disabled_and_an_error_before_setup():
+    with pytest.raises(ft.FaultToleranceSetupError, match=r"timed\(\) was called before setup\(args\)"):
+        with ft.timed("data"):
+            pass
+    ft.setup(argparse.Namespace(enable_ft_package=False))
+    with ft.timed("data"):
+        pass
+
+
+def test_timed_phases_reach_the_monitor_as_medians(start_monitor, tmp_path):
+    monitor = start_monitor(straggler_report_interval=0.2)
+    ft.setup(make_args(tmp_path))
+    wait_for_event(monitor.events_path, 10, event="rank_connected", rank=0)
+    rounds = []
+
+    def one_more_step():
+        with ft.timed("data"):
+            time.sleep(0.01)
+        rounds[:] = events(monitor, "phase_medians")
+        return rounds
+
+    assert wait_until(one_more_step, 10, interval=0.0), "no phase_medians round within 10 s"
+    assert rounds[0]["medians"][0]["rank"] == 0 and rounds[0]["medians"][0]["phase"] == "data"
+    assert rounds[0]["medians"][0]["median"] >= 0.01
+    ft.shutdown()

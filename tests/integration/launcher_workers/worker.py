@@ -18,8 +18,13 @@ FT_TEST_STEPS         steps per cycle (default 5); "forever" runs until signalle
 FT_TEST_STEP_TIME     seconds slept per step (default 0.05)
 FT_TEST_SECTIONS      "1": each step is a tracked section "step", with its iteration reported
                       (the fault then happens inside the step, before its all-reduce)
-FT_TEST_SLOW_RANK     global rank that is slow but healthy: it sleeps FT_TEST_SLOW_TIME more per step
-FT_TEST_SLOW_TIME     seconds the slow rank adds to each step, before its all-reduce (default 1.0)
+FT_TEST_LAGGARD_RANK  global rank that is slow but healthy in every cycle: it sleeps FT_TEST_LAGGARD_TIME more
+                      per step, before its all-reduce
+FT_TEST_LAGGARD_TIME  seconds the laggard adds to each step (default 1.0)
+FT_TEST_FORWARD_TIME  seconds each step spends in a "forward" phase marked with client.timed() (straggler
+                      detection); default: no phase is marked
+FT_TEST_SLOW_RANK     global rank whose forward phase lasts FT_TEST_SLOW_FACTOR (default 1.6) times longer, in
+                      the cycles FT_TEST_FAULT_CYCLES selects
 FT_TEST_CHECKPOINT    report this checkpointed iteration at step 0 (default: none)
 FT_TEST_ON_SIGTERM    "exit0" (exit 0 on SIGTERM) | "ignore"; default: Python's default
 FT_TEST_FALLBACK      JSON object: the fallback_config this worker offers the monitor
@@ -174,13 +179,22 @@ def main() -> int:
     if resume_file:
         record(event="resumed", step=resumed, time=time.time())
     sections = os.environ.get("FT_TEST_SECTIONS") == "1"
-    slow = os.environ.get("FT_TEST_SLOW_RANK") == str(RANK)
-    slow_time = float(os.environ.get("FT_TEST_SLOW_TIME", "1.0"))
+    slow = os.environ.get("FT_TEST_LAGGARD_RANK") == str(RANK)
+    slow_time = float(os.environ.get("FT_TEST_LAGGARD_TIME", "1.0"))
+    forward = os.environ.get("FT_TEST_FORWARD_TIME")
+    forward_time = float(forward) if forward else None
+    if forward_time is not None and os.environ.get("FT_TEST_SLOW_RANK") == str(RANK) and cycle_selected():
+        forward_time *= float(os.environ.get("FT_TEST_SLOW_FACTOR", "1.6"))
     step = 0
     while steps == "forever" or step < int(steps):
         if sections:
             client.set_iteration(step)
             client.start_section("step")
+        if forward_time is not None:
+            if step == 0:
+                record(event="first_phase", time=time.time())
+            with client.timed("forward"):
+                time.sleep(forward_time)
         if step == 0 and checkpoint is not None:
             client.report_checkpoint(int(checkpoint))
         if step >= fault_step and kind not in ("none", "forever"):

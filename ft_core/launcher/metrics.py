@@ -1,0 +1,203 @@
+"""The launcher's Prometheus endpoint (``--ft-metrics-port``): a live view of the job's fault tolerance.
+
+Everything exported is derived from two sources, at scrape time:
+
+* the launcher's own event stream: :class:`LauncherMetrics` observes every
+  record the launcher writes to its event log (cycles, restarts, faults,
+  monitor lateness, stragglers) and every straggler report it reads;
+* the node monitor's status file (:mod:`ft_core.monitor.status`): per-rank
+  last sign of life and ``step`` durations.
+
+So the endpoint adds no work to the monitoring loop beyond a few counter
+updates, and a scrape never waits for the loop. Names follow Prometheus
+conventions (``ft_`` prefix, ``_total`` counters, ``_seconds`` units); every
+series carries ``node`` (the launcher, ``host:pid``) and per-rank series
+``rank``. The README's "Metrics" section describes each one.
+
+Needs the ``metrics`` extra (``prometheus-client``).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Optional
+
+from ft_core.events import (
+    CycleStart,
+    Event,
+    HangDetected,
+    MonitorLate,
+    Restart,
+    RestartKind,
+    Straggler,
+    WorkerExit,
+    WorkersStopped,
+)
+from ft_core.monitor.status import read_status
+
+if TYPE_CHECKING:
+    from ft_core.launcher.events import EventLog
+    from ft_core.launcher.stragglers import StragglerRound
+
+__all__ = ["LauncherMetrics", "MetricsUnavailableError"]
+
+log = logging.getLogger("ft_core.launcher")
+
+#: Faults named by a record that says which rank was at fault; the others are counted from the restart.
+_FAULTS_WITH_RANK = frozenset({RestartKind.HANG, RestartKind.CRASH, RestartKind.STRAGGLER})
+
+
+def _single(family: Any, node: str, value: float) -> Any:
+    """``family`` with its one sample, for this node."""
+    family.add_metric([node], value)
+    return family
+
+
+class MetricsUnavailableError(RuntimeError):
+    """``--ft-metrics-port`` was given but prometheus-client is not installed."""
+
+
+class LauncherMetrics:
+    """What the endpoint exports, kept up to date by :meth:`observe` and :meth:`observe_round`.
+
+    Args:
+        events: the launcher's event log (time lost and run time for the goodput ratio).
+        status_path: the node monitor's status file.
+    """
+
+    def __init__(self, events: EventLog, status_path: str) -> None:
+        self._events = events
+        self._status_path = status_path
+        self.node = events.node
+        self._lock = threading.Lock()
+        self._restarts: collections.Counter[str] = collections.Counter()
+        self._faults: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._stragglers: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._cycle: Optional[int] = None
+        self._cycle_started: Optional[float] = None
+        self._local_ranks: frozenset[int] = frozenset()
+        self._late_count = 0
+        self._late_seconds = 0.0
+        self._scores: dict[tuple[int, str], tuple[float, float]] = {}
+        self._server: Any = None
+
+    # -- inputs ---------------------------------------------------------------
+    def observe(self, record: Event) -> None:
+        """Account one record the launcher wrote (called by its :class:`~ft_core.launcher.events.EventLog`)."""
+        with self._lock:
+            match record:
+                case CycleStart():
+                    self._cycle, self._cycle_started = record.cycle, record.time
+                    self._local_ranks = frozenset(int(rank) for rank in record.workers)
+                    self._scores.clear()
+                case Restart():
+                    self._restarts[record.kind.value] += 1
+                    self._cycle_started = None
+                    if record.kind.is_fault and record.kind not in _FAULTS_WITH_RANK:
+                        self._faults[(record.kind.value, "")] += 1
+                case WorkersStopped():
+                    self._cycle_started = None
+                case HangDetected():
+                    self._faults[(RestartKind.HANG.value, str(record.rank))] += 1
+                case WorkerExit() if record.cause == "crash":
+                    self._faults[(RestartKind.CRASH.value, "" if record.rank is None else str(record.rank))] += 1
+                case Straggler():
+                    self._stragglers[(str(record.rank), record.phase)] += 1
+                    if record.action.value == "restart":
+                        self._faults[(RestartKind.STRAGGLER.value, str(record.rank))] += 1
+                case MonitorLate():
+                    self._late_count += 1
+                    self._late_seconds += record.late
+
+    def observe_round(self, report: StragglerRound) -> None:
+        """Keep the latest straggler scores of this node's ranks."""
+        with self._lock:
+            for score in report.scores:
+                if score.rank in self._local_ranks:
+                    self._scores[(score.rank, score.phase)] = (score.relative, score.individual)
+
+    # -- the endpoint -----------------------------------------------------------
+    def start(self, port: int, addr: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` on ``port`` (0: a free port); returns the port and logs the address."""
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+        except ImportError:
+            raise MetricsUnavailableError(
+                "--ft-metrics-port needs prometheus-client: pip install 'ft-suite[metrics]'") from None
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(self)  # a Collector is anything with collect()
+        self._server, _thread = start_http_server(port, addr=addr, registry=registry)
+        bound = int(self._server.server_address[1])
+        log.info("metrics endpoint: http://%s:%d/metrics", addr, bound)
+        return bound
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def collect(self) -> Iterator[Any]:
+        """The metric families, computed now (prometheus-client's Collector protocol)."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+
+        now = time.time()
+        node = self.node
+        with self._lock:
+            restarts = CounterMetricFamily("ft_restarts", "Cycles ended by a restart, by kind", labels=["node", "kind"])
+            for kind, count in sorted(self._restarts.items()):
+                restarts.add_metric([node, kind], count)
+            yield restarts
+            faults = CounterMetricFamily("ft_faults", "Faults seen by this node, by kind and culprit rank ('' when "
+                                         "no rank is to blame)", labels=["node", "kind", "rank"])
+            for (kind, rank), count in sorted(self._faults.items()):
+                faults.add_metric([node, kind, rank], count)
+            yield faults
+            stragglers = CounterMetricFamily("ft_stragglers", "Stragglers reported, by rank and phase",
+                                             labels=["node", "rank", "phase"])
+            for (rank, phase), count in sorted(self._stragglers.items()):
+                stragglers.add_metric([node, rank, phase], count)
+            yield stragglers
+            if self._cycle is not None:
+                yield _single(GaugeMetricFamily("ft_cycle", "Current restart cycle (TORCHELASTIC_RESTART_COUNT)",
+                                        labels=["node"]), node, self._cycle)
+            uptime = now - self._cycle_started if self._cycle_started is not None else 0.0
+            yield _single(GaugeMetricFamily("ft_cycle_uptime_seconds", "Seconds since this node's workers of the current "
+                                    "cycle started (0 between cycles)", labels=["node"]), node, uptime)
+            lost = self._events.time_lost
+            run_time = max(now - self._events.started, 1e-9)
+            yield _single(CounterMetricFamily("ft_time_lost_seconds", "Seconds from each fault to the next cycle's workers",
+                                      labels=["node"]), node, lost)
+            yield _single(GaugeMetricFamily("ft_goodput_ratio", "1 - time lost / launcher run time",
+                                    labels=["node"]), node, max(0.0, 1.0 - lost / run_time))
+            yield _single(CounterMetricFamily("ft_monitor_late", "Late wake-ups of the node monitor (granted to the ranks as "
+                                      "grace)", labels=["node"]), node, self._late_count)
+            yield _single(CounterMetricFamily("ft_monitor_late_seconds", "Total lateness of the node monitor's loop",
+                                      labels=["node"]), node, self._late_seconds)
+            scores = GaugeMetricFamily("ft_straggler_score", "Latest straggler score of each local rank and phase "
+                                       "(1.0 typical, lower is slower)", labels=["node", "rank", "phase", "kind"])
+            for (scored, phase), (relative, individual) in sorted(self._scores.items()):
+                scores.add_metric([node, str(scored), phase, "relative"], relative)
+                scores.add_metric([node, str(scored), phase, "individual"], individual)
+            yield scores
+        status = read_status(self._status_path)
+        ages = GaugeMetricFamily("ft_rank_heartbeat_age_seconds", "Seconds since each connected rank's last "
+                                 "heartbeat or section event", labels=["node", "rank"])
+        steps = SummaryMetricFamily("ft_rank_step_duration_seconds", "Durations of each rank's 'step' sections",
+                                    labels=["node", "rank"])
+        last_step = GaugeMetricFamily("ft_rank_last_step_duration_seconds", "Duration of each rank's last 'step' "
+                                      "section", labels=["node", "rank"])
+        for watched in sorted(status.ranks if status is not None else [], key=lambda r: r.rank):
+            labels = [node, str(watched.rank)]
+            if watched.last_activity is not None:
+                ages.add_metric(labels, max(0.0, now - watched.last_activity))
+            steps.add_metric(labels, count_value=watched.steps, sum_value=watched.step_seconds)
+            if watched.last_step_seconds is not None:
+                last_step.add_metric(labels, watched.last_step_seconds)
+        yield ages
+        yield steps
+        yield last_step

@@ -1,0 +1,172 @@
+"""Job-wide straggler reports: the launchers gather their monitors' phase medians through the job store.
+
+Each node's monitor closes a report round every ``straggler_report_interval``
+seconds, wall-clock aligned (round ``k`` ends at ``k * interval``), and emits
+its ranks' window medians (:class:`~ft_core.events.PhaseMedians`). Then:
+
+1. every launcher publishes its node's medians under the job-store key
+   ``straggler/<group rank>`` (overwritten each round: the store does not grow);
+2. the launcher of group rank 0 -- the aggregator -- reads every node's entry
+   half an interval after the round ended, keeps those of the round, and
+   judges them with one :class:`~ft_core.straggler.StragglerJudge` per cycle;
+   the scores and the stragglers go to the key ``straggler/report``;
+3. every launcher reads each new report once and acts on it identically: a
+   ``straggler`` event and one log line per straggler, and the action.
+
+A node whose medians arrive more than half an interval late is left out of
+that round (its ranks neither count for nor break a run). Nothing is read or
+written until this node's monitor reported phases in the cycle: a job that
+marks no phase costs no store traffic.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Optional
+
+import msgspec
+
+from ft_core.events import PhaseMedians, Straggler
+from ft_core.launcher.job_store import JobStore
+from ft_core.straggler import PhaseMedian, PhaseScore, StragglerAction, StragglerJudge
+
+__all__ = ["REPORT_KEY", "NodeMedians", "StragglerDetector", "StragglerRound"]
+
+log = logging.getLogger("ft_core.launcher")
+
+REPORT_KEY = "straggler/report"
+#: Non-aggregators look for a new report at most this often (seconds; less with a shorter interval).
+_POLL_INTERVAL = 1.0
+
+
+def _medians_key(group_rank: int) -> str:
+    return f"straggler/{group_rank}"
+
+
+class NodeMedians(msgspec.Struct, frozen=True):
+    """One node's entry in the job store: its ranks' medians for one round."""
+
+    cycle: int
+    round: int
+    node: str
+    medians: list[PhaseMedian]
+
+
+class StragglerRound(msgspec.Struct, frozen=True):
+    """The aggregator's report of one round (key ``straggler/report``)."""
+
+    cycle: int
+    round: int
+    scores: list[PhaseScore]
+    stragglers: list[Straggler]
+
+
+@dataclasses.dataclass
+class _CycleState:
+    cycle: int
+    judge: StragglerJudge
+    active: bool = False  # this node's monitor reported phases in this cycle
+    judged_round: Optional[int] = None  # aggregator: the last round judged
+    seen_round: Optional[int] = None  # the last report acted on
+    next_poll: float = 0.0
+
+
+class StragglerDetector:
+    """One launcher's part of straggler detection; see the module docstring.
+
+    Args:
+        interval, threshold, consecutive, action: the ``straggler_*`` config keys.
+        node: this launcher (``host:pid``), named as ``rank_node`` in the events of its ranks.
+        store: returns the job store (None until the first rendezvous of a static job).
+        on_round: called with every report read (all scores of the round), e.g. by the metrics endpoint.
+    """
+
+    def __init__(self, interval: float, threshold: float, consecutive: int, action: StragglerAction, node: str,
+                 store: Callable[[], Optional[JobStore]],
+                 on_round: Optional[Callable[[StragglerRound], None]] = None) -> None:
+        self.interval = interval
+        self.threshold = threshold
+        self.consecutive = consecutive
+        self.action = action
+        self.node = node
+        self._store = store
+        self._on_round = on_round
+        self._state = _CycleState(-1, StragglerJudge(threshold, consecutive))
+
+    def _for_cycle(self, cycle: int) -> _CycleState:
+        if self._state.cycle != cycle:
+            self._state = _CycleState(cycle, StragglerJudge(self.threshold, self.consecutive))
+        return self._state
+
+    def publish(self, record: PhaseMedians, cycle: int, group_rank: int) -> None:
+        """Put this node's medians of one round (from its monitor) in the job store."""
+        store = self._store()
+        if store is None or group_rank < 0:
+            return
+        self._for_cycle(cycle).active = True
+        entry = NodeMedians(cycle=cycle, round=record.round, node=self.node, medians=record.medians)
+        store.set(_medians_key(group_rank), msgspec.json.encode(entry).decode())
+
+    def poll(self, cycle: int, group_rank: int, group_world_size: int, wall: Optional[float] = None
+             ) -> list[Straggler]:
+        """Judge a round if this node aggregates and one is due; return the stragglers of a new report."""
+        state = self._for_cycle(cycle)
+        store = self._store()
+        if not state.active or store is None:
+            return []
+        wall = time.time() if wall is None else wall
+        if group_rank == 0:
+            due = math.floor((wall - self.interval / 2) / self.interval)
+            if state.judged_round is None or due > state.judged_round:
+                state.judged_round = due
+                self._judge(store, state, due, group_world_size)
+        if wall < state.next_poll:
+            return []
+        state.next_poll = wall + min(_POLL_INTERVAL, self.interval / 4)
+        raw = store.get(REPORT_KEY)
+        if raw is None:
+            return []
+        try:
+            report = msgspec.json.decode(raw, type=StragglerRound)
+        except msgspec.DecodeError as exc:
+            log.warning("ignoring an unreadable straggler report in the job store: %s", exc)
+            return []
+        if report.cycle != cycle or (state.seen_round is not None and report.round <= state.seen_round):
+            return []
+        state.seen_round = report.round
+        if self._on_round is not None:
+            self._on_round(report)
+        for straggler in report.stragglers:
+            log.warning("%s; action: %s", straggler.describe(), straggler.action.value)
+        return list(report.stragglers)
+
+    def _judge(self, store: JobStore, state: _CycleState, round_: int, group_world_size: int) -> None:
+        medians: list[PhaseMedian] = []
+        nodes: dict[int, str] = {}
+        for group_rank in range(group_world_size):
+            raw = store.get(_medians_key(group_rank))
+            if raw is None:
+                continue
+            try:
+                entry = msgspec.json.decode(raw, type=NodeMedians)
+            except msgspec.DecodeError as exc:
+                log.warning("ignoring unreadable phase medians of group rank %d: %s", group_rank, exc)
+                continue
+            if entry.cycle == state.cycle and entry.round == round_:
+                medians.extend(entry.medians)
+                nodes.update((m.rank, entry.node) for m in entry.medians)
+        if not medians:
+            return
+        result = state.judge.judge(medians)
+        stragglers = [
+            Straggler(cycle=state.cycle, rank=s.rank, rank_node=nodes[s.rank], phase=s.phase,
+                      relative_score=round(s.relative, 4), individual_score=round(s.individual, 4),
+                      median=s.median, window=s.samples, threshold=self.threshold, consecutive=self.consecutive,
+                      action=self.action)
+            for s in result.stragglers]
+        report = StragglerRound(cycle=state.cycle, round=round_, scores=result.scores, stragglers=stragglers)
+        store.set(REPORT_KEY, msgspec.json.encode(report).decode())

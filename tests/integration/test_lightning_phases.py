@@ -1,0 +1,51 @@
+"""FaultToleranceCallback marks the straggler phases (data fetch, forward) in a real ``Trainer``, and the
+node monitor turns them into per-round medians."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from lightning.pytorch import Trainer
+from lightning.pytorch.demos.boring_classes import BoringModel
+
+from ft_core.config import FaultToleranceConfig
+from ft_integrations.lightning import FaultToleranceCallback
+
+FORWARD = 0.05
+
+
+class SlowForward(BoringModel):
+    def training_step(self, batch, batch_idx):
+        time.sleep(FORWARD)
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch, tmp_path):
+    for key in ("FT_RANK_MONITOR_IPC_SOCKET", "FT_LAUNCHER_IPC_SOCKET", "FT_MONITOR_TOKEN", "RANK", "LOCAL_RANK",
+                "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("FAULT_TOL_FINISHED_FLAG_FILE", str(tmp_path / "finished.flag"))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("interval", [0.2, None], ids=["on", "off"])
+def test_callback_marks_data_and_forward_phases(tmp_path, attach_monitor, interval):
+    cfg = FaultToleranceConfig(initial_rank_heartbeat_timeout=300, rank_heartbeat_timeout=300,
+                               straggler_report_interval=interval)
+    proc = attach_monitor(cfg)
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=20, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+                      enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[FaultToleranceCallback()])
+    trainer.fit(SlowForward())
+    rounds = [e for e in proc.events() if e["event"] == "phase_medians"]
+    if interval is None:
+        assert rounds == []  # detection off: the ranks sent no phase message
+        return
+    medians = [m for r in rounds for m in r["medians"]]
+    assert {m["phase"] for m in medians} == {"data", "forward"} and {m["rank"] for m in medians} == {0}
+    forward = [m["median"] for m in medians if m["phase"] == "forward"]
+    data = [m["median"] for m in medians if m["phase"] == "data"]
+    assert all(FORWARD <= f < 10 * FORWARD for f in forward), forward
+    assert all(d < FORWARD for d in data), data  # the boring dataset is in memory: fetching is fast

@@ -1,0 +1,82 @@
+"""Straggler detection end to end: 2 launchers x 2 ranks on loopback (c10d), real gloo all-reduce every step.
+
+Each rank marks a ``forward`` phase with ``client.timed`` (a sleep: its length
+does not depend on how busy the machine is). One rank's forward lasts 60 %
+longer (relative score 1/1.6 = 0.625 < 0.75). Reports every 2 s, K = 3.
+"""
+
+from __future__ import annotations
+
+import pytest
+from launcher_helpers import LauncherGroup, Rendezvous
+
+pytestmark = pytest.mark.timeout(400)
+
+INTERVAL = 2.0
+K = 3
+SLOW_RANK = 3  # local rank 1 of the second launcher
+#: ~0.1 s per step: 200 steps are about 20 s of training, ten report intervals.
+RUN = {"FT_TEST_STEPS": "200", "FT_TEST_STEP_TIME": "0.02", "FT_TEST_FORWARD_TIME": "0.06"}
+FLAGS = (f"--ft-straggler-report-interval={INTERVAL}", f"--ft-straggler-consecutive-reports={K}")
+
+
+@pytest.fixture
+def launchers(tmp_path):
+    with LauncherGroup(tmp_path) as group:
+        yield group
+
+
+def start_job(launchers, *flags, **env):
+    rdzv = Rendezvous("c10d")
+    a = launchers.start(*rdzv.flags("2"), *FLAGS, *flags, name="A", nproc=2, **RUN, **env)
+    rdzv.wait_ready()
+    b = launchers.start(*rdzv.flags("2"), *FLAGS, *flags, name="B", nproc=2, **RUN, **env)
+    return a, b
+
+
+def test_the_slow_rank_and_only_it_is_reported_within_k_plus_one_intervals(launchers):
+    a, b = start_job(launchers, FT_TEST_SLOW_RANK=str(SLOW_RANK))
+    assert a.wait(300) == 0, a.output()[-3000:]
+    assert b.wait(60) == 0, b.output()[-3000:]
+    reports = {node: node.events("straggler") for node in (a, b)}
+    for node, events in reports.items():
+        assert [e["rank"] for e in events] == [SLOW_RANK], (events, node.output()[-3000:])
+        (event,) = events
+        assert event["phase"] == "forward" and event["action"] == "report"
+        assert event["relative_score"] < 0.75 and event["threshold"] == 0.75 and event["consecutive"] == K
+        assert event["window"] > 0 and event["median"] > 0.06
+        assert event["rank_node"] == b.events("launcher_started")[0]["node"]
+    # The same report on both nodes (one job-wide judgement), and one log line each.
+    fields = ("rank", "rank_node", "phase", "relative_score", "individual_score", "time")
+    assert [{k: e[k] for k in fields} for e in reports[a]] == [{k: e[k] for k in fields} for e in reports[b]]
+    for node in (a, b):
+        assert node.output().count(f"rank {SLOW_RANK} on ") == 1, node.output()[-3000:]
+    first_phase = min(r["time"] for r in launchers.worker_records("first_phase") if r["rank"] == SLOW_RANK)
+    assert reports[a][0]["time"] - first_phase <= (K + 1) * INTERVAL, (reports[a][0]["time"], first_phase)
+
+
+def test_an_evenly_loaded_run_reports_no_straggler(launchers):
+    a, b = start_job(launchers)
+    assert a.wait(300) == 0, a.output()[-3000:]
+    assert b.wait(60) == 0, b.output()[-3000:]
+    assert a.events("straggler") == [] and b.events("straggler") == []
+    # Detection was running: the monitors reported medians for every rank (the launchers judged them).
+    assert len(launchers.worker_records("first_phase")) == 4
+
+
+def test_restart_action_restarts_the_cycle_once_and_says_why(launchers):
+    # The rank is slow in cycle 0 only (FT_TEST_FAULT_CYCLES defaults to "0").
+    a, b = start_job(launchers, "--ft-straggler-action=restart", FT_TEST_SLOW_RANK=str(SLOW_RANK))
+    assert a.wait(300) == 0, a.output()[-3000:]
+    assert b.wait(60) == 0, b.output()[-3000:]
+    for node in (a, b):
+        assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1]
+        (restart,) = node.events("restart")
+        assert restart["cycle"] == 0
+        assert restart["cause"].startswith(f"rank {SLOW_RANK} on ") and "straggler in phase 'forward'" in \
+            restart["cause"], restart
+        (straggler,) = node.events("straggler")
+        assert straggler["action"] == "restart" and straggler["cycle"] == 0
+    kinds = {e["kind"] for node in (a, b) for e in node.events("restart")}
+    assert "straggler" in kinds and kinds <= {"straggler", "peer"}
+    assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(r, 1) for r in range(4)}

@@ -1,0 +1,87 @@
+"""LauncherMetrics: the values it exports for a stream of launcher records, the README's metrics table
+and the example dashboard name the same metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+from helpers import REPO_ROOT
+
+from ft_core.events import CycleStart, HangDetected, HangReason, MonitorLate, Restart, RestartKind, Straggler
+from ft_core.launcher.events import EventLog
+from ft_core.launcher.metrics import LauncherMetrics
+from ft_core.launcher.stragglers import StragglerRound
+from ft_core.monitor.status import MonitorStatus, RankStatus, write_status
+from ft_core.straggler import PhaseScore, StragglerAction
+
+prometheus_client = pytest.importorskip("prometheus_client")
+
+
+def exported(metrics: LauncherMetrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    registry = prometheus_client.CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    text = prometheus_client.generate_latest(registry).decode()
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_records_and_status_become_metrics(tmp_path):
+    events = EventLog(str(tmp_path / "ft_events.jsonl"))
+    status = str(tmp_path / "monitor_status.json")
+    metrics = LauncherMetrics(events, status)
+    events.observers.append(metrics.observe)
+    node = events.node
+    events.write(CycleStart(cycle=0, restarts=0, group_rank=0, group_world_size=1, world_size=2,
+                            workers={"0": 10, "1": 11}, monitor_pid=9))
+    events.write(HangDetected(rank=1, pid=11, reason=HangReason.HEARTBEAT, section=None, elapsed=4.0, timeout=3.0,
+                              iteration=5, open_sections=[], deadline_time=1.0, detected_time=2.0,
+                              stack_dump_file=None))
+    events.write(Restart(cycle=0, kind=RestartKind.HANG, reason="hang", restarts=1, max_restarts=3))
+    events.write(Restart(cycle=1, kind=RestartKind.MONITOR, reason="monitor died", restarts=2, max_restarts=3))
+    events.write(MonitorLate(late=0.5, grace=0.5, ranks=[0]))
+    events.write(CycleStart(cycle=2, restarts=2, group_rank=0, group_world_size=1, world_size=2,
+                            workers={"0": 12, "1": 13}, monitor_pid=9))
+    events.write(Straggler(cycle=2, rank=1, rank_node=node, phase="forward", relative_score=0.6, individual_score=0.9,
+                           median=0.1, window=8, threshold=0.75, consecutive=3, action=StragglerAction.REPORT))
+    metrics.observe_round(StragglerRound(cycle=2, round=7, stragglers=[], scores=[
+        PhaseScore(1, "forward", 0.1, 8, 0.6, 0.9), PhaseScore(5, "forward", 0.06, 8, 1.0, 1.0)]))
+    import time
+
+    write_status(status, MonitorStatus(time=time.time(), ranks=[
+        RankStatus(rank=0, pid=12, last_activity=time.time() - 5.0, steps=4, step_seconds=2.0, last_step_seconds=0.4),
+        RankStatus(rank=1, pid=13, last_activity=None)]))
+    values = exported(metrics)
+    events.close()
+
+    def get(name: str, **labels: str) -> float:
+        return values[(name, frozenset({"node": node, **labels}.items()))]
+
+    assert get("ft_restarts_total", kind="hang") == 1 and get("ft_restarts_total", kind="monitor") == 1
+    assert get("ft_faults_total", kind="hang", rank="1") == 1 and get("ft_faults_total", kind="monitor", rank="") == 1
+    assert get("ft_cycle") == 2 and get("ft_cycle_uptime_seconds") >= 0
+    assert get("ft_monitor_late_total") == 1 and get("ft_monitor_late_seconds_total") == 0.5
+    assert get("ft_stragglers_total", rank="1", phase="forward") == 1
+    assert get("ft_straggler_score", rank="1", phase="forward", kind="relative") == 0.6
+    assert not any(n == "ft_straggler_score" and ("rank", "5") in ls for n, ls in values)  # not a local rank
+    assert get("ft_rank_heartbeat_age_seconds", rank="0") == pytest.approx(5.0, abs=1.0)
+    assert not any(n == "ft_rank_heartbeat_age_seconds" and ("rank", "1") in ls for n, ls in values)
+    assert get("ft_rank_step_duration_seconds_count", rank="0") == 4
+    assert get("ft_rank_step_duration_seconds_sum", rank="0") == 2.0
+    assert get("ft_rank_last_step_duration_seconds", rank="0") == 0.4
+    assert 0 <= get("ft_goodput_ratio") <= 1 and get("ft_time_lost_seconds_total") >= 0
+
+    readme = open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8").read()
+    table = readme.split("### Metrics", 1)[1].split("\n### ", 1)[0]
+    documented = set(re.findall(r"^\| `(ft_\w+)` \|", table, flags=re.M))
+    names = {n for n, _ in values}
+    families = {re.sub(r"_(count|sum)$", "", n) if n.startswith("ft_rank_step_duration") else n for n in names}
+    assert documented == families
+    with open(os.path.join(REPO_ROOT, "examples", "monitoring", "grafana_dashboard.json"), encoding="utf-8") as f:
+        dashboard = json.load(f)
+    used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"\bft_\w+", t["expr"])}
+    assert used <= names, used - names
