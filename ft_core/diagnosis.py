@@ -3,13 +3,18 @@
 When one rank hangs, its peers block in the next collective waiting for it and
 miss their own deadlines too; the first rank to expire is often an innocent
 waiter. :func:`diagnose` ranks the evidence each monitor has about its ranks
-(:class:`~ft_core.events.RankEvidence`) with three rules, strongest first, each
+(:class:`~ft_core.events.RankEvidence`) with four rules, strongest first, each
 applied only while it can tell ranks apart:
 
+0. **Stopped.** A rank the kernel showed stopped (SIGSTOP, a debugger) cannot
+   be making progress; running ranks wait for it.
 1. **Stacks.** A rank whose stack dump shows it blocked inside a
    ``torch.distributed`` collective is waiting for a peer -- provided some rank
-   is known to be elsewhere (else all of them are in the collective, and the
-   stacks tell nothing).
+   is elsewhere or gave no stack (else all of them are in the collective, and
+   the stacks tell nothing). A rank that gives no stack when its peers do
+   could not even run the dump's signal handler (stopped, or stuck in native
+   code), or never finished its dump: that is where the hang is, not in the
+   collective its peers wait in.
 2. **Lowest iteration.** Ranks that reported a higher iteration than the lowest
    one got further: they wait. A rank that never reported an iteration cannot be
    compared and stays a suspect.
@@ -93,7 +98,7 @@ def evidence_of_hang(hang: HangDetected, node: Optional[str]) -> RankEvidence:
         rank=hang.rank, pid=hang.pid, node=node, iteration=hang.iteration,
         section=hang.section or (hang.open_sections[-1] if hang.open_sections else None),
         last_activity=hang.deadline_time - hang.timeout, stalled_for=hang.elapsed, hung=True,
-        in_collective=stack_in_collective(hang.stack), stack_dump_file=hang.stack_dump_file)
+        in_collective=stack_in_collective(hang.stack), stack_dump_file=hang.stack_dump_file, stopped=hang.stopped)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,11 +140,19 @@ def diagnose(evidence: Sequence[RankEvidence]) -> Optional[Verdict]:
     suspects = everyone
     why: list[str] = []
 
-    outside = [e for e in suspects if e.in_collective is False]
+    frozen = [e for e in suspects if e.stopped]
+    if frozen and len(frozen) < len(suspects):
+        why.append(f"ranks {_ranks(frozen)} stopped by a signal (SIGSTOP or a debugger)")
+        suspects = frozen
+
+    outside = [e for e in suspects if not e.in_collective]
     inside = [e for e in suspects if e.in_collective]
     if outside and inside:
-        suspects = [e for e in suspects if not e.in_collective]
-        why.append(f"ranks {_ranks(inside)} blocked in a collective, ranks {_ranks(outside)} elsewhere")
+        suspects = outside
+        stackless = [e for e in outside if e.in_collective is None]
+        elsewhere = f"ranks {_ranks(outside)} elsewhere" if not stackless else (
+            f"ranks {_ranks(outside)} elsewhere or without a stack ({_ranks(stackless)})")
+        why.append(f"ranks {_ranks(inside)} blocked in a collective, {elsewhere}")
 
     iterations = [e.iteration for e in suspects if e.iteration is not None]
     if iterations and min(iterations) != max(iterations):

@@ -190,6 +190,8 @@ class HangDetected(Event, frozen=True, tag=EventName.HANG_DETECTED.value):
     stack_dump_file: Optional[str]
     #: the hung rank's Python stacks; only in the monitor's file (the launcher saves it to a file)
     stack: Optional[str] = None
+    #: the kernel showed the process stopped (SIGSTOP, a debugger) when the deadline passed
+    stopped: bool = False
 
     def describe(self) -> str:
         """The hang in one sentence: the monitor's log line and the launcher's restart reason."""
@@ -238,6 +240,8 @@ class RankEvidence(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True
     hung: bool = False
     #: From its stack dump: blocked inside a torch.distributed collective (None: no stack).
     in_collective: Optional[bool] = None
+    #: The kernel showed the process stopped (SIGSTOP, a debugger): it cannot be making progress.
+    stopped: bool = False
     stack_dump_file: Optional[str] = None
 
 

@@ -37,6 +37,19 @@ class CpuSample(NamedTuple):
     runnable: bool  # some thread is running or waiting for a CPU (state R)
 
 
+def is_stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (state ``T``: SIGSTOP, SIGTSTP; ``t``: a debugger) per Linux ``/proc``.
+
+    False when the kernel does not say (no such process, no ``/proc``).
+    """
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            # "pid (comm) S ...": the comm may contain spaces and parentheses.
+            return handle.read().rpartition(b")")[2].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
+
+
 def cpu_sample(pid: int) -> Optional[CpuSample]:
     """CPU time and run state of ``pid``'s threads (Linux ``/proc``); None when the kernel does not say."""
     cpu_ns = 0

@@ -76,13 +76,13 @@ class Hang:
 
     @classmethod
     def detect(cls, expiry: Expiry, *, rank: int, pid: int, iteration: Optional[int], open_sections: list[str],
-               now: float, wall_now: float) -> Hang:
+               now: float, wall_now: float, stopped: bool = False) -> Hang:
         """The hang of a rank whose ``expiry`` passed at monotonic ``now`` (unix ``wall_now``)."""
         return cls(HangDetected(
             time=wall_now, rank=rank, pid=pid, reason=expiry.reason, section=expiry.section,
             elapsed=round(now - expiry.since, 3), timeout=expiry.timeout, iteration=iteration,
             open_sections=sorted(open_sections), deadline_time=wall_now - (now - expiry.deadline),
-            detected_time=wall_now, stack_dump_file=None))
+            detected_time=wall_now, stack_dump_file=None, stopped=stopped))
 
     @property
     def terminated(self) -> bool:

@@ -236,7 +236,8 @@ class WatchedRank:
             rank=self.rank, pid=self.pid, iteration=self.iteration,
             section=next(reversed(self.open_sections), None),  # the innermost: opened last
             last_activity=None if last is None else round(wall_now - (now - last), 3),
-            stalled_for=None if last is None else round(now - last, 3))
+            stalled_for=None if last is None else round(now - last, 3),
+            stopped=self.pid > 0 and procutil.is_stopped(self.pid))
 
     def next_deadline(self) -> Optional[Expiry]:
         """The earliest deadline of this rank, or None when nothing is timed."""
@@ -781,7 +782,9 @@ class RankMonitorServer:
     # -- hang handling ----------------------------------------------------
     def _on_hang(self, rank: WatchedRank, expiry: Expiry, now: float) -> None:
         hang = rank.hang = Hang.detect(expiry, rank=rank.rank, pid=rank.pid, iteration=rank.iteration,
-                                       open_sections=list(rank.open_sections), now=now, wall_now=time.time())
+                                       open_sections=list(rank.open_sections), now=now, wall_now=time.time(),
+                                       # Read before the SIGCONT below: evidence for the diagnosis.
+                                       stopped=rank.pid > 0 and procutil.is_stopped(rank.pid))
         log.debug("rank %d (pid %d) missed its %s deadline; requesting its stack", rank.rank, rank.pid,
                   hang.report.reason.value)
         sig = self.cfg.stack_dump_signal

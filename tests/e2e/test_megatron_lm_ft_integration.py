@@ -91,6 +91,10 @@ def test_ft_sim_fault_desc_drill_hangs_a_rank_which_is_caught_and_restarted(tmp_
         FT_SIM_FAULT_DESC="rank_hung;1;1.0")
     assert exit_code == 0, output[-6000:]
     hangs = [e for e in events if e["event"] == "hang_detected"]
-    assert [(e["rank"], e["reason"]) for e in hangs] == [(1, "section")], output[-6000:]
+    # The drill stops rank 1 at a random point, possibly between steps (no out-of-section timeout
+    # here); rank 0 then expires in its step, blocked in the collective. Whoever expires, the
+    # diagnosis names the rank the drill hung.
+    assert hangs and {e["reason"] for e in hangs} == {"section"}, output[-6000:]
+    assert [(d["culprits"], d["waiting"]) for d in events if d["event"] == "diagnosis"] == [([1], [0])], output[-6000:]
     assert [e["cycle"] for e in events if e["event"] == "restart"] == [0]
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "60"

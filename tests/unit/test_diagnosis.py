@@ -64,6 +64,23 @@ def test_a_rank_without_iteration_info_stays_a_suspect_until_its_stack_clears_it
     assert "(no iteration reported)" in diagnose([ev(1)]).headline()
 
 
+def test_a_stopped_rank_is_the_culprit_whatever_its_stack_shows():
+    # Megatron-LM's FT_SIM_FAULT_DESC "rank_hung" SIGSTOPs a rank; the monitor continues it to take
+    # its stack, which then shows an ordinary step, while its peer errored out of the collective.
+    verdict = diagnose([ev(0, in_collective=False), ev(1, in_collective=False, stopped=True)])
+    assert ranks(verdict) == ([1], [0])
+    assert "ranks 1 stopped by a signal" in verdict.evidence
+    assert ranks(diagnose([ev(0, stopped=True), ev(1, stopped=True)])) == ([0, 1], [])
+
+
+def test_a_rank_without_a_stack_is_the_suspect_when_its_peers_wait_in_a_collective():
+    # A SIGSTOPped rank (Megatron-LM's FT_SIM_FAULT_DESC "rank_hung") cannot dump its stack; the
+    # peer that waits for it in the all-reduce can. No iteration is known to either.
+    verdict = diagnose([ev(0, in_collective=True), ev(1)])
+    assert ranks(verdict) == ([1], [0])
+    assert "without a stack (1)" in verdict.evidence
+
+
 def test_collective_stacks_tell_nothing_when_every_rank_is_in_one():
     assert ranks(diagnose([ev(0, iteration=5, in_collective=True), ev(1, iteration=4, in_collective=True)])) \
         == ([1], [0])
