@@ -141,3 +141,23 @@ def test_frames_for_another_rank_without_the_token_change_nothing(monitor, ranks
     wait_rejection(monitor, "wrong job token")
     wait_rejection(monitor, "expected Hello first")
     assert_untouched(monitor, healthy)
+
+
+@pytest.mark.parametrize("name, seconds, words", [
+    ("forward", float("nan"), "a finite number of seconds"),
+    ("forward", -1.0, "a finite number of seconds"),
+    ("", 0.1, "a non-empty string"),
+    ("x" * 1000, 0.1, "a non-empty string"),
+])
+def test_a_bad_phase_sample_closes_only_its_connection(monitor, ranks, name, seconds, words):
+    # Straggler detection's phase messages cross the socket too: validated, never trusted.
+    from ft_core.protocol import HelloAck, PhaseTime, recv_msg, send_msg
+
+    healthy = ranks(monitor, "heartbeat_forever")
+    with connect(monitor) as sock:
+        send_msg(sock, Hello(token=TOKEN, rank=7))
+        assert isinstance(recv_msg(sock, FrameDecoder(), 10), HelloAck)
+        send_msg(sock, PhaseTime(name=name, seconds=seconds))
+        assert closed_by_peer(sock, 10)
+    assert words in wait_rejection(monitor, words)
+    assert_untouched(monitor, healthy)
