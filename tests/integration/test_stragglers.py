@@ -8,7 +8,8 @@ longer (relative score 1/1.6 = 0.625 < 0.75). Reports every 2 s, K = 3.
 from __future__ import annotations
 
 import pytest
-from launcher_helpers import LauncherGroup, Rendezvous
+from helpers import wait_for
+from launcher_helpers import LauncherGroup, Rendezvous, exit_event
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -80,3 +81,32 @@ def test_restart_action_restarts_the_cycle_once_and_says_why(launchers):
     kinds = {e["kind"] for node in (a, b) for e in node.events("restart")}
     assert "straggler" in kinds and kinds <= {"straggler", "peer"}
     assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(r, 1) for r in range(4)}
+
+
+def test_exclude_node_action_hands_the_slow_node_over_to_the_hot_spare(launchers):
+    # A and B run the job (one rank each), C waits as a hot spare. B's rank is slow in cycle 0:
+    # B leaves (an exclusion, not a fault: no restart is spent) and C takes its place. With two
+    # ranks the job-wide median is their mean, so B's rank is 3x slower: score (1 + 3) / 2 / 3 = 0.67.
+    rdzv = Rendezvous("c10d")
+    flags = (*rdzv.flags("2:2"), *FLAGS, "--ft-straggler-action=exclude-node")
+    a = launchers.start(*flags, name="A", nproc=1, **RUN)
+    rdzv.wait_ready()
+    b = launchers.start(*flags, name="B", nproc=1, FT_TEST_SLOW_RANK="1", FT_TEST_SLOW_FACTOR="3",
+                        **RUN)
+    for node in (a, b):
+        node.wait_event("rank_connected", 180)
+    c = launchers.start(*flags, name="C", nproc=1, **RUN)
+    wait_for(lambda: rdzv.spares_waiting() == 1 or b.proc.poll() is not None, 120, "C to wait as a hot spare",
+             interval=0.5)
+    assert b.wait(120) == 0, b.output()[-3000:]
+    (straggler,) = b.events("straggler")
+    assert (straggler["rank"], straggler["action"]) == (1, "exclude-node")
+    assert straggler["rank_node"] == b.events("launcher_started")[0]["node"]
+    assert "straggler in phase 'forward'" in exit_event(b)["reason"], exit_event(b)
+    assert a.wait(300) == 0, a.output()[-3000:]
+    assert c.wait(60) == 0, c.output()[-3000:]
+    assert [e["cycle"] for e in a.events("cycle_start")] == [0, 1]
+    assert a.events("cycle_start")[1]["restarts"] == 0  # an exclusion is not a fault
+    assert [e["cycle"] for e in b.events("cycle_start")] == [0]
+    assert [e["cycle"] for e in c.events("cycle_start")] == [1]
+    assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(0, 1), (1, 1)}
