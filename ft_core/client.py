@@ -19,6 +19,12 @@ Heartbeats and section events are one-way writes on a non-blocking socket:
 a stalled monitor never blocks a training step. A heartbeat that finds the
 socket buffer full is dropped (the next one carries the same information);
 section events and checkpoint reports are queued and sent in order.
+
+The per-call paths (``send_heartbeat``, ``start_section``, ``end_section``)
+are kept at about one ``send`` syscall: frames are encoded once and re-encoded
+only when the reported iteration changes, the socket's ``send`` is bound once,
+the Megatron iteration source is resolved at init, and nothing is allocated
+when the socket takes the whole frame.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import logging
 import os
 import socket
 import sys
+import time
+from collections.abc import Callable
 from typing import IO, Any, Optional
 
 from ft_core.config import FaultToleranceConfig
@@ -72,6 +80,7 @@ LAUNCHER_SOCKET_ENV = "FT_LAUNCHER_IPC_SOCKET"
 #: Round trips (handshake, timeout updates) give up after this long.
 REQUEST_TIMEOUT = 30.0
 _SEND_BUFFER_BYTES = 1 << 20
+_monotonic = time.monotonic
 
 
 class RankMonitorClientError(Exception):
@@ -99,14 +108,24 @@ class RankMonitorClient:
         self.rank: Optional[int] = None
         self._loaded_state: Optional[dict[str, Any]] = None
         self._sock: Optional[socket.socket] = None
+        #: ``self._sock.send`` while connected, :func:`_discard` once the monitor is lost, None before init.
+        self._send: Optional[Callable[[bytes], int]] = None
         self._decoder = FrameDecoder()
         self._unsent = bytearray()  # one-way bytes the socket could not take yet
         self._open: set[str] = set()
         self._tracked: frozenset[str] = frozenset()
         self._calc: Optional[TimeoutsCalc] = None
+        #: The last heartbeat's time, and the largest gap TimeoutsCalc has seen (-1 until it has one):
+        #: a heartbeat consults TimeoutsCalc only when its gap is a new largest one (see send_heartbeat).
+        self._hb_last = 0.0
+        self._hb_max_gap = -1.0
+        #: Section events wait for the monitor's Ack (``skip_section_response=False``).
+        self._section_replies = False
         self._iteration: Optional[int] = None
+        #: Megatron's global args, read for the iteration when set_iteration() was never called.
+        self._megatron_args: Any = None
         self._hb_frame = encode(Heartbeat())
-        self._hb_iter_frame: tuple[Optional[int], bytes] = (None, self._hb_frame)
+        self._hb_frame_iteration: Optional[int] = None
         self._end_frames: dict[str, bytes] = {}
         self._start_frames: dict[str, tuple[Optional[int], bytes]] = {}
         self._dump_file: Optional[IO[str]] = None
@@ -172,9 +191,13 @@ class RankMonitorClient:
         self._tracked = frozenset(self.section_timeouts.section)
         self._calc = TimeoutsCalc(self.cfg.safety_factor, num_warmup_iterations=self.cfg.num_warmup_iterations,
                                   min_timeout=self.cfg.min_calculated_timeout)
+        self._hb_last, self._hb_max_gap = self._calc.start_time, -1.0
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
         sock.setblocking(False)
         self._sock = sock
+        self._send = sock.send
+        self._section_replies = not self.cfg.skip_section_response
+        self._megatron_args = _megatron_args()
         self._monitor_lost = False
         self._register_stack_dump()
         if self.cfg.install_exception_hook:
@@ -188,6 +211,7 @@ class RankMonitorClient:
             return
         self.is_initialized = False
         sock, self._sock = self._sock, None
+        self._send = None
         try:
             assert sock is not None
             sock.setblocking(True)
@@ -207,39 +231,50 @@ class RankMonitorClient:
     # -- liveness ---------------------------------------------------------
     def send_heartbeat(self) -> None:
         """Tell the monitor this rank is alive (one ``send``; never blocks)."""
-        self._require_init("send_heartbeat")
-        self._calc.update_on_heartbeat()  # type: ignore[union-attr]
-        iteration = self._current_iteration()
-        if iteration is None:
-            frame = self._hb_frame
-        else:
-            cached_iteration, frame = self._hb_iter_frame
-            if cached_iteration != iteration:
-                frame = encode(Heartbeat(iteration))
-                self._hb_iter_frame = (iteration, frame)
-        self._send_oneway(frame, droppable=True)
+        send = self._send
+        if send is None:
+            raise RankMonitorClientError("send_heartbeat() needs init_workload_monitoring() first")
+        now = _monotonic()
+        if now - self._hb_last > self._hb_max_gap:
+            self._learn_heartbeat_gap(now)  # the first heartbeats, then only a new largest gap
+        self._hb_last = now
+        iteration = self._iteration if self._megatron_args is None else self._current_iteration()
+        frame = self._hb_frame if iteration == self._hb_frame_iteration else self._heartbeat_frame(iteration)
+        if self._unsent:
+            self._send_oneway(frame, droppable=True)
+            return
+        # The common case inlined: the socket takes the whole frame.
+        try:
+            sent = send(frame)
+        except OSError:  # nothing was sent: buffer full (the slow path drops it) or the monitor is gone
+            self._send_oneway(frame, droppable=True)
+            return
+        if sent != len(frame):
+            self._unsent += frame[sent:]  # a frame begun must be completed
 
     def start_section(self, section: str) -> None:
         """Open ``section``; sections may nest and overlap, but not be opened twice."""
-        self._require_init("start_section")
+        if self._send is None:
+            raise RankMonitorClientError("start_section() needs init_workload_monitoring() first")
         if section in self._open:
             raise RankMonitorClientError(f"section {section!r} is already open; end it before starting it again")
         self._open.add(section)
         if section in self._tracked:
-            self._calc.update_on_section_start(section)  # type: ignore[union-attr]
-            iteration = self._current_iteration()
+            self._calc.update_on_section_start(section, _monotonic())  # type: ignore[union-attr]
+            iteration = self._iteration if self._megatron_args is None else self._current_iteration()
             cached = self._start_frames.get(section)
             if cached is None or cached[0] != iteration:
                 cached = self._start_frames[section] = (iteration, encode(SectionStart(section, iteration)))
             self._send_state(cached[1])
 
     def end_section(self, section: str) -> None:
-        self._require_init("end_section")
+        if self._send is None:
+            raise RankMonitorClientError("end_section() needs init_workload_monitoring() first")
         if section not in self._open:
             raise RankMonitorClientError(f"section {section!r} is not open; start_section({section!r}) first")
         self._open.discard(section)
         if section in self._tracked:
-            self._calc.update_on_section_end(section)  # type: ignore[union-attr]
+            self._calc.update_on_section_end(section, _monotonic())  # type: ignore[union-attr]
             frame = self._end_frames.get(section)
             if frame is None:
                 frame = self._end_frames[section] = encode(SectionEnd(section))
@@ -362,22 +397,42 @@ class RankMonitorClient:
             raise RankMonitorClientError(f"{what}() needs init_workload_monitoring() first")
 
     def _current_iteration(self) -> Optional[int]:
-        if self._iteration is not None:
+        if self._iteration is not None or self._megatron_args is None:
             return self._iteration
-        # Megatron keeps its args (with curr_iteration) in a module global.
-        megatron_vars = sys.modules.get("megatron.training.global_vars")
-        if megatron_vars is not None:
-            iteration = getattr(getattr(megatron_vars, "_GLOBAL_ARGS", None), "curr_iteration", None)
-            if isinstance(iteration, int):
-                return iteration
-        return None
+        iteration = getattr(self._megatron_args, "curr_iteration", None)
+        return iteration if isinstance(iteration, int) else None
+
+    def _learn_heartbeat_gap(self, now: float) -> None:
+        """Give TimeoutsCalc a heartbeat whose gap may be a new maximum (the first ones always are).
+
+        Heartbeats with smaller gaps cannot change what TimeoutsCalc learns
+        (the first delay and the largest gap), so the hot path skips it and
+        only keeps the time of the last heartbeat, handed over here.
+        """
+        calc = self._calc
+        assert calc is not None
+        if calc.last_hb_time is not None:
+            calc.last_hb_time = self._hb_last
+        calc.update_on_heartbeat(now)
+        self._hb_max_gap = -1.0 if calc.max_hb_interval is None else calc.max_hb_interval
+
+    def _heartbeat_frame(self, iteration: Optional[int]) -> bytes:
+        """The heartbeat frame for ``iteration``, encoded again only when the iteration changed."""
+        self._hb_frame = encode(Heartbeat(iteration))
+        self._hb_frame_iteration = iteration
+        return self._hb_frame
 
     def _send_oneway(self, frame: bytes, droppable: bool) -> None:
+        """Send without blocking. What the socket cannot take is queued, except a whole heartbeat.
+
+        A heartbeat that finds the buffer full (nothing sent) is dropped: the
+        next one says the same. A partially sent frame must be completed, so
+        its rest is queued like a state message; queued bytes always go first.
+        """
         if self._monitor_lost:
             return
         try:
             if self._unsent:
-                # Keep order: queued state messages go first.
                 self._unsent += frame
                 del self._unsent[:self._sock.send(self._unsent)]  # type: ignore[union-attr]
                 return
@@ -396,7 +451,7 @@ class RankMonitorClient:
 
     def _send_state(self, frame: bytes) -> None:
         """Section/checkpoint events: never dropped; a round trip if the config asks for replies."""
-        if self.cfg is not None and not self.cfg.skip_section_response and not self._monitor_lost:
+        if self._section_replies and not self._monitor_lost:
             self._round_trip_raw(frame)
         else:
             self._send_oneway(frame, droppable=False)
@@ -429,6 +484,7 @@ class RankMonitorClient:
         # Losing the monitor must not become a new way for training to fail;
         # the launcher notices a dead monitor and restarts the cycle.
         self._monitor_lost = True
+        self._send = _discard
         log.error("rank %s lost its rank monitor connection (%s); hang detection is off for this rank",
                   self.rank, exc)
 
@@ -460,6 +516,17 @@ class RankMonitorClient:
         if self._dump_file is not None:
             self._dump_file.close()
             self._dump_file = None
+
+
+def _discard(frame: bytes) -> int:
+    """The socket's ``send`` once the monitor is lost: every frame is taken and goes nowhere."""
+    return len(frame)
+
+
+def _megatron_args() -> Any:
+    """Megatron's global args (they carry ``curr_iteration``) if Megatron-LM set them up in this process."""
+    global_vars = sys.modules.get("megatron.training.global_vars")
+    return getattr(global_vars, "_GLOBAL_ARGS", None)
 
 
 def _env_rank() -> int:

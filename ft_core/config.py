@@ -11,16 +11,19 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 import math
 import os
 import signal
 from collections.abc import Mapping, Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-import yaml
+if TYPE_CHECKING:
+    import argparse
+
+# yaml and argparse are imported where they are used: the node monitor and every rank import
+# this module but never read YAML or parse flags, and each import costs memory in every process.
 
 __all__ = ["FALLBACK_FIELDS", "ConfigError", "FaultToleranceConfig", "parse_signal", "with_fallback"]
 
@@ -244,6 +247,8 @@ class FaultToleranceConfig:
 
     def to_yaml_file(self, path: str | os.PathLike[str]) -> None:
         """Write ``{"fault_tolerance": {...}}`` atomically (temp file + fsync + rename)."""
+        import yaml
+
         from ft_core.fileutil import atomic_write_text
 
         atomic_write_text(path, yaml.safe_dump({"fault_tolerance": self.to_dict()}, sort_keys=False))
@@ -329,6 +334,8 @@ def _find_section(node: Any, key: str = "fault_tolerance") -> Optional[Mapping[s
 
 
 def _load_yaml_section(path: str | os.PathLike[str]) -> dict[str, Any]:
+    import yaml
+
     try:
         with open(path, encoding="utf-8") as handle:
             document = yaml.safe_load(handle)
