@@ -522,8 +522,11 @@ class RankMonitorServer:
         events_path: Optional[str] = None,
         start_timeout: float = 30.0,
         env: Optional[dict[str, str]] = None,
+        wait: bool = True,
     ) -> MonitorProcess:
         """Start a monitor in a new process (``python -m ft_core.monitor``) and wait until it serves.
+
+        With ``wait=False`` it returns at once; call ``wait_ready()`` on the handle before using the socket.
 
         With ``token=None`` the current ``FT_MONITOR_TOKEN`` is used, or a new
         one is generated and exported to ``os.environ`` so that ranks started
@@ -546,7 +549,8 @@ class RankMonitorServer:
                                 preexec_fn=procutil.die_with_parent)
         handle = MonitorProcess(proc, socket_path, token, events_path or os.path.join(
             os.path.dirname(socket_path), "monitor_events.jsonl"))
-        handle.wait_ready(start_timeout)
+        if wait:
+            handle.wait_ready(start_timeout)
         return handle
 
 

@@ -6,10 +6,14 @@ import ctypes
 import os
 import signal
 import stat
+from collections.abc import Callable
 
-__all__ = ["die_with_parent", "make_private_dir", "write_private_file"]
+__all__ = ["die_with_parent", "die_with_parent_preexec", "make_private_dir", "set_child_subreaper",
+           "write_private_file"]
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 # Resolved once here: looking libc up inside a forked child (find_library runs
 # ldconfig) would add ~20 ms to every process start.
 try:
@@ -27,6 +31,33 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     prctl = getattr(_LIBC, "prctl", None)
     if prctl is not None:  # elsewhere callers also poll os.getppid()
         prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+def die_with_parent_preexec(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn`` for children of ``parent_pid``: SIGKILL with the parent, exit if it is already gone."""
+
+    def _preexec() -> None:
+        die_with_parent(signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return _preexec
+
+
+def set_child_subreaper(enabled: bool) -> bool:
+    """Make orphaned descendants of this process its children (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+    Returns the previous setting; raises ``OSError`` where the kernel does not support it.
+    """
+    prctl = getattr(_LIBC, "prctl", None)
+    if prctl is None:
+        raise OSError("prctl is not available")
+    previous = ctypes.c_int(0)
+    if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(previous), 0, 0, 0) != 0 or \
+            prctl(_PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"PR_SET_CHILD_SUBREAPER: {os.strerror(errno)}")
+    return bool(previous.value)
 
 
 def make_private_dir(path: str) -> None:

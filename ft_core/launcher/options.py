@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from typing import Optional
 
 from ft_core.config import ConfigError
@@ -12,6 +13,8 @@ from ft_core.config import ConfigError
 __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "LauncherOptions", "add_launcher_args"]
 
 DEFAULT_NO_RESTART_EXIT_CODE = 93
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_ON_OFF = {"on": True, "off": False}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +33,10 @@ class LauncherOptions:
     checkpoint_iteration_file: Optional[str] = None
     #: Event log path; default ``<log dir>/ft_events.jsonl``.
     events_file: Optional[str] = None
+    #: Fork workers from a factory that has already imported ``prewarm_modules``.
+    prewarm: bool = True
+    #: Modules the worker factory imports before it forks workers.
+    prewarm_modules: tuple[str, ...] = ("torch",)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LauncherOptions:
@@ -41,6 +48,8 @@ class LauncherOptions:
             max_no_progress_cycles=_int_in("--ft-max-no-progress-cycles", args.ft_max_no_progress_cycles, 0, None),
             checkpoint_iteration_file=args.ft_checkpoint_iteration_file or None,
             events_file=args.ft_events_file or None,
+            prewarm=_on_off("--ft-prewarm", args.ft_prewarm),
+            prewarm_modules=_module_names("--ft-prewarm-modules", args.ft_prewarm_modules),
         )
 
 
@@ -70,6 +79,15 @@ def add_launcher_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ft-events-file", "--ft_events_file", default=None, metavar="PATH",
                        help="JSON-lines event log (default: <log-dir>/ft_events.jsonl, or torchelastic's "
                             "temporary log directory when --log-dir is not given)")
+    group.add_argument("--ft-prewarm", "--ft_prewarm", default="on" if defaults.prewarm else "off", metavar="on|off",
+                       help="fork each cycle's workers from a factory process that has already imported "
+                            "--ft-prewarm-modules, instead of starting new interpreters (default: on)")
+    group.add_argument("--ft-no-prewarm", "--ft_no_prewarm", dest="ft_prewarm", action="store_const", const="off",
+                       help="the same as --ft-prewarm=off")
+    group.add_argument("--ft-prewarm-modules", "--ft_prewarm_modules", default=",".join(defaults.prewarm_modules),
+                       metavar="MODULES",
+                       help="comma-separated modules the worker factory imports before forking workers, e.g. "
+                            f"torch,lightning,megatron.core (default: {','.join(defaults.prewarm_modules)})")
 
 
 def _seconds(flag: str, value: object) -> float:
@@ -91,3 +109,19 @@ def _int_in(flag: str, value: object, low: int, high: Optional[int]) -> int:
     if number < low or (high is not None and number > high):
         raise ConfigError(f"{flag}: invalid value {value!r}; allowed: {allowed}")
     return number
+
+
+def _on_off(flag: str, value: object) -> bool:
+    word = str(value).strip().lower()
+    if word not in _ON_OFF:
+        raise ConfigError(f"{flag}: invalid value {value!r}; allowed: on or off")
+    return _ON_OFF[word]
+
+
+def _module_names(flag: str, value: object) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in str(value).split(",") if name.strip())
+    for name in names:
+        if not _MODULE_NAME.fullmatch(name):
+            raise ConfigError(f"{flag}: invalid value {value!r}; allowed: comma-separated module names like "
+                              f"'torch,lightning,megatron.core' ({name!r} is not one)")
+    return names

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any, Optional
 
 import psutil
@@ -112,13 +113,14 @@ class ProcessTracker:
 class Launcher:
     """One ``python -m ft_core.launcher ... worker.py`` process (one node) and its files."""
 
-    def __init__(self, directory: str, flags: list[str], env: dict[str, str]) -> None:
+    def __init__(self, directory: str, flags: list[str], env: dict[str, str], script: Sequence[str] = (WORKER,)
+                 ) -> None:
         self.dir = directory
         os.makedirs(directory, exist_ok=True)
         self.events_path = os.path.join(directory, "ft_events.jsonl")
         self.output_path = os.path.join(directory, "launcher.out")
         with open(self.output_path, "wb") as out:
-            self.proc = spawn_python(["-m", "ft_core.launcher", f"--log-dir={directory}", *flags, WORKER],
+            self.proc = spawn_python(["-m", "ft_core.launcher", f"--log-dir={directory}", *flags, *script],
                                      env=env, stdout=out, stderr=subprocess.STDOUT)
 
     def events(self, name: Optional[str] = None) -> list[dict[str, Any]]:
@@ -167,11 +169,15 @@ class LauncherGroup:
         self.tracker = ProcessTracker()
         self.launchers: list[Launcher] = []
 
-    def start(self, *flags: str, name: Optional[str] = None, nproc: int = 2, **worker_env: str) -> Launcher:
-        """Start a launcher with ``FAST_FLAGS``, ``flags`` and ``FT_TEST_*`` worker settings."""
+    def start(self, *flags: str, name: Optional[str] = None, nproc: int = 2, script: Sequence[str] = (WORKER,),
+              **worker_env: str) -> Launcher:
+        """Start a launcher with ``FAST_FLAGS``, ``flags`` and ``FT_TEST_*`` worker settings.
+
+        ``script`` is the training script and its arguments (default: ``worker.py``).
+        """
         env = python_env(FT_TEST_RECORD=self.record_path, **worker_env)
         directory = os.path.join(self.tmp_path, name or f"node{len(self.launchers)}")
-        launcher = Launcher(directory, [f"--nproc-per-node={nproc}", *FAST_FLAGS, *flags], env)
+        launcher = Launcher(directory, [f"--nproc-per-node={nproc}", *FAST_FLAGS, *flags], env, script)
         self.tracker.add_root(launcher.proc.pid)
         self.launchers.append(launcher)
         return launcher

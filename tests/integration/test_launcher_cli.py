@@ -13,7 +13,7 @@ def test_help_documents_torchrun_and_fault_tolerance_flags():
                  "--monitor-interval", "--no-python", "--log-dir", "--ft-cfg-path", "--ft-rank-heartbeat-timeout",
                  "--ft-param-rank-heartbeat-timeout", "--term-timeout", "--workers-stop-timeout",
                  "--ft-no-restart-exit-code", "--ft-max-no-progress-cycles", "--ft-checkpoint-iteration-file",
-                 "--ft-events-file", "exit codes:"):
+                 "--ft-events-file", "--ft-prewarm", "--ft-no-prewarm", "--ft-prewarm-modules", "exit codes:"):
         assert flag in text
 
 
@@ -26,6 +26,9 @@ def test_help_documents_torchrun_and_fault_tolerance_flags():
     ("--ft-max-no-progress-cycles=-1", "--ft-max-no-progress-cycles"),
     ("--nnodes=two", "--nnodes"),
     ("--max-restarts=-1", "max_restarts"),
+    ("--ft-prewarm=maybe", "--ft-prewarm"),
+    ("--ft-prewarm-modules=torch,light ning", "--ft-prewarm-modules"),
+    ("--ft-prewarm-modules=torch,.core", "--ft-prewarm-modules"),
 ])
 def test_bad_values_fail_fast_naming_the_flag(flag, named, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
@@ -39,3 +42,17 @@ def test_missing_config_file_is_reported(capsys, tmp_path):
     with pytest.raises(SystemExit):
         main([f"--ft-cfg-path={tmp_path / 'nope.yaml'}", "train.py"])
     assert "nope.yaml" in capsys.readouterr().err
+
+
+def test_prewarm_flags_are_parsed():
+    from ft_core.launcher.options import LauncherOptions
+
+    def options(*flags: str) -> LauncherOptions:
+        return LauncherOptions.from_args(build_parser().parse_args([*flags, "train.py"]))
+
+    assert options().prewarm and options().prewarm_modules == ("torch",)
+    assert not options("--ft-no-prewarm").prewarm
+    assert not options("--ft-prewarm=OFF").prewarm
+    assert options("--ft-prewarm-modules= torch, lightning ,megatron.core").prewarm_modules == (
+        "torch", "lightning", "megatron.core")
+    assert options("--ft-prewarm-modules=").prewarm_modules == ()
