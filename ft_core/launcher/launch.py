@@ -57,11 +57,12 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     factory = WorkerFactory.for_job(entrypoint, args, options.prewarm_modules,
                                     config.numa_options) if options.prewarm else None
     try:
-        # The monitor and the worker factory start while the agent does its first rendezvous;
-        # the agent waits for them just before it starts the workers.
-        monitor.start(wait=False)
+        # The worker factory and the monitor start while the agent does its first rendezvous; the
+        # agent waits for them just before it starts the workers. The factory first: its imports
+        # are the longest wait.
         if factory is not None:
             factory.start()
+        monitor.start(wait=False)
         control = WorkloadControlServer(os.path.join(job_dir, "launcher.sock"), token, cfg.max_frame_bytes)
         events.record("launcher_started", run_id=config.run_id, min_nodes=config.min_nodes,
                       max_nodes=config.max_nodes, nproc_per_node=config.nproc_per_node,

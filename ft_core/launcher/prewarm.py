@@ -96,16 +96,13 @@ class AdoptedProcess:
 
     def wait(self, timeout: Optional[float] = None) -> int:
         """As ``Popen.wait``: the exit code (``-N`` for signal N); ``TimeoutExpired`` after ``timeout``."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        delay = 0.0005
-        while (code := self.poll()) is None:
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
-                delay = min(delay, remaining)
-            time.sleep(delay)
-            delay = min(delay * 2, 0.05)
+        if self.returncode is None:
+            if timeout is None:
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            elif not procutil.wait_child_exited(self.pid, timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout)  # type: ignore[arg-type]
+        code = self.poll()
+        assert code is not None
         return code
 
     def send_signal(self, sig: int) -> None:
@@ -332,8 +329,11 @@ class WorkerFactory:
             reply = self._receive(REQUEST_TIMEOUT)
             if not isinstance(reply, Retired):
                 raise FactoryUnavailable(f"unexpected reply to a retire request: {reply!r}")
-            self._proc.wait(REQUEST_TIMEOUT)
-        except (OSError, FactoryError, FactoryUnavailable, subprocess.TimeoutExpired) as exc:
+            # Woken at the exit itself: the workers run from that moment, and cycle_start follows.
+            if not procutil.wait_child_exited(self._proc.pid, REQUEST_TIMEOUT):
+                raise FactoryUnavailable(f"the factory did not exit within {REQUEST_TIMEOUT:.0f} s")
+            self._proc.wait()
+        except (OSError, FactoryError, FactoryUnavailable) as exc:
             self._give_up(f"retiring the factory failed: {exc}")
             return
         assert self._successor_pid is not None and self._successor_channel is not None

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from typing import Any, Optional, cast
@@ -47,6 +48,23 @@ class _DieWithAgentHandler(SubprocessHandler):
                 return cast(subprocess.Popen, forked)
         return subprocess.Popen(args=args, env=env, stdout=self._stdout, stderr=self._stderr,
                                 start_new_session=True, preexec_fn=die_with_parent_preexec(os.getpid()))
+
+    def close(self, death_sig: Optional[signal.Signals] = None) -> None:
+        """As torch's: signal the worker's process group, then close its log files.
+
+        A forked worker leads its own group only once it has run ``setsid``,
+        right after the fork and before any user code; a stop in that first
+        instant signals the one process there is.
+        """
+        sig = death_sig or signal.SIGTERM
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+        for stream in (self._stdout, self._stderr):
+            if stream is not None:
+                stream.close()
 
 
 @contextlib.contextmanager

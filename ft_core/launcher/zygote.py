@@ -16,7 +16,7 @@ launcher:
   stdout and stderr file descriptors the launcher sent with the request, and
   returns out of the factory's loop to run the user's script or ``-m`` module
   as a new interpreter would (:func:`run_worker`).
-* ``Retire``: wait until every forked worker leads its session, then exit.
+* ``Retire``: exit (the prepared successor takes over).
 
 Workers and the successor are re-parented to the launcher when the factory
 exits (the launcher is a child subreaper while a cycle is forked), so the
@@ -161,7 +161,7 @@ class Prepared(msgspec.Struct, tag="prepared", forbid_unknown_fields=True):
 
 
 class Retire(msgspec.Struct, tag="retire", forbid_unknown_fields=True):
-    """Exit once every forked worker is set up (its successor takes over)."""
+    """Exit; the prepared successor takes over."""
 
 
 class Retired(msgspec.Struct, tag="retired", forbid_unknown_fields=True):
@@ -294,8 +294,6 @@ def _serve(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, int]:
 
     The factory itself exits in here: when retired, or when the launcher closes the channel.
     """
-    #: Per forked worker, the read end of a pipe it closes once it leads its own session.
-    pending: list[int] = []
     #: The write end of the pipe the prepared successor sleeps on; it sees EOF when we exit.
     successor_wakeup: Optional[int] = None
     while True:
@@ -308,19 +306,15 @@ def _serve(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, int]:
         msg, fds = received
         factory_pid = os.getpid()
         if isinstance(msg, Fork) and len(fds) == 3:
-            inherited = [*pending, *([successor_wakeup] if successor_wakeup is not None else [])]
-            pid, setup_done = _fork_worker(channel, fds, inherited)
+            pid = _fork_worker(channel, fds, [successor_wakeup] if successor_wakeup is not None else [])
             if pid == 0:
                 return msg, factory_pid
-            pending.append(setup_done)
             channel.send(Forked(pid))
         elif isinstance(msg, Prepare) and len(fds) == 1 and successor_wakeup is None:
             wakeup_r, successor_wakeup = os.pipe()
             pid = os.fork()
             if pid == 0:  # the successor: the next cycle's factory, already warm
-                for fd in (successor_wakeup, *pending):
-                    os.close(fd)
-                pending = []
+                os.close(successor_wakeup)
                 channel.close()
                 channel = FactoryChannel(socket.socket(fileno=fds[0]))
                 successor_wakeup = None
@@ -336,8 +330,6 @@ def _serve(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, int]:
             os.close(fds[0])
             channel.send(Prepared(pid))
         elif isinstance(msg, Retire) and not fds:
-            for setup_done in pending:
-                os.read(setup_done, 1)  # EOF once the worker leads its session (or died)
             channel.send(Retired())
             os._exit(0)
         else:
@@ -346,35 +338,33 @@ def _serve(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, int]:
             channel.send(Failed(f"unexpected request {type(msg).__name__} with {len(fds)} descriptor(s)"))
 
 
-def _fork_worker(channel: FactoryChannel, stdio: list[int], inherited: list[int]) -> tuple[int, int]:
-    """Fork; the child closes ``inherited``, takes ``stdio`` as fds 0-2 and starts its own session.
+def _fork_worker(channel: FactoryChannel, stdio: list[int], inherited: list[int]) -> int:
+    """Fork; the child closes ``inherited``, starts its own session and takes ``stdio`` as fds 0-2.
 
-    Returns the child's pid (0 in the child) and a pipe's read end that sees
-    EOF once the child leads its session, as after ``Popen(start_new_session=True)``.
+    Returns the child's pid (0 in the child). Nothing waits for the child: until
+    it leads its session, the launcher signals its pid instead of its group
+    (see ``ft_core.launcher.process``).
     """
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # nothing buffered may be written twice
-    setup_r, setup_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            for fd in (setup_r, *inherited):
+            for fd in inherited:
                 os.close(fd)
             channel.close()
-            os.setsid()  # killpg(pid) reaches the worker's group
+            os.setsid()  # as Popen(start_new_session=True): killpg(pid) reaches the worker's group
             for target, fd in enumerate(stdio):
                 os.dup2(fd, target)
             for fd in stdio:
                 os.close(fd)
-            os.close(setup_w)
         except BaseException as exc:  # noqa: BLE001 - never return into the factory's loop
             os.write(2, f"ft_launcher: pre-warmed worker setup failed: {exc!r}\n".encode())
             os._exit(1)
-        return 0, -1
-    os.close(setup_w)
+        return 0
     for fd in stdio:
         os.close(fd)
-    return pid, setup_r
+    return pid
 
 
 def _wait_adopted(launcher_pid: int, factory_pid: int) -> None:

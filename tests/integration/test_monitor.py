@@ -382,3 +382,8 @@ def test_megatron_iteration_is_reported_with_heartbeats(start_monitor, ranks):
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
     assert hang["reason"] == "heartbeat"
     assert hang["iteration"] == 104  # the value of args.curr_iteration at the last heartbeat
+
+
+def test_monitor_runs_as_a_batch_task_so_its_wakeups_never_preempt_ranks(start_monitor):
+    monitor = start_monitor()
+    assert os.sched_getscheduler(monitor.pid) == os.SCHED_BATCH
