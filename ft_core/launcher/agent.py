@@ -65,6 +65,7 @@ from ft_core.launcher.events import EventLog
 from ft_core.launcher.job_store import open_job_store
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
+from ft_core.launcher.prewarm import WorkerFactory
 from ft_core.launcher.process import workers_die_with_agent
 from ft_core.launcher.progress import ProgressTracker
 
@@ -95,6 +96,8 @@ class Services:
     control: WorkloadControlServer
     events: EventLog
     token: str
+    #: Forks pre-warmed workers; None when pre-warming is off or cannot apply.
+    factory: Optional[WorkerFactory] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +161,8 @@ class FtElasticAgent(LocalElasticAgent):
         assert self._cycle is not None
         self._hangs.clear()
         self._failed.clear()
-        with workers_die_with_agent():
+        self._svc.monitor.wait_ready()  # started in parallel with the first rendezvous
+        with workers_die_with_agent(self._svc.factory):
             pids = super()._start_workers(worker_group)
         started = time.time()
         self._svc.events.cycle_started(started)

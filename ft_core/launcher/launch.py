@@ -26,6 +26,7 @@ from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
+from ft_core.launcher.prewarm import WorkerFactory
 from ft_core.launcher.rendezvous_records import use_cheap_method_names
 
 __all__ = ["launch"]
@@ -54,14 +55,21 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     _install_signal_handlers(config.signals_to_handle)
     use_cheap_method_names()  # a restart's rendezvous would spend most of its time naming its records
+    factory = WorkerFactory.for_job(entrypoint, args, options.prewarm_modules,
+                                    config.numa_options) if options.prewarm else None
     try:
-        monitor.start()
+        # The worker factory and the monitor start while the agent does its first rendezvous; the
+        # agent waits for them just before it starts the workers. The factory first: its imports
+        # are the longest wait.
+        if factory is not None:
+            factory.start()
+        monitor.start(wait=False)
         control = WorkloadControlServer(job_dir.launcher_socket, token, cfg.max_frame_bytes)
         events.write(LauncherStarted(
             run_id=config.run_id, min_nodes=config.min_nodes, max_nodes=config.max_nodes,
             nproc_per_node=config.nproc_per_node, max_restarts=config.max_restarts,
             rdzv_backend=config.rdzv_backend, monitor_pid=monitor.pid, config=cfg.to_dict()))
-        services = Services(monitor, control, events, token)
+        services = Services(monitor, control, events, token, factory)
         agent = FtElasticAgent(
             _worker_spec(config, entrypoint, args), config.logs_specs, services=services, options=options,
             start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,
@@ -80,6 +88,8 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
             _release_rendezvous(agent, outcome.rendezvous)
         if control is not None:
             control.close()
+        if factory is not None:
+            factory.close()
         monitor.stop()
         claim.release()
         events.write(LauncherExit(exit_code=outcome.exit_code, reason=outcome.reason))
