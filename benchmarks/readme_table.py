@@ -100,6 +100,28 @@ def startup_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
            "≤ 1.03×")
 
 
+def false_kills_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
+    clients = data["clients"]
+    counts = sorted(clients, key=int)
+    runs = clients[counts[0]]["runs"]
+
+    def delay_ms(entry: dict[str, Any], key: str = "median") -> str:
+        delay = entry["hang_detect_delay_s"]
+        return "missed" if delay is None else f"{delay[key] * 1000:.0f}"
+
+    last = clients[counts[-1]]
+    yield (f"false kills, {' / '.join(counts)} ranks at {1 / data['step_s']:g} steps/s (`false_kills.py`, "
+           f"{runs} runs each)",
+           " / ".join(str(clients[n]["false_kills"]) for n in counts), "",
+           f"0; a real hang among them is caught {' / '.join(delay_ms(clients[n]) for n in counts)} ms after its "
+           f"timeout (median; p99 at {counts[-1]} ranks: {delay_ms(last, 'p99')} ms)")
+    stall = data["stall_3s"]
+    delay = stall["hang_detect_delay_s"]
+    caught = "missed" if delay is None else f"caught {delay['median']:.2f} s after its timeout (median)"
+    yield (f"false kills, monitor stopped 3 s ({stall['clients']} ranks)", str(stall["false_kills"]), "",
+           f"0; the hang is {caught}: the stop is granted as grace")
+
+
 def lightning_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
     for mode in ("heartbeats", "sections"):
         yield (f"Lightning callback ({mode}), {data['step_ms']:g} ms step (`lightning_overhead.py`)",
@@ -118,7 +140,8 @@ def inprocess_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
 
 SECTIONS = (("ipc_overhead", ipc_rows), ("detection_latency", detection_rows),
             ("restart_latency_prewarm_on", restart_rows), ("restart_latency_prewarm_off", restart_rows),
-            ("memory_overhead", memory_rows), ("startup", startup_rows), ("lightning_overhead", lightning_rows),
+            ("memory_overhead", memory_rows), ("startup", startup_rows), ("false_kills", false_kills_rows),
+            ("lightning_overhead", lightning_rows),
             ("inprocess_restart", inprocess_rows))
 
 
