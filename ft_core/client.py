@@ -261,7 +261,6 @@ class RankMonitorClient:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
         sock.setblocking(False)
         self._sock = sock
-        self._send = sock.send
         self._section_replies = not self.cfg.skip_section_response
         self._megatron_args = _megatron_args()
         self._monitor_lost = False
@@ -270,6 +269,7 @@ class RankMonitorClient:
         self._register_stack_dump()
         if self.cfg.install_exception_hook:
             _install_exception_hook()
+        self._send = sock.send  # set with is_initialized: the hot paths check this one
         self.is_initialized = True
         log.debug("rank %d connected to the rank monitor at %s", self.rank, socket_path)
 
