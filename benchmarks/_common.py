@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import os
 import platform
 import statistics
 import sys
@@ -23,8 +25,21 @@ def summarize(samples: Sequence[float], scale: float = 1.0, digits: int = 3) -> 
     }
 
 
+def host() -> dict[str, Any]:
+    """Where and when a benchmark ran: the README table names the machine and the date from this."""
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            model = next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"python": sys.version.split()[0], "machine": platform.machine(), "cpu": model, "cpus": os.cpu_count(),
+            "date": datetime.date.today().isoformat(), "load_avg_1m": round(os.getloadavg()[0], 2)}
+
+
 def emit(result: dict[str, Any]) -> None:
-    result.setdefault("host", {"python": sys.version.split()[0], "machine": platform.machine()})
+    """Print a benchmark's result as JSON on stdout, with ``host``."""
+    result.setdefault("host", host())
     print(json.dumps(result, indent=2))
 
 

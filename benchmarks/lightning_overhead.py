@@ -6,8 +6,10 @@ without the callback and with it in both modes, in one process, in
 interleaved rounds, against a real rank monitor started with
 ``RankMonitorServer.run_in_subprocess``. Throughput is measured between the
 end of a warm-up step and the end of the last step, so setup is excluded. On a
-busy machine the wall-clock comparison is noisy; ``hook_us_per_step`` (time
-spent inside the callback's per-step hooks) is the callback's own cost.
+busy machine the wall-clock comparison is noisy; ``overhead_pct_spread`` gives
+the per-round overheads (median, min, max over the rounds) and
+``hook_us_per_step`` (time spent inside the callback's per-step hooks) is the
+callback's own cost.
 
     python benchmarks/lightning_overhead.py [--steps 150] [--rounds 5] [--step-ms 20]
 """
@@ -15,10 +17,10 @@ spent inside the callback's per-step hooks) is the callback's own cost.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
+import sys
 import tempfile
 import time
 import warnings
@@ -27,9 +29,12 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch.utils.data import DataLoader, TensorDataset
 
-from ft_core.config import FaultToleranceConfig
-from ft_core.monitor import RankMonitorServer
-from ft_integrations.lightning import FaultToleranceCallback
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import emit  # noqa: E402
+
+from ft_core.config import FaultToleranceConfig  # noqa: E402
+from ft_core.monitor import RankMonitorServer  # noqa: E402
+from ft_integrations.lightning import FaultToleranceCallback  # noqa: E402
 
 WARMUP_STEPS = 10
 VARIANTS = ("baseline", "heartbeats", "sections")
@@ -102,12 +107,19 @@ def run(variant: str, steps: int, step_seconds: float, root: str, hook_us: dict[
     return clock.steps / (clock.end - clock.start)
 
 
+def _spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3), "rounds": len(values)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=150, help="timed steps per run")
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (each runs every variant)")
     parser.add_argument("--step-ms", type=float, default=20.0, help="simulated step time")
     args = parser.parse_args()
+    if args.rounds < 5:
+        parser.error("--rounds must be at least 5")
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -145,10 +157,14 @@ def main() -> None:
         "hook_us_per_step_mean": {v: round(statistics.fmean(h), 1) for v, h in hook_us.items()},
         "hook_overhead_pct": {v: round(100.0 * statistics.median(h) * 1e-6 * baseline, 4)
                               for v, h in hook_us.items()},
+        # Per round: the variant against the baseline of the same round (machine drift hits both).
+        "overhead_pct_spread": {v: _spread([100.0 * (b / r - 1.0) for b, r in zip(rates["baseline"], rates[v])])
+                                for v in VARIANTS[1:]},
         "runs_steps_per_s": {v: [round(x, 3) for x in r] for v, r in rates.items()},
-        "target_overhead_pct": 1.0,
+        "load_avg_1m": os.getloadavg()[0],
+        "target_overhead_pct": 0.5,
     }
-    print(json.dumps(result, indent=2))
+    emit(result)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,13 @@ write that fits carries the latest one (with the latest iteration). What the
 buffer held back is sent, in order, by a small background thread as soon as
 the monitor makes room -- not at the rank's next call, which may be minutes
 away -- so a section end is never stuck behind a full buffer.
+
+The per-call paths (``send_heartbeat``, ``start_section``, ``end_section``)
+are kept at about one ``send`` syscall: frames are encoded once and re-encoded
+only when the reported iteration changes, the socket's ``send`` is bound once,
+the Megatron iteration source is resolved at init, timeout learning sees a
+heartbeat only when its gap is a new largest one, and nothing is allocated
+when the socket takes the whole frame.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, Any, Optional
 
@@ -104,6 +111,7 @@ _SEND_BUFFER_BYTES = 1 << 20
 #: While frames are held back, the flusher thread retries at least this often (ms), even
 #: when the socket does not report room (Unix sockets report it only when 3/4 empty).
 _FLUSH_POLL_MS = 50
+_monotonic = time.monotonic
 
 
 class RankMonitorClientError(Exception):
@@ -141,6 +149,8 @@ class RankMonitorClient:
         self.rank: Optional[int] = None
         self._loaded_state: Optional[dict[str, Any]] = None
         self._sock: Optional[socket.socket] = None
+        #: ``self._sock.send`` bound once, between init and shutdown (None otherwise: the hot paths' init check).
+        self._send: Optional[Callable[[bytes], int]] = None
         self._decoder = FrameDecoder()
         # Full-buffer state. The hot path reads only ``_congested`` (no lock); everything
         # else below is touched under ``_lock``, shared with the flusher thread.
@@ -154,9 +164,17 @@ class RankMonitorClient:
         self._open: set[str] = set()
         self._tracked: frozenset[str] = frozenset()
         self._calc: Optional[TimeoutsCalc] = None
+        #: The last heartbeat's time, and the largest gap TimeoutsCalc has seen (-1 until it has one):
+        #: a heartbeat consults TimeoutsCalc only when its gap is a new largest one (see send_heartbeat).
+        self._hb_last = 0.0
+        self._hb_max_gap = -1.0
+        #: Section events wait for the monitor's Ack (``skip_section_response=False``).
+        self._section_replies = False
         self._iteration: Optional[int] = None
+        #: Megatron's global args, read for the iteration when set_iteration() was never called.
+        self._megatron_args: Any = None
         self._hb_frame = encode(Heartbeat())
-        self._hb_iter_frame: tuple[Optional[int], bytes] = (None, self._hb_frame)
+        self._hb_frame_iteration: Optional[int] = None
         self._end_frames: dict[str, bytes] = {}
         self._start_frames: dict[str, tuple[Optional[int], bytes]] = {}
         self._dump_file: Optional[IO[str]] = None
@@ -242,15 +260,19 @@ class RankMonitorClient:
         self._tracked = frozenset(self.section_timeouts.section)
         self._calc = TimeoutsCalc(self.cfg.safety_factor, num_warmup_iterations=self.cfg.num_warmup_iterations,
                                   min_timeout=self.cfg.min_calculated_timeout, sections=self._tracked)
+        self._hb_last, self._hb_max_gap = self._calc.start_time, -1.0
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
         sock.setblocking(False)
         self._sock = sock
+        self._section_replies = not self.cfg.skip_section_response
+        self._megatron_args = _megatron_args()
         self._monitor_lost = False
         self._congested = False
         self._closing = False
         self._register_stack_dump()
         if self.cfg.install_exception_hook:
             _install_exception_hook()
+        self._send = sock.send  # set with is_initialized: the hot paths check this one
         self.is_initialized = True
         log.debug("rank %d connected to the rank monitor at %s", self.rank, socket_path)
 
@@ -261,6 +283,7 @@ class RankMonitorClient:
         self.is_initialized = False
         self._stop_flusher()
         sock, self._sock = self._sock, None
+        self._send = None
         try:
             assert sock is not None
             sock.setblocking(True)
@@ -281,17 +304,29 @@ class RankMonitorClient:
     # -- liveness ---------------------------------------------------------
     def send_heartbeat(self) -> None:
         """Tell the monitor this rank is alive (one ``send``; never blocks)."""
-        self._require_init("send_heartbeat")
-        self._calc.update_on_heartbeat()  # type: ignore[union-attr]
-        iteration = self._current_iteration()
-        if iteration is None:
-            frame = self._hb_frame
-        else:
-            cached_iteration, frame = self._hb_iter_frame
-            if cached_iteration != iteration:
-                frame = encode(Heartbeat(iteration))
-                self._hb_iter_frame = (iteration, frame)
-        self._send_oneway(frame, heartbeat=True)
+        send = self._send
+        if send is None:
+            raise RankMonitorClientError("send_heartbeat() needs init_workload_monitoring() first")
+        now = _monotonic()
+        if now - self._hb_last > self._hb_max_gap:
+            self._learn_heartbeat_gap(now)  # the first heartbeats, then only a new largest gap
+        self._hb_last = now
+        iteration = self._iteration if self._megatron_args is None else self._current_iteration()
+        frame = self._hb_frame if iteration == self._hb_frame_iteration else self._heartbeat_frame(iteration)
+        if self._congested:  # something is held back, or the monitor is lost
+            self._hold_back(frame, heartbeat=True)
+            return
+        # _send_oneway inlined (one call less per step: this path is measured against a raw send).
+        try:
+            sent = send(frame)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self._on_monitor_lost(exc)
+            return
+        if sent != len(frame):
+            # Not sent at all: coalesced into the next write; partly sent: the rest must follow.
+            self._hold_back(frame[sent:], heartbeat=sent == 0)
 
     def start_section(self, section: str) -> None:
         """Open ``section``; sections may nest and overlap, but not be opened twice.
@@ -299,14 +334,15 @@ class RankMonitorClient:
         As in NVRx, a section not named in ``rank_section_timeouts`` is ignored
         (no message, no check): instrumented code runs unchanged under any config.
         """
-        self._require_init("start_section")
+        if self._send is None:
+            raise RankMonitorClientError("start_section() needs init_workload_monitoring() first")
         if section not in self._tracked:
             return
         if section in self._open:
             raise RankMonitorClientError(f"section {section!r} is already open; end it before starting it again")
         self._open.add(section)
-        iteration = self._current_iteration()
-        self._calc.update_on_section_start(section, iteration=iteration)  # type: ignore[union-attr]
+        iteration = self._iteration if self._megatron_args is None else self._current_iteration()
+        self._calc.update_on_section_start(section, _monotonic(), iteration)  # type: ignore[union-attr]
         cached = self._start_frames.get(section)
         if cached is None or cached[0] != iteration:
             cached = self._start_frames[section] = (iteration, encode(SectionStart(section, iteration)))
@@ -314,13 +350,14 @@ class RankMonitorClient:
 
     def end_section(self, section: str) -> None:
         """Close ``section``; a tracked section must be open, an untracked one is ignored."""
-        self._require_init("end_section")
+        if self._send is None:
+            raise RankMonitorClientError("end_section() needs init_workload_monitoring() first")
         if section not in self._tracked:
             return
         if section not in self._open:
             raise RankMonitorClientError(f"section {section!r} is not open; start_section({section!r}) first")
         self._open.discard(section)
-        self._calc.update_on_section_end(section)  # type: ignore[union-attr]
+        self._calc.update_on_section_end(section, _monotonic())  # type: ignore[union-attr]
         frame = self._end_frames.get(section)
         if frame is None:
             frame = self._end_frames[section] = encode(SectionEnd(section))
@@ -358,7 +395,7 @@ class RankMonitorClient:
         if problem is not None:
             raise RankMonitorClientError(f"record_phase: {problem}")
         if self.cfg is not None and self.cfg.straggler_report_interval is not None:
-            self._send_oneway(encode(PhaseTime(phase, float(seconds))), heartbeat=False)
+            self._send_oneway(encode(PhaseTime(phase, float(seconds))))
 
     def set_iteration(self, iteration: Optional[int]) -> None:
         """The training iteration reported with later heartbeats and sections."""
@@ -494,30 +531,48 @@ class RankMonitorClient:
             raise RankMonitorClientError(f"{what}() needs init_workload_monitoring() first")
 
     def _current_iteration(self) -> Optional[int]:
-        if self._iteration is not None:
+        if self._iteration is not None or self._megatron_args is None:
             return self._iteration
-        # Megatron keeps its args (with curr_iteration) in a module global.
-        megatron_vars = sys.modules.get("megatron.training.global_vars")
-        if megatron_vars is not None:
-            iteration = getattr(getattr(megatron_vars, "_GLOBAL_ARGS", None), "curr_iteration", None)
-            if isinstance(iteration, int):
-                return iteration
-        return None
+        iteration = getattr(self._megatron_args, "curr_iteration", None)
+        return iteration if isinstance(iteration, int) else None
 
-    def _send_oneway(self, frame: bytes, heartbeat: bool) -> None:
+    def _learn_heartbeat_gap(self, now: float) -> None:
+        """Give TimeoutsCalc a heartbeat whose gap may be a new maximum (the first ones always are).
+
+        Heartbeats with smaller gaps cannot change what TimeoutsCalc learns
+        (the first delay and the largest gap), so the hot path skips it and
+        only keeps the time of the last heartbeat, handed over here.
+        """
+        calc = self._calc
+        assert calc is not None
+        if calc.last_hb_time is not None:
+            calc.last_hb_time = self._hb_last
+        calc.update_on_heartbeat(now)
+        self._hb_max_gap = -1.0 if calc.max_hb_interval is None else calc.max_hb_interval
+
+    def _heartbeat_frame(self, iteration: Optional[int]) -> bytes:
+        """The heartbeat frame for ``iteration``, encoded again only when the iteration changed."""
+        self._hb_frame = encode(Heartbeat(iteration))
+        self._hb_frame_iteration = iteration
+        return self._hb_frame
+
+    def _send_oneway(self, frame: bytes) -> None:
+        """Send a section or checkpoint frame without blocking; what the socket cannot take is held back.
+
+        ``send_heartbeat`` has its own inlined copy of this, which coalesces a heartbeat not sent at all.
+        """
         if self._congested:
-            self._hold_back(frame, heartbeat)  # keep order behind what is held back
+            self._hold_back(frame, heartbeat=False)  # keep order behind what is held back
             return
         try:
-            sent = self._sock.send(frame)  # type: ignore[union-attr]
+            sent = self._send(frame)  # type: ignore[misc]  # bound at init: no attribute lookup per call
         except BlockingIOError:
             sent = 0
         except OSError as exc:
             self._on_monitor_lost(exc)
             return
         if sent != len(frame):
-            # A heartbeat not sent at all is coalesced; a partly sent frame must be completed.
-            self._hold_back(frame[sent:], heartbeat and sent == 0)
+            self._hold_back(frame[sent:], heartbeat=False)  # a frame begun must be completed
 
     def _hold_back(self, frame: bytes, heartbeat: bool) -> None:
         """The slow path: queue ``frame`` (or make it the pending heartbeat) and have it flushed."""
@@ -582,10 +637,10 @@ class RankMonitorClient:
 
     def _send_state(self, frame: bytes) -> None:
         """Section/checkpoint events: never dropped; a round trip if the config asks for replies."""
-        if self.cfg is not None and not self.cfg.skip_section_response and not self._monitor_lost:
+        if self._section_replies and not self._monitor_lost:
             self._round_trip_raw(frame)
         else:
-            self._send_oneway(frame, heartbeat=False)
+            self._send_oneway(frame)
 
     def _round_trip(self, msg: Message) -> Message:
         return self._round_trip_raw(encode(msg))
@@ -655,6 +710,12 @@ class RankMonitorClient:
         if self._dump_file is not None:
             self._dump_file.close()
             self._dump_file = None
+
+
+def _megatron_args() -> Any:
+    """Megatron's global args (they carry ``curr_iteration``) if Megatron-LM set them up in this process."""
+    global_vars = sys.modules.get("megatron.training.global_vars")
+    return getattr(global_vars, "_GLOBAL_ARGS", None)
 
 
 def _env_rank() -> int:

@@ -23,7 +23,6 @@ silently ignores it.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
 import difflib
@@ -36,10 +35,9 @@ import os
 import signal
 import stat
 from collections.abc import Callable, Collection, Mapping, Sequence
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import msgspec
-import yaml
 
 from ft_core.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES_LIMIT
 from ft_core.straggler import DEFAULT_WINDOW, StragglerAction
@@ -53,6 +51,14 @@ from ft_core.validation import (
     positive_seconds,
     signal_or_none,
 )
+
+if TYPE_CHECKING:
+    import argparse
+
+    import yaml
+
+# yaml and argparse are imported where they are used: the node monitor and every rank import
+# this module but never read YAML or parse flags, and each import costs memory in every process.
 
 __all__ = [
     "FALLBACK_FIELDS", "NVRX_ONLY_KEYS", "ConfigError", "FaultToleranceConfig", "LogLevel", "parse_log_level",
@@ -459,6 +465,8 @@ class FaultToleranceConfig:
 
     def to_yaml_file(self, path: str | os.PathLike[str]) -> None:
         """Write ``{"fault_tolerance": {...}}`` atomically (temp file + fsync + rename)."""
+        import yaml
+
         from ft_core.fileutil import atomic_write_text
 
         atomic_write_text(path, yaml.safe_dump({"fault_tolerance": self.to_dict()}, sort_keys=False))
@@ -474,6 +482,8 @@ class FaultToleranceConfig:
         an NVRx command line works (they are skipped with a warning).
         Values are strings here; validation happens in :meth:`from_args`.
         """
+        import argparse
+
         group = parser.add_argument_group("fault tolerance", "Override fields of FaultToleranceConfig.")
         group.add_argument(
             "--ft-cfg-path", "--ft_cfg_path", dest="ft_cfg_path", default=None,
@@ -600,6 +610,8 @@ def _load_yaml_section(path: str | os.PathLike[str], source: str) -> Optional[di
     def error(problem: str, allowed: str = _YAML_ALLOWED) -> ConfigError:
         return ConfigError(source, shown, allowed, problem=f"{shown!r} {problem}")
 
+    import yaml
+
     text = _read_small_text_file(shown, error)
     loader = yaml.SafeLoader(text)
     try:
@@ -651,6 +663,8 @@ def _first_duplicate_key(root: Optional[yaml.Node]) -> Optional[tuple[str, yaml.
     key that the mapping overrides is not a duplicate. Each node is visited once,
     so aliases cannot make the walk explode.
     """
+    import yaml
+
     seen: set[int] = set()
     pending: list[yaml.Node] = [root] if root is not None else []
     while pending:

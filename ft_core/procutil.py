@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import ctypes
 import os
+import select
 import signal
+import time
+from collections.abc import Callable
 from typing import NamedTuple, Optional
 
-__all__ = ["CpuSample", "cpu_sample", "die_with_parent"]
+__all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "set_child_subreaper",
+           "wait_child_exited"]
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+_PR_GET_CHILD_SUBREAPER = 37
 # Resolved once here: looking libc up inside a forked child (find_library runs
 # ldconfig) would add ~20 ms to every process start.
 _LIBC: Optional[ctypes.CDLL]
@@ -28,6 +34,57 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     prctl = getattr(_LIBC, "prctl", None)
     if prctl is not None:  # elsewhere callers also poll os.getppid()
         prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+def die_with_parent_preexec(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn`` for children of ``parent_pid``: SIGKILL with the parent, exit if it is already gone."""
+
+    def _preexec() -> None:
+        die_with_parent(signal.SIGKILL)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return _preexec
+
+
+def set_child_subreaper(enabled: bool) -> bool:
+    """Make orphaned descendants of this process its children (Linux ``PR_SET_CHILD_SUBREAPER``).
+
+    Returns the previous setting; raises ``OSError`` where the kernel does not support it.
+    """
+    prctl = getattr(_LIBC, "prctl", None)
+    if prctl is None:
+        raise OSError("prctl is not available")
+    previous = ctypes.c_int(0)
+    if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(previous), 0, 0, 0) != 0 or \
+            prctl(_PR_SET_CHILD_SUBREAPER, int(enabled), 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"PR_SET_CHILD_SUBREAPER: {os.strerror(errno)}")
+    return bool(previous.value)
+
+
+def wait_child_exited(pid: int, timeout: float) -> bool:
+    """Wait until the child ``pid`` has exited, at most ``timeout`` seconds; it is left to reap.
+
+    A pidfd wakes us at the exit itself (Linux 5.3+); without one, poll with
+    ``waitid(WNOWAIT)``, as ``Popen.wait`` polls, every 0.5 ms doubling to 50 ms.
+    """
+    deadline = time.monotonic() + timeout
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        delay = 0.0005
+        while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 0.05)
+        return True
+    try:
+        return bool(select.select([pidfd], [], [], max(0.0, deadline - time.monotonic()))[0])
+    finally:
+        os.close(pidfd)
 
 
 class CpuSample(NamedTuple):

@@ -73,6 +73,7 @@ from ft_core.launcher.events import EventLog
 from ft_core.launcher.job_store import open_job_store
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
+from ft_core.launcher.prewarm import WorkerFactory
 from ft_core.launcher.process import workers_die_with_agent
 from ft_core.launcher.progress import ProgressTracker
 from ft_core.launcher.stragglers import StragglerDetector, StragglerRound
@@ -109,6 +110,8 @@ class Services:
     token: str
     #: Called with every straggler report read (the metrics endpoint's scores); None: nobody listens.
     on_straggler_round: Optional[Callable[[StragglerRound], None]] = None
+    #: Forks pre-warmed workers; None when pre-warming is off or cannot apply.
+    factory: Optional[WorkerFactory] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +183,8 @@ class FtElasticAgent(LocalElasticAgent):
         self._hangs.clear()
         self._failed.clear()
         self._evidence = None
-        with workers_die_with_agent():
+        self._svc.monitor.wait_ready()  # started in parallel with the first rendezvous
+        with workers_die_with_agent(self._svc.factory):
             pids = super()._start_workers(worker_group)
         started = time.time()
         self._svc.events.cycle_started(started)

@@ -27,6 +27,7 @@ from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
 from ft_core.launcher.metrics import LauncherMetrics
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
+from ft_core.launcher.prewarm import WorkerFactory
 from ft_core.launcher.rendezvous_records import use_cheap_method_names
 from ft_core.monitor.status import status_path
 
@@ -57,18 +58,25 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     _install_signal_handlers(config.signals_to_handle)
     use_cheap_method_names()  # a restart's rendezvous would spend most of its time naming its records
+    factory = WorkerFactory.for_job(entrypoint, args, options.prewarm_modules,
+                                    config.numa_options) if options.prewarm else None
     try:
+        # The worker factory and the monitor start while the agent does its first rendezvous; the
+        # agent waits for them just before it starts the workers. The factory first: its imports
+        # are the longest wait.
+        if factory is not None:
+            factory.start()
         if options.metrics_port is not None:
             prometheus = LauncherMetrics(events, status_path(job_dir))
             events.observers.append(prometheus.observe)
             prometheus.start(options.metrics_port)
-        monitor.start()
+        monitor.start(wait=False)
         control = WorkloadControlServer(job_dir.launcher_socket, token, cfg.max_frame_bytes)
         events.write(LauncherStarted(
             run_id=config.run_id, min_nodes=config.min_nodes, max_nodes=config.max_nodes,
             nproc_per_node=config.nproc_per_node, max_restarts=config.max_restarts,
             rdzv_backend=config.rdzv_backend, monitor_pid=monitor.pid, config=cfg.to_dict()))
-        services = Services(monitor, control, events, token,
+        services = Services(monitor, control, events, token, factory=factory,
                             on_straggler_round=prometheus.observe_round if prometheus is not None else None)
         agent = FtElasticAgent(
             _worker_spec(config, entrypoint, args), config.logs_specs, services=services, options=options,
@@ -90,6 +98,8 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
             control.close()
         if prometheus is not None:
             prometheus.stop()
+        if factory is not None:
+            factory.close()
         monitor.stop()
         claim.release()
         events.write(LauncherExit(exit_code=outcome.exit_code, reason=outcome.reason))

@@ -16,6 +16,9 @@ __all__ = ["NodeMonitor"]
 
 log = logging.getLogger("ft_core.launcher")
 
+#: How long a new monitor may take to serve its socket.
+START_TIMEOUT = 30.0
+
 
 class NodeMonitor:
     """Owns the ``RankMonitorServer`` subprocess of this node and tails its event file.
@@ -32,17 +35,26 @@ class NodeMonitor:
         self.events_path = job_dir.monitor_events
         self._token = token
         self._proc: Optional[MonitorProcess] = None
+        self._starting = False
         self._offset = 0
 
     @property
     def pid(self) -> Optional[int]:
         return self._proc.pid if self._proc is not None else None
 
-    def start(self) -> None:
+    def start(self, wait: bool = True) -> None:
+        """Start the monitor; with ``wait=False`` call :meth:`wait_ready` before workers need it."""
         self._proc = RankMonitorServer.run_in_subprocess(
             self.cfg, self.socket_path, token=self._token, events_path=self.events_path,
-            stacks_dir=self.stacks_dir)
+            stacks_dir=self.stacks_dir, wait=wait)
+        self._starting = not wait
         log.debug("rank monitor started (pid %d)", self._proc.pid)
+
+    def wait_ready(self) -> None:
+        """Return once the monitor serves its socket (it was started with ``wait=False``)."""
+        if self._proc is not None and self._starting:
+            self._starting = False
+            self._proc.wait_ready(START_TIMEOUT)
 
     def is_alive(self) -> bool:
         return self._proc is not None and self._proc.is_alive()

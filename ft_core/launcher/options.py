@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
 from ft_core.straggler import StragglerAction
-from ft_core.validation import boolean, file_path, int_in_range, non_negative_seconds
+from ft_core.validation import ValidationError, boolean, file_path, int_in_range, non_negative_seconds
 
 __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "LauncherOptions", "add_launcher_args"]
 
 DEFAULT_NO_RESTART_EXIT_CODE = 93
+_MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +46,10 @@ class LauncherOptions:
     straggler_action: StragglerAction = FaultToleranceConfig.straggler_action
     #: Port of the Prometheus endpoint (``metrics_port``, ``--ft-metrics-port``); None: no endpoint.
     metrics_port: Optional[int] = FaultToleranceConfig.metrics_port
+    #: Fork workers from a factory that has already imported ``prewarm_modules``.
+    prewarm: bool = True
+    #: Modules the worker factory imports before it forks workers.
+    prewarm_modules: tuple[str, ...] = ("torch",)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, cfg: FaultToleranceConfig) -> LauncherOptions:
@@ -68,6 +74,8 @@ class LauncherOptions:
             straggler_consecutive_reports=cfg.straggler_consecutive_reports,
             straggler_action=cfg.straggler_action,
             metrics_port=cfg.metrics_port,
+            prewarm=boolean("--ft-prewarm", args.ft_prewarm, coerce=True),
+            prewarm_modules=_module_names("--ft-prewarm-modules", args.ft_prewarm_modules),
         )
 
 
@@ -92,4 +100,21 @@ def add_launcher_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ft-events-file", "--ft_events_file", default=None, metavar="PATH",
                        help=f"JSON-lines event log (default: <log-dir>/{LAUNCHER_EVENTS_FILE}, or torchelastic's "
                             "temporary log directory when --log-dir is not given)")
+    group.add_argument("--ft-prewarm", "--ft_prewarm", default="on" if defaults.prewarm else "off", metavar="on|off",
+                       help="fork each cycle's workers from a factory process that has already imported "
+                            "--ft-prewarm-modules, instead of starting new interpreters (default: on)")
+    group.add_argument("--ft-no-prewarm", "--ft_no_prewarm", dest="ft_prewarm", action="store_const", const="off",
+                       help="the same as --ft-prewarm=off")
+    group.add_argument("--ft-prewarm-modules", "--ft_prewarm_modules", default=",".join(defaults.prewarm_modules),
+                       metavar="MODULES",
+                       help="comma-separated modules the worker factory imports before forking workers, e.g. "
+                            f"torch,lightning,megatron.core (default: {','.join(defaults.prewarm_modules)})")
 
+
+def _module_names(flag: str, value: object) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in str(value).split(",") if name.strip())
+    for name in names:
+        if not _MODULE_NAME.fullmatch(name):
+            raise ValidationError(flag, value, "comma-separated module names like 'torch,lightning,megatron.core'",
+                                  problem=f"invalid value {value!r} ({name!r} is not a module name)")
+    return names

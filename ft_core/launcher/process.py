@@ -1,4 +1,4 @@
-"""Worker processes that die with the launcher.
+"""Worker processes that die with the launcher, started plainly or forked from a pre-warmed factory.
 
 Torch's ``SubprocessHandler`` starts each worker in its own session and stops
 it with ``killpg``; that covers every exit path of the launcher except its own
@@ -6,6 +6,11 @@ SIGKILL, after which the workers would be orphaned. The kernel can cover that
 one (``PR_SET_PDEATHSIG``), but it must be requested inside the child before
 ``exec``. Torch has no parameter for it; its handler factory is the seam, and
 :func:`workers_die_with_agent` swaps it in only while workers are started.
+
+The same seam forks workers from a :class:`~ft_core.launcher.prewarm.WorkerFactory`
+when one is given: the handler opens the log files exactly as torch does and
+hands their descriptors to the factory; the worker it gets back is adopted by
+the launcher and asks for the parent-death signal itself.
 """
 
 from __future__ import annotations
@@ -15,44 +20,70 @@ import os
 import signal
 import subprocess
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Optional, cast
 
 import torch.distributed.elastic.multiprocessing.api as mp_api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-from ft_core.procutil import die_with_parent
+from ft_core.launcher.prewarm import WorkerFactory
+from ft_core.procutil import die_with_parent_preexec
 
 __all__ = ["workers_die_with_agent"]
 
 
-
 class _DieWithAgentHandler(SubprocessHandler):
-    """Torch's handler, with the worker asking for SIGKILL when the launcher dies."""
+    """Torch's handler: the worker is forked from ``factory`` if it can, else a new process; either dies with us."""
+
+    def __init__(self, *args: Any, factory: Optional[WorkerFactory], **kwargs: Any) -> None:
+        self._factory = factory
+        super().__init__(*args, **kwargs)
 
     def _popen(self, args: tuple, env: dict[str, str]) -> subprocess.Popen:
-        agent_pid = os.getpid()
-
-        def _preexec() -> None:
-            die_with_parent(signal.SIGKILL)
-            if os.getppid() != agent_pid:  # the launcher died before prctl took effect
-                os._exit(1)
-
+        if self._factory is not None:
+            stdout = self._stdout.fileno() if self._stdout is not None else 1
+            stderr = self._stderr.fileno() if self._stderr is not None else 2
+            forked = self._factory.fork(args, env, (0, stdout, stderr))
+            if forked is not None:
+                # Torch only uses the Popen subset AdoptedProcess provides (see ft_core.launcher.prewarm).
+                return cast(subprocess.Popen, forked)
         return subprocess.Popen(args=args, env=env, stdout=self._stdout, stderr=self._stderr,
-                                start_new_session=True, preexec_fn=_preexec)
+                                start_new_session=True, preexec_fn=die_with_parent_preexec(os.getpid()))
 
+    def close(self, death_sig: Optional[signal.Signals] = None) -> None:
+        """As torch's: signal the worker's process group, then close its log files.
 
-def _handler_factory(entrypoint: str, args: tuple, env: dict[str, str], stdout: Any, stderr: Any,
-                     local_rank_id: int, numa_options: Any = None) -> SubprocessHandler:
-    return _DieWithAgentHandler(entrypoint=entrypoint, args=args, env=env, stdout=stdout, stderr=stderr,
-                                local_rank_id=local_rank_id, numa_options=numa_options)
+        A forked worker leads its own group only once it has run ``setsid``,
+        right after the fork and before any user code; a stop in that first
+        instant signals the one process there is.
+        """
+        sig = death_sig or signal.SIGTERM
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, sig)
+        for stream in (self._stdout, self._stderr):
+            if stream is not None:
+                stream.close()
 
 
 @contextlib.contextmanager
-def workers_die_with_agent() -> Iterator[None]:
-    """Within this block, workers started by torch's ``start_processes`` die with this process."""
+def workers_die_with_agent(factory: Optional[WorkerFactory] = None) -> Iterator[None]:
+    """Within this block, workers started by torch's ``start_processes`` die with this process.
+
+    With a ``factory``, they are forked from it (one cycle of that factory);
+    the block's exit makes them children of this process.
+    """
+
+    def handler_factory(entrypoint: str, args: tuple, env: dict[str, str], stdout: Any, stderr: Any,
+                        local_rank_id: int, numa_options: Any = None) -> SubprocessHandler:
+        return _DieWithAgentHandler(entrypoint=entrypoint, args=args, env=env, stdout=stdout, stderr=stderr,
+                                    local_rank_id=local_rank_id, numa_options=numa_options, factory=factory)
+
     original = mp_api.get_subprocess_handler
-    mp_api.get_subprocess_handler = _handler_factory
+    mp_api.get_subprocess_handler = handler_factory
     try:
-        yield
+        with factory.cycle() if factory is not None else contextlib.nullcontext():
+            yield
     finally:
         mp_api.get_subprocess_handler = original

@@ -25,8 +25,11 @@ def run_in_subprocess(
     start_timeout: float = 30.0,
     env: Optional[dict[str, str]] = None,
     stacks_dir: Optional[str] = None,
+    wait: bool = True,
 ) -> MonitorProcess:
     """Start a monitor in a new process (``python -m ft_core.monitor``) and wait until it serves.
+
+    With ``wait=False`` it returns at once; call ``wait_ready()`` on the handle before using the socket.
 
     With ``token=None`` the current ``FT_MONITOR_TOKEN`` is used, or a new
     one is generated and exported to ``os.environ`` so that ranks started
@@ -51,7 +54,8 @@ def run_in_subprocess(
     proc = subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE,
                             preexec_fn=procutil.die_with_parent)
     handle = MonitorProcess(proc, socket_path, token, events_path or job_dir.monitor_events)
-    handle.wait_ready(start_timeout)
+    if wait:
+        handle.wait_ready(start_timeout)
     return handle
 
 

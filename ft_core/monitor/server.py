@@ -888,9 +888,10 @@ class RankMonitorServer:
         start_timeout: float = 30.0,
         env: Optional[dict[str, str]] = None,
         stacks_dir: Optional[str] = None,
+        wait: bool = True,
     ) -> MonitorProcess:
         """Start a monitor in a new process; see :func:`ft_core.monitor.process.run_in_subprocess`."""
-        return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir)
+        return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir, wait)
 
 
 def _timeouts_text(hb: dict[str, Any], sections: dict[str, Any]) -> str:

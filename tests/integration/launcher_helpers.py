@@ -183,12 +183,15 @@ class LauncherGroup:
         self.tracker = ProcessTracker(sample_interval)
         self.launchers: list[Launcher] = []
 
-    def start(self, *flags: str, name: Optional[str] = None, nproc: int = 2,
+    def start(self, *flags: str, name: Optional[str] = None, nproc: int = 2, script: Sequence[str] = (WORKER,),
               base_flags: tuple[str, ...] = FAST_FLAGS, **worker_env: str) -> Launcher:
-        """Start a launcher with ``base_flags`` (``FAST_FLAGS``), ``flags`` and ``FT_TEST_*`` worker settings."""
+        """Start a launcher with ``base_flags`` (``FAST_FLAGS``), ``flags`` and ``FT_TEST_*`` worker settings.
+
+        ``script`` is the training script and its arguments (default: ``worker.py``).
+        """
         env = python_env(FT_TEST_RECORD=self.record_path, **worker_env)
         directory = os.path.join(self.tmp_path, name or f"node{len(self.launchers)}")
-        launcher = Launcher(directory, [f"--nproc-per-node={nproc}", *base_flags, *flags], env)
+        launcher = Launcher(directory, [f"--nproc-per-node={nproc}", *base_flags, *flags], env, script)
         self.tracker.add_root(launcher.proc.pid)
         self.launchers.append(launcher)
         return launcher

@@ -17,7 +17,7 @@ def test_help_documents_torchrun_and_fault_tolerance_flags():
                  "--monitor-interval", "--no-python", "--log-dir", "--ft-cfg-path", "--ft-rank-heartbeat-timeout",
                  "--ft-param-rank-heartbeat-timeout", "--term-timeout", "--workers-stop-timeout",
                  "--ft-no-restart-exit-code", "--ft-max-no-progress-cycles", "--ft-checkpoint-iteration-file",
-                 "--ft-events-file", "exit codes:"):
+                 "--ft-events-file", "--ft-prewarm", "--ft-no-prewarm", "--ft-prewarm-modules", "exit codes:"):
         assert flag in text
 
 
@@ -31,6 +31,9 @@ def test_help_documents_torchrun_and_fault_tolerance_flags():
     ("--ft-rank-heartbeat-timeout=", "rank_heartbeat_timeout"),  # empty: an error, not "no timeout"
     ("--nnodes=two", "--nnodes"),
     ("--max-restarts=-1", "max_restarts"),
+    ("--ft-prewarm=maybe", "--ft-prewarm"),
+    ("--ft-prewarm-modules=torch,light ning", "--ft-prewarm-modules"),
+    ("--ft-prewarm-modules=torch,.core", "--ft-prewarm-modules"),
 ])
 def test_bad_values_fail_fast_naming_the_flag(flag, named, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
@@ -84,3 +87,19 @@ def test_help_lists_the_progress_keys_and_hides_nvrx_only_flags():
                  "--ft-num-warmup-iterations"):
         assert flag in text
     assert "--ft-enable-nic-monitor" not in text
+
+
+def test_prewarm_flags_are_parsed():
+    from ft_core.config import FaultToleranceConfig
+    from ft_core.launcher.options import LauncherOptions
+
+    def options(*flags: str) -> LauncherOptions:
+        args = build_parser().parse_args([*flags, "train.py"])
+        return LauncherOptions.from_args(args, FaultToleranceConfig.from_args(args))
+
+    assert options().prewarm and options().prewarm_modules == ("torch",)
+    assert not options("--ft-no-prewarm").prewarm
+    assert not options("--ft-prewarm=OFF").prewarm
+    assert options("--ft-prewarm-modules= torch, lightning ,megatron.core").prewarm_modules == (
+        "torch", "lightning", "megatron.core")
+    assert options("--ft-prewarm-modules=").prewarm_modules == ()

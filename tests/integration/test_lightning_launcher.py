@@ -26,11 +26,11 @@ FT_FLAGS = {
 
 
 def launch(tmp_path: Path, mode: str, fault: dict, *extra: str, max_restarts: int = 2,
-           ft_flags: tuple[str, ...] = ("--ft-safety-factor=50",)):
+           ft_flags: tuple[str, ...] = ("--ft-safety-factor=50",), launcher_flags: tuple[str, ...] = ()):
     events_file = tmp_path / "ft_events.jsonl"
     cmd = [sys.executable, "-m", "ft_core.launcher", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--ft-events-file={events_file}",
-           *ft_flags, *FT_FLAGS[mode],
+           *ft_flags, *FT_FLAGS[mode], *launcher_flags,
            str(SCRIPTS / "train.py"), f"--mode={mode}", f"--max-steps={MAX_STEPS}", "--every-n-steps=2",
            f"--ckpt-dir={tmp_path / 'ckpt'}", f"--out-dir={tmp_path}", f"--fault={json.dumps(fault)}", *extra]
     result = run_job(cmd, base_env(tmp_path), timeout=400, log_path=tmp_path / "launcher.log")
@@ -145,3 +145,21 @@ def test_crash_with_shutdown_policy_stops_without_restart(tmp_path):
     assert [e["cycle"] for e in of(events, "cycle_start")] == [0]
     assert {cycle for _rank, cycle in reports(tmp_path)} == {0}
     assert not (tmp_path / "finished.flag").exists()
+
+
+@pytest.mark.timeout(900)
+def test_restart_with_prewarm_gives_the_same_results_as_without(tmp_path):
+    finals = {}
+    for prewarm in ("on", "off"):
+        run_dir = tmp_path / prewarm
+        run_dir.mkdir()
+        result, events = launch(run_dir, "sections", {"kind": "kill", "rank": 1, "step": 5}, "--seed=7",
+                                launcher_flags=(f"--ft-prewarm={prewarm}", "--ft-prewarm-modules=torch,lightning"))
+        assert result.returncode == 0, result.output[-6000:]
+        assert [e["cycle"] for e in of(events, "cycle_start")] == [0, 1]
+        runs = reports(run_dir)
+        assert {r["prewarmed"] for r in runs.values()} == {prewarm == "on"}
+        finals[prewarm] = {rank: (runs[rank, 1]["start_step"], runs[rank, 1]["end_step"], runs[rank, 1]["params"])
+                           for rank in (0, 1)}
+    assert finals["on"] == finals["off"]  # same resume step, final step and trained parameters
+    assert finals["on"][0][:2] == (4, MAX_STEPS)

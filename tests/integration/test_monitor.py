@@ -390,3 +390,48 @@ def test_fallback_timeout_kills_a_hung_rank_when_the_launch_did_not_set_it(start
     assert _killed(proc)
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
     assert (hang["reason"], hang["timeout"], hang["pid"]) == ("heartbeat", 1.0, proc.pid)
+
+
+def test_heartbeats_learn_the_same_gaps_as_timeouts_calc(start_monitor, monkeypatch):
+    """The hot path consults TimeoutsCalc only for a new largest gap: what is learned must not change."""
+    from ft_core import client as client_module
+    from ft_core.timeouts import TimeoutsCalc
+
+    monitor = start_monitor(rank_heartbeat_timeout=60, safety_factor=2.0, min_calculated_timeout=0.001)
+    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
+    monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
+    clock = [1000.0]
+    monkeypatch.setattr(client_module, "_monotonic", lambda: clock[0])
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    clock[0] = client._calc.start_time  # TimeoutsCalc started on the real clock
+    reference = TimeoutsCalc(safety_factor=2.0, start_time=client._calc.start_time, min_timeout=0.001)
+    try:
+        # Gaps growing, shrinking, equal and growing again; the first one is the initial delay.
+        for gap in (4.0, 1.0, 3.0, 0.5, 3.0, 2.0, 7.0, 0.1):
+            clock[0] += gap
+            client.send_heartbeat()
+            reference.update_on_heartbeat(now=clock[0])
+        assert (client._calc.first_hb_delay, client._calc.max_hb_interval) == (4.0, 7.0)
+        assert client.calculate_and_set_hb_timeouts()
+        expected = reference.calculate_hb_timeouts(client_module.HeartbeatTimeouts(60.0, 60.0))
+        assert (client.hb_timeouts.initial, client.hb_timeouts.subsequent) == (expected.initial, expected.subsequent)
+        assert (client.hb_timeouts.initial, client.hb_timeouts.subsequent) == (8.0, 14.0)
+    finally:
+        client.shutdown_workload_monitoring()
+
+
+def test_megatron_iteration_is_reported_with_heartbeats(start_monitor, ranks):
+    monitor = start_monitor(rank_heartbeat_timeout=1.0)
+    # Megatron-LM (not installed here) keeps curr_iteration in its global args; the rank script
+    # stands in a module of that name and shape, set up before init as Megatron-LM does.
+    proc = ranks(monitor, "megatron_heartbeat_gap")
+    assert _killed(proc)
+    hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
+    assert hang["reason"] == "heartbeat"
+    assert hang["iteration"] == 104  # the value of args.curr_iteration at the last heartbeat
+
+
+def test_monitor_runs_as_a_batch_task_so_its_wakeups_never_preempt_ranks(start_monitor):
+    monitor = start_monitor()
+    assert os.sched_getscheduler(monitor.pid) == os.SCHED_BATCH

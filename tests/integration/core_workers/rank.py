@@ -83,6 +83,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = build_parser().parse_args()
 
+    megatron_args = None
+    if args.scenario.startswith("megatron_"):
+        # Stands in for Megatron-LM's global args module, set up before FT init as Megatron-LM does.
+        import sys
+        import types
+
+        megatron_args = types.SimpleNamespace(curr_iteration=100)
+        sys.modules["megatron.training.global_vars"] = types.SimpleNamespace(_GLOBAL_ARGS=megatron_args)
     client = RankMonitorClient()
     client.init_workload_monitoring(fallback_config=args.fallback)
     cfg = client.cfg.to_dict()  # the monitor's config for this rank, from its HelloAck
@@ -96,10 +104,13 @@ def main() -> None:
     if args.scenario == "no_first_heartbeat":
         hang_without_heartbeat()
     for i in range(args.beats):
-        client.set_iteration(i)
+        if megatron_args is not None:
+            megatron_args.curr_iteration = 100 + i  # Megatron's loop advances it; the client reads it
+        else:
+            client.set_iteration(i)
         client.send_heartbeat()
         time.sleep(args.interval)
-    if args.scenario == "heartbeat_gap":
+    if args.scenario in ("heartbeat_gap", "megatron_heartbeat_gap"):
         hang_without_heartbeat()
     elif args.scenario == "step_in_other_section":
         client.start_section("outer")  # tracked without a deadline

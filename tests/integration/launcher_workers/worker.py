@@ -141,7 +141,7 @@ def main() -> int:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     elif on_sigterm == "ignore":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    record(event="started", time=STARTED)
+    record(event="started", time=STARTED, prewarmed="ft_core.launcher.zygote" in sys.modules)
     kind = fault_kind()
     if kind == "early_exit":
         os._exit(5)

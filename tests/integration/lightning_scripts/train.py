@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -69,11 +70,13 @@ class Report(Callback):
 
     def on_train_start(self, trainer, pl_module):
         self.data.update(start_step=trainer.global_step, start_timeouts=self.ft.client.state_dict(),
-                         active=self.ft.active, setup_seconds=time.monotonic() - self._setup_started)
+                         active=self.ft.active, setup_seconds=time.monotonic() - self._setup_started,
+                         prewarmed="ft_core.launcher.zygote" in sys.modules)
         self._write()
 
     def on_fit_end(self, trainer, pl_module):
-        self.data.update(end_step=trainer.global_step, end_timeouts=self.ft.state_dict())
+        self.data.update(end_step=trainer.global_step, end_timeouts=self.ft.state_dict(),
+                         params=[p.detach().flatten().tolist() for p in pl_module.parameters()])
         self._write()
 
 
@@ -98,7 +101,10 @@ def main() -> None:
     parser.add_argument("--config-json", default=None, help="config of a standalone monitor")
     parser.add_argument("--ckpt-dir", required=True)
     parser.add_argument("--out-dir", required=True)
+    parser.add_argument("--seed", type=int, default=None, help="seed torch before the data and the model")
     args = parser.parse_args()
+    if args.seed is not None:
+        torch.manual_seed(args.seed)
 
     ft = FaultToleranceCallback(
         mode=args.mode,

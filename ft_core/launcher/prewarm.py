@@ -1,0 +1,379 @@
+"""Pre-warmed workers, launcher side: a factory per cycle, and the workers it forks adopted as our children.
+
+A restarted worker used to spend most of its start-up in ``import torch``.
+With pre-warming, a factory process (:mod:`ft_core.launcher.zygote`) has
+already imported torch and the ``--ft-prewarm-modules``; each cycle's workers
+are forked from it. While nothing else happens, it also forks its successor
+(the next cycle's factory, warm at once), which takes over when it exits at
+the end of its cycle.
+
+Why the launcher can treat a forked worker exactly like a worker it started:
+while a cycle is forked, the launcher is a *child subreaper*
+(``PR_SET_CHILD_SUBREAPER``). When the factory exits, the kernel re-parents
+its children (the workers and the successor) to the launcher, atomically,
+before the factory can be reaped. After :meth:`WorkerFactory.cycle` has
+reaped the factory, every forked worker is a real child of the launcher:
+``waitpid`` gives its exact status, its pid cannot be reused before the
+launcher reaps it (so signals never hit a stranger), ``killpg`` reaches its
+session as for a plain start, and the worker sets its parent-death signal
+only once the launcher is its parent (set earlier, it would fire when the
+factory exits). The subreaper setting is switched off again right after, so
+orphans of later cycles go to init as before.
+
+Torch's ``SubprocessHandler`` expects a ``Popen``; :class:`AdoptedProcess`
+provides what torch elastic and the agent use of it (``pid``, ``args``,
+``returncode``, ``poll``, ``wait``, ``send_signal``, ``terminate``, ``kill``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Optional, Union
+
+from ft_core import procutil
+from ft_core.deadline import wait_until
+from ft_core.launcher.zygote import (
+    EntryKind,
+    FactoryChannel,
+    FactoryError,
+    Failed,
+    Fork,
+    Forked,
+    Prepare,
+    Prepared,
+    PythonInvocation,
+    Ready,
+    Retire,
+    Retired,
+    bootstrap_command,
+)
+
+__all__ = ["AdoptedProcess", "WorkerFactory"]
+
+log = logging.getLogger("ft_core.launcher")
+
+#: The first factory imports torch and the user's modules; a loaded node can take long.
+READY_TIMEOUT = 300.0
+#: Round trips with a warm factory (a fork, the successor's start) take milliseconds.
+REQUEST_TIMEOUT = 30.0
+
+
+class AdoptedProcess:
+    """A forked worker (or factory) that the launcher adopted: the ``Popen`` subset torch elastic uses.
+
+    The process is a real child of the launcher once its factory exited (see the
+    module docstring), so this is ``Popen``'s own logic on a pid. One thread at
+    a time, like the agent that owns it.
+    """
+
+    def __init__(self, pid: int, args: Sequence[str]) -> None:
+        self.pid = pid
+        self.args = list(args)
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                # Impossible by construction (adopted before anyone polls, reaped only here); if it
+                # ever happens, report a failure: a lost worker must never look like a finished one.
+                log.error("worker pid %d is not a child of the launcher any more; counting it as failed", self.pid)
+                self.returncode = 1
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        """As ``Popen.wait``: the exit code (``-N`` for signal N); ``TimeoutExpired`` after ``timeout``."""
+        if self.returncode is None:
+            if timeout is None:
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            elif not procutil.wait_child_exited(self.pid, timeout):
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        code = self.poll()
+        assert code is not None
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # unreaped: the pid is still ours
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __repr__(self) -> str:
+        return f"<AdoptedProcess pid {self.pid} returncode {self.returncode} args {self.args!r}>"
+
+
+class FactoryUnavailable(Exception):
+    """The factory cannot fork this cycle's workers; the message says why."""
+
+
+class WorkerFactory:
+    """The launcher's pre-warmed worker factories: one per cycle, each forked from the previous one.
+
+    Use :meth:`for_job` to get one (``None`` when pre-warming cannot apply),
+    :meth:`start` early (it warms up in the background), :meth:`cycle` around
+    the start of each cycle's workers with :meth:`fork` for each worker, and
+    :meth:`close` at the end. Any failure turns pre-warming off for the rest of
+    the job with one warning; workers are then started as new processes.
+    """
+
+    def __init__(self, interpreter: str, invocation: PythonInvocation, modules: Sequence[str]) -> None:
+        self.interpreter = interpreter
+        self.invocation = invocation
+        self.modules = tuple(modules)
+        self._proc: Optional[Union[subprocess.Popen, AdoptedProcess]] = None
+        self._channel: Optional[FactoryChannel] = None
+        #: The prepared successor (the factory's child until the factory exits) and our end of its channel.
+        self._successor_pid: Optional[int] = None
+        self._successor_channel: Optional[FactoryChannel] = None
+        self._ready = False
+        self._in_cycle = False
+        self._forked: list[int] = []
+        #: Why pre-warming is off for the rest of the job (None while it works).
+        self.unavailable: Optional[str] = None
+
+    @classmethod
+    def for_job(cls, entrypoint: Union[str, Callable[..., Any]], args: Sequence[Any], modules: Sequence[str],
+                numa_options: Any = None) -> Optional[WorkerFactory]:
+        """A factory for this job's workers, or ``None`` (with one warning) when they cannot be forked."""
+        why_not = None
+        invocation = None
+        python = os.getenv("PYTHON_EXEC", sys.executable)  # what torchrun runs the training script with
+        if not isinstance(entrypoint, str):
+            why_not = "the entrypoint is a Python function (--run-path)"
+        elif entrypoint != python:
+            why_not = f"the entrypoint {entrypoint!r} is not the Python interpreter (--no-python?)"
+        elif numa_options is not None:
+            why_not = "--numa-binding wraps the worker's command line"
+        else:
+            invocation = PythonInvocation.parse(entrypoint, [entrypoint, *map(str, args)])
+            if invocation is None:
+                why_not = f"the command line {' '.join(map(str, args))!r} is not `python [-u] script|-m module`"
+            elif invocation.kind is EntryKind.SCRIPT:
+                why_not = _not_python_source(invocation.target)
+        if why_not is not None or invocation is None or not isinstance(entrypoint, str):
+            log.warning("pre-warmed workers off: %s; workers are started as new processes", why_not)
+            return None
+        return cls(entrypoint, invocation, modules)
+
+    # -- lifecycle ------------------------------------------------------------
+    def start(self) -> None:
+        """Start the first factory; it imports the modules while the launcher does its rendezvous."""
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        command = bootstrap_command(self.interpreter, self.invocation, child_end.fileno(),
+                                    self.invocation.path0(os.getcwd()), self.modules)
+        try:
+            # A new session: a Ctrl-C meant for the launcher must not reach the factory.
+            self._proc = subprocess.Popen(command, pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL,
+                                          start_new_session=True,
+                                          preexec_fn=procutil.die_with_parent_preexec(os.getpid()))
+        except OSError as exc:
+            parent_end.close()
+            self._give_up(f"cannot start the factory: {exc}")
+            return
+        finally:
+            child_end.close()
+        self._channel = FactoryChannel(parent_end)
+        log.debug("worker factory started (pid %d): importing %s", self._proc.pid, ", ".join(self.modules))
+        self._prepare()
+
+    @contextlib.contextmanager
+    def cycle(self) -> Iterator[None]:
+        """Around the start of one cycle's workers: :meth:`fork` works inside; on exit they are our children."""
+        previous_subreaper = False
+        try:
+            self._await_ready()
+            previous_subreaper = procutil.set_child_subreaper(True)
+        except (FactoryUnavailable, OSError) as exc:
+            self._give_up(str(exc))
+        if self.unavailable is not None:
+            yield
+            return
+        self._in_cycle = True
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._in_cycle = False
+            forked = time.perf_counter()
+            try:
+                if self._forked:
+                    self._retire()
+                    log.debug("forked %d worker(s) in %.1f ms; the factory retired in %.1f ms", len(self._forked),
+                              1e3 * (forked - started), 1e3 * (time.perf_counter() - forked))
+            finally:
+                self._forked.clear()
+                procutil.set_child_subreaper(previous_subreaper)
+
+    def fork(self, argv: Sequence[str], env: dict[str, str], stdio: tuple[int, int, int]) -> Optional[AdoptedProcess]:
+        """Fork the worker ``argv`` with ``env`` and ``stdio`` (fds 0-2); ``None``: start it as a new process."""
+        if not self._in_cycle or self.unavailable is not None:
+            return None
+        invocation = PythonInvocation.parse(self.interpreter, argv)
+        if invocation is None:
+            self._give_up(f"the worker command line {' '.join(argv)!r} is not `python [-u] script|-m module`")
+            return None
+        assert self._channel is not None
+        try:
+            self._channel.send(Fork(invocation, env, os.getcwd(), list(argv)), stdio)
+            reply = self._receive(REQUEST_TIMEOUT)
+        except (OSError, FactoryError, FactoryUnavailable) as exc:
+            self._give_up(f"fork failed: {exc}")
+            return None
+        if not isinstance(reply, Forked) or reply.pid <= 0:
+            self._give_up(f"unexpected reply to a fork request: {reply!r}")
+            return None
+        self._forked.append(reply.pid)
+        return AdoptedProcess(reply.pid, argv)
+
+    def close(self) -> None:
+        """Stop the factory and its prepared successor (they hold no state: SIGKILL) and reap them."""
+        for channel in (self._channel, self._successor_channel):
+            if channel is not None:
+                channel.close()
+        self._channel = self._successor_channel = None
+        successor = self._successor_pid or 0
+        self._successor_pid = None
+        if self._proc is None or self._proc.poll() is not None:
+            successor = 0  # the factory is gone: its successor sees its channel closed and exits by itself
+        if successor:  # the factory's child: its pid is reserved while the factory lives, safe to signal
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(successor, signal.SIGKILL)
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.kill()
+            self._proc.wait()
+            self._proc = None
+        if successor:
+            # If we are a subreaper just now, the killed successor became our child: reap it.
+            wait_until(lambda: _reaped(successor), timeout=REQUEST_TIMEOUT, interval=0.001)
+
+    # -- internals -------------------------------------------------------------
+    def _await_ready(self) -> None:
+        if self.unavailable is not None or self._ready:
+            return
+        if self._channel is None:
+            raise FactoryUnavailable("the factory was not started")
+        timeout = READY_TIMEOUT if isinstance(self._proc, subprocess.Popen) else REQUEST_TIMEOUT
+        started = time.monotonic()
+        try:
+            reply = self._receive(timeout)
+        except (OSError, FactoryError) as exc:
+            raise FactoryUnavailable(f"no word from the factory: {exc}") from None
+        if not isinstance(reply, Ready):
+            raise FactoryUnavailable(f"unexpected message from the factory: {reply!r}")
+        try:
+            prepared = self._receive(REQUEST_TIMEOUT)  # the answer to the Prepare sent in advance
+        except (OSError, FactoryError) as exc:
+            raise FactoryUnavailable(f"no successor from the factory: {exc}") from None
+        if not isinstance(prepared, Prepared) or prepared.successor_pid <= 0:
+            raise FactoryUnavailable(f"unexpected message from the factory: {prepared!r}")
+        self._successor_pid = prepared.successor_pid
+        self._ready = True
+        log.debug("worker factory pid %d ready (imports took %.2f s; waited %.2f s)", reply.pid,
+                  reply.import_seconds, time.monotonic() - started)
+
+    def _receive(self, timeout: float) -> object:
+        assert self._channel is not None
+        received = self._channel.recv(timeout)
+        if received is None:
+            code = self._proc.poll() if self._proc is not None else None
+            raise FactoryUnavailable(f"the factory exited (exit code {code})")
+        msg, fds = received
+        for fd in fds:  # the factory never sends descriptors
+            os.close(fd)
+        if isinstance(msg, Failed):
+            raise FactoryUnavailable(msg.error)
+        return msg
+
+    def _prepare(self) -> None:
+        """Ask the factory for its successor now, while nothing waits for it (answered before it is Ready).
+
+        The request is queued on the channel: the first factory reads it after
+        its imports, a successor right after it took over.
+        """
+        assert self._channel is not None
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._channel.send(Prepare(), [child_end.fileno()])
+        except OSError as exc:
+            parent_end.close()
+            self._give_up(f"cannot reach the factory: {exc}")
+            return
+        finally:
+            child_end.close()
+        self._successor_channel = FactoryChannel(parent_end)
+
+    def _retire(self) -> None:
+        """The factory exits; reaping it makes its children ours. Its successor takes over."""
+        assert self._channel is not None and self._proc is not None
+        try:
+            self._channel.send(Retire())
+            reply = self._receive(REQUEST_TIMEOUT)
+            if not isinstance(reply, Retired):
+                raise FactoryUnavailable(f"unexpected reply to a retire request: {reply!r}")
+            # Woken at the exit itself: the workers run from that moment, and cycle_start follows.
+            if not procutil.wait_child_exited(self._proc.pid, REQUEST_TIMEOUT):
+                raise FactoryUnavailable(f"the factory did not exit within {REQUEST_TIMEOUT:.0f} s")
+            self._proc.wait()
+        except (OSError, FactoryError, FactoryUnavailable) as exc:
+            self._give_up(f"retiring the factory failed: {exc}")
+            return
+        assert self._successor_pid is not None and self._successor_channel is not None
+        self._channel.close()
+        self._channel, self._successor_channel = self._successor_channel, None
+        self._proc = AdoptedProcess(self._successor_pid, ["worker factory"])
+        self._successor_pid = None
+        self._ready = False
+        self._prepare()
+
+    def _give_up(self, reason: str) -> None:
+        """Pre-warming off for the rest of the job, with one warning. Kills and reaps the factory.
+
+        While a cycle is forked the launcher is a subreaper, so workers already
+        forked are adopted when the factory dies and run as usual.
+        """
+        if self.unavailable is None:
+            log.warning("pre-warmed workers unavailable (%s); workers are started as new processes", reason)
+            self.unavailable = reason
+        self.close()
+
+
+def _reaped(pid: int) -> bool:
+    """Reap ``pid`` if it is our dead child; True unless it is our child and still running."""
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == pid
+    except ChildProcessError:
+        return True
+
+
+def _not_python_source(script: str) -> Optional[str]:
+    """Why ``script`` is not a Python source file a factory can run, or ``None`` if it is one."""
+    try:
+        with open(script, "rb") as handle:
+            head = handle.read(256)
+    except OSError as exc:
+        return f"cannot read the script {script!r} ({exc.strerror})"
+    first_line = head.split(b"\n", 1)[0]
+    if first_line.startswith(b"#!") and b"python" not in first_line:
+        return f"{script!r} is not a Python file ({first_line.decode(errors='replace')})"
+    if head.startswith((importlib.util.MAGIC_NUMBER, b"PK\x03\x04")):
+        return f"{script!r} is compiled or zipped Python, not a source file"
+    return None
