@@ -126,8 +126,9 @@ def main() -> None:
         client.init_workload_monitoring()
         try:
             raw_frame = client._hb_frame
-            raw_sock = client._sock
-            assert raw_sock is not None
+            session = client._session
+            assert session is not None
+            raw_sock = session.sock
 
             raw_full = 0
 

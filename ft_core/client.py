@@ -35,6 +35,7 @@ when the socket takes the whole frame.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import faulthandler
 import logging
 import numbers
@@ -125,6 +126,21 @@ class LauncherUnavailableError(RankMonitorClientError, RuntimeError):
     """
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Session:
+    """What exists only between init and shutdown, in one object instead of Optional fields.
+
+    The client holds one (``_session``) exactly while it is initialised; a
+    method that got it needs no further None checks.
+    """
+
+    sock: socket.socket
+    #: ``sock.send`` bound once: the hot paths make no attribute lookup on the socket per call.
+    send: Callable[[bytes], int]
+    #: Learns the timeouts from this connection's heartbeats and sections.
+    calc: TimeoutsCalc
+
+
 class RankMonitorClient:
     """The rank side of fault tolerance (API and semantics of NVRx's ``RankMonitorClient``).
 
@@ -148,9 +164,8 @@ class RankMonitorClient:
         self.is_initialized = False
         self.rank: Optional[int] = None
         self._loaded_state: Optional[dict[str, Any]] = None
-        self._sock: Optional[socket.socket] = None
-        #: ``self._sock.send`` bound once, between init and shutdown (None otherwise: the hot paths' init check).
-        self._send: Optional[Callable[[bytes], int]] = None
+        #: The connection and the learning, between init and shutdown (None otherwise: the hot paths' init check).
+        self._session: Optional[_Session] = None
         self._decoder = FrameDecoder()
         # Full-buffer state. The hot path reads only ``_congested`` (no lock); everything
         # else below is touched under ``_lock``, shared with the flusher thread.
@@ -163,7 +178,6 @@ class RankMonitorClient:
         self._closing = False
         self._open: set[str] = set()
         self._tracked: frozenset[str] = frozenset()
-        self._calc: Optional[TimeoutsCalc] = None
         #: The last heartbeat's time, and the largest gap TimeoutsCalc has seen (-1 until it has one):
         #: a heartbeat consults TimeoutsCalc only when its gap is a new largest one (see send_heartbeat).
         self._hb_last = 0.0
@@ -258,12 +272,11 @@ class RankMonitorClient:
             self.hb_timeouts, self.section_timeouts = apply_calculated(self.hb_timeouts, self.section_timeouts, carried)
         self._loaded_state = None
         self._tracked = frozenset(self.section_timeouts.section)
-        self._calc = TimeoutsCalc(self.cfg.safety_factor, num_warmup_iterations=self.cfg.num_warmup_iterations,
-                                  min_timeout=self.cfg.min_calculated_timeout, sections=self._tracked)
-        self._hb_last, self._hb_max_gap = self._calc.start_time, -1.0
+        calc = TimeoutsCalc(self.cfg.safety_factor, num_warmup_iterations=self.cfg.num_warmup_iterations,
+                            min_timeout=self.cfg.min_calculated_timeout, sections=self._tracked)
+        self._hb_last, self._hb_max_gap = calc.start_time, -1.0
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
         sock.setblocking(False)
-        self._sock = sock
         self._section_replies = not self.cfg.skip_section_response
         self._megatron_args = _megatron_args()
         self._monitor_lost = False
@@ -272,7 +285,7 @@ class RankMonitorClient:
         self._register_stack_dump()
         if self.cfg.install_exception_hook:
             _install_exception_hook()
-        self._send = sock.send  # set with is_initialized: the hot paths check this one
+        self._session = _Session(sock, sock.send, calc)  # set with is_initialized: the hot paths check this one
         self.is_initialized = True
         log.debug("rank %d connected to the rank monitor at %s", self.rank, socket_path)
 
@@ -282,10 +295,10 @@ class RankMonitorClient:
             return
         self.is_initialized = False
         self._stop_flusher()
-        sock, self._sock = self._sock, None
-        self._send = None
+        session, self._session = self._session, None
+        assert session is not None
+        sock = session.sock
         try:
-            assert sock is not None
             sock.setblocking(True)
             sock.settimeout(REQUEST_TIMEOUT)
             if not self._monitor_lost:
@@ -297,19 +310,18 @@ class RankMonitorClient:
             self._unsent.clear()
             self._pending_hb = None
             self._open.clear()
-            if sock is not None:
-                sock.close()
+            sock.close()
             self._unregister_stack_dump()
 
     # -- liveness ---------------------------------------------------------
     def send_heartbeat(self) -> None:
         """Tell the monitor this rank is alive (one ``send``; never blocks)."""
-        send = self._send
-        if send is None:
+        session = self._session
+        if session is None:
             raise RankMonitorClientError("send_heartbeat() needs init_workload_monitoring() first")
         now = _monotonic()
         if now - self._hb_last > self._hb_max_gap:
-            self._learn_heartbeat_gap(now)  # the first heartbeats, then only a new largest gap
+            self._learn_heartbeat_gap(session.calc, now)  # the first heartbeats, then only a new largest gap
         self._hb_last = now
         iteration = self._iteration if self._megatron_args is None else self._current_iteration()
         frame = self._hb_frame if iteration == self._hb_frame_iteration else self._heartbeat_frame(iteration)
@@ -318,7 +330,7 @@ class RankMonitorClient:
             return
         # _send_oneway inlined (one call less per step: this path is measured against a raw send).
         try:
-            sent = send(frame)
+            sent = session.send(frame)
         except BlockingIOError:
             sent = 0
         except OSError as exc:
@@ -334,7 +346,8 @@ class RankMonitorClient:
         As in NVRx, a section not named in ``rank_section_timeouts`` is ignored
         (no message, no check): instrumented code runs unchanged under any config.
         """
-        if self._send is None:
+        session = self._session
+        if session is None:
             raise RankMonitorClientError("start_section() needs init_workload_monitoring() first")
         if section not in self._tracked:
             return
@@ -342,7 +355,7 @@ class RankMonitorClient:
             raise RankMonitorClientError(f"section {section!r} is already open; end it before starting it again")
         self._open.add(section)
         iteration = self._iteration if self._megatron_args is None else self._current_iteration()
-        self._calc.update_on_section_start(section, _monotonic(), iteration)  # type: ignore[union-attr]
+        session.calc.update_on_section_start(section, _monotonic(), iteration)
         cached = self._start_frames.get(section)
         if cached is None or cached[0] != iteration:
             cached = self._start_frames[section] = (iteration, encode(SectionStart(section, iteration)))
@@ -350,14 +363,15 @@ class RankMonitorClient:
 
     def end_section(self, section: str) -> None:
         """Close ``section``; a tracked section must be open, an untracked one is ignored."""
-        if self._send is None:
+        session = self._session
+        if session is None:
             raise RankMonitorClientError("end_section() needs init_workload_monitoring() first")
         if section not in self._tracked:
             return
         if section not in self._open:
             raise RankMonitorClientError(f"section {section!r} is not open; start_section({section!r}) first")
         self._open.discard(section)
-        self._calc.update_on_section_end(section, _monotonic())  # type: ignore[union-attr]
+        session.calc.update_on_section_end(section, _monotonic())
         frame = self._end_frames.get(section)
         if frame is None:
             frame = self._end_frames[section] = encode(SectionEnd(section))
@@ -365,10 +379,10 @@ class RankMonitorClient:
 
     def end_all_sections(self) -> None:
         """Close every open section; does nothing when none is open."""
-        self._require_init("end_all_sections")
+        session = self._require_init("end_all_sections")
         tracked_open = sorted(self._open)
         for section in tracked_open:
-            self._calc.update_on_section_end(section)  # type: ignore[union-attr]
+            session.calc.update_on_section_end(section)
         self._open.clear()
         if tracked_open:
             self._send_state(encode(EndAllSections()))
@@ -413,10 +427,10 @@ class RankMonitorClient:
         ``calc_initial=False`` keeps the ``initial`` timeout (a fresh start must not learn it
         for a resume). Returns False when skipped for lack of data (``skip_if_not_ready``).
         """
-        self._require_init("calculate_and_set_hb_timeouts")
+        session = self._require_init("calculate_and_set_hb_timeouts")
         assert self.hb_timeouts is not None
         try:
-            new = self._calc.calculate_hb_timeouts(self.hb_timeouts, skip_if_not_ready, calc_initial)  # type: ignore[union-attr]
+            new = session.calc.calculate_hb_timeouts(self.hb_timeouts, skip_if_not_ready, calc_initial)
         except TimeoutsNotReadyError as exc:
             raise RankMonitorClientError(str(exc)) from None
         if new is None:
@@ -437,7 +451,7 @@ class RankMonitorClient:
         ``skip_if_not_ready`` the sections no rank has data for keep their
         value and the others are updated; returns False when nothing was.
         """
-        self._require_init("calculate_and_set_section_timeouts")
+        session = self._require_init("calculate_and_set_section_timeouts")
         assert self.section_timeouts is not None
         names = self._tracked if selected_sections is None else selected_sections
         unknown = sorted(set(names) - self._tracked)
@@ -447,7 +461,7 @@ class RankMonitorClient:
                 f"rank_section_timeouts: {sorted(self._tracked)}"
             )
         try:
-            new = self._calc.calculate_section_timeouts(  # type: ignore[union-attr]
+            new = session.calc.calculate_section_timeouts(
                 self.section_timeouts, names, calc_out_of_section, skip_if_not_ready)
         except TimeoutsNotReadyError as exc:
             raise RankMonitorClientError(str(exc)) from None
@@ -526,9 +540,12 @@ class RankMonitorClient:
             raise RankMonitorClientError(f"the launcher rejected {req.action.name}: {reply!r}")
 
     # -- internals --------------------------------------------------------
-    def _require_init(self, what: str) -> None:
-        if not self.is_initialized:
+    def _require_init(self, what: str) -> _Session:
+        """The session, or the error that names ``what`` needs init first."""
+        session = self._session
+        if session is None:
             raise RankMonitorClientError(f"{what}() needs init_workload_monitoring() first")
+        return session
 
     def _current_iteration(self) -> Optional[int]:
         if self._iteration is not None or self._megatron_args is None:
@@ -536,15 +553,13 @@ class RankMonitorClient:
         iteration = getattr(self._megatron_args, "curr_iteration", None)
         return iteration if isinstance(iteration, int) else None
 
-    def _learn_heartbeat_gap(self, now: float) -> None:
+    def _learn_heartbeat_gap(self, calc: TimeoutsCalc, now: float) -> None:
         """Give TimeoutsCalc a heartbeat whose gap may be a new maximum (the first ones always are).
 
         Heartbeats with smaller gaps cannot change what TimeoutsCalc learns
         (the first delay and the largest gap), so the hot path skips it and
         only keeps the time of the last heartbeat, handed over here.
         """
-        calc = self._calc
-        assert calc is not None
         if calc.last_hb_time is not None:
             calc.last_hb_time = self._hb_last
         calc.update_on_heartbeat(now)
@@ -561,11 +576,12 @@ class RankMonitorClient:
 
         ``send_heartbeat`` has its own inlined copy of this, which coalesces a heartbeat not sent at all.
         """
-        if self._congested:
-            self._hold_back(frame, heartbeat=False)  # keep order behind what is held back
+        session = self._session
+        if self._congested or session is None:  # held back (keep the order), lost, or shut down
+            self._hold_back(frame, heartbeat=False)
             return
         try:
-            sent = self._send(frame)  # type: ignore[misc]  # bound at init: no attribute lookup per call
+            sent = session.send(frame)
         except BlockingIOError:
             sent = 0
         except OSError as exc:
@@ -588,15 +604,17 @@ class RankMonitorClient:
             self._flush_locked()
             if self._congested:
                 if self._flusher is None:
-                    self._flusher = threading.Thread(target=self._flush_in_background, args=(self._sock,),
+                    self._flusher = threading.Thread(target=self._flush_in_background, args=(self._session,),
                                                      name="ft-client-flush", daemon=True)
                     self._flusher.start()
                 self._flush_wanted.notify()
 
     def _flush_locked(self) -> None:
         """Send what the socket takes: held-back bytes first, in order, then the pending heartbeat."""
-        sock = self._sock
-        assert sock is not None
+        session = self._session
+        if session is None:  # shut down: nothing more goes out
+            return
+        sock = session.sock
         try:
             if self._unsent:
                 del self._unsent[:sock.send(self._unsent)]
@@ -612,10 +630,12 @@ class RankMonitorClient:
             return
         self._congested = bool(self._unsent) or self._pending_hb is not None
 
-    def _flush_in_background(self, sock: socket.socket) -> None:
+    def _flush_in_background(self, session: Optional[_Session]) -> None:
         """Flusher thread: send what a full buffer held back as soon as the monitor makes room."""
+        if session is None:
+            return
         poller = select.poll()
-        poller.register(sock, select.POLLOUT)
+        poller.register(session.sock, select.POLLOUT)
         while True:
             with self._lock:
                 while not self._congested and not self._closing:
@@ -646,8 +666,9 @@ class RankMonitorClient:
         return self._round_trip_raw(encode(msg))
 
     def _round_trip_raw(self, frame: bytes) -> Message:
-        sock = self._sock
-        assert sock is not None
+        session = self._session
+        assert session is not None, "every caller checked the client is initialised"
+        sock = session.sock
         with self._lock:  # the flusher thread must not write while the socket blocks
             try:
                 sock.setblocking(True)

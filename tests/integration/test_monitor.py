@@ -404,15 +404,15 @@ def test_heartbeats_learn_the_same_gaps_as_timeouts_calc(start_monitor, monkeypa
     monkeypatch.setattr(client_module, "_monotonic", lambda: clock[0])
     client = RankMonitorClient()
     client.init_workload_monitoring()
-    clock[0] = client._calc.start_time  # TimeoutsCalc started on the real clock
-    reference = TimeoutsCalc(safety_factor=2.0, start_time=client._calc.start_time, min_timeout=0.001)
+    clock[0] = client._session.calc.start_time  # TimeoutsCalc started on the real clock
+    reference = TimeoutsCalc(safety_factor=2.0, start_time=client._session.calc.start_time, min_timeout=0.001)
     try:
         # Gaps growing, shrinking, equal and growing again; the first one is the initial delay.
         for gap in (4.0, 1.0, 3.0, 0.5, 3.0, 2.0, 7.0, 0.1):
             clock[0] += gap
             client.send_heartbeat()
             reference.update_on_heartbeat(now=clock[0])
-        assert (client._calc.first_hb_delay, client._calc.max_hb_interval) == (4.0, 7.0)
+        assert (client._session.calc.first_hb_delay, client._session.calc.max_hb_interval) == (4.0, 7.0)
         assert client.calculate_and_set_hb_timeouts()
         expected = reference.calculate_hb_timeouts(client_module.HeartbeatTimeouts(60.0, 60.0))
         assert (client.hb_timeouts.initial, client.hb_timeouts.subsequent) == (expected.initial, expected.subsequent)

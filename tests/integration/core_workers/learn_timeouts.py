@@ -31,8 +31,8 @@ def main() -> None:
     assert client.calculate_and_set_hb_timeouts()
     assert client.calculate_and_set_section_timeouts()
     observed = {
-        "step": client._calc.section_max["step"],
-        "hb_interval": client._calc.max_hb_interval,
+        "step": client._session.calc.section_max["step"],
+        "hb_interval": client._session.calc.max_hb_interval,
     }
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump({"state": client.state_dict(), "observed": observed}, handle)
