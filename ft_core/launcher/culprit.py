@@ -9,7 +9,7 @@ own, or another node's) shares the evidence of its ranks under
 ``diagnosis/<cycle>/evidence/<group rank>``. The launcher that decided the cycle's end gathers the evidence of every
 node (waiting at most :data:`EVIDENCE_TIMEOUT` for late ones), runs
 :func:`ft_core.diagnosis.diagnose` and publishes the result under
-``diagnosis/<cycle>`` -- or ``null`` when its fault was no hang -- so the
+``diagnosis/<cycle>/result`` -- or ``null`` when its fault was no hang -- so the
 summary of every node names the same culprit. A node that never sees the
 result (the decider died) diagnoses with what it has. Nothing here changes
 how or when workers are stopped: it only names.
@@ -49,13 +49,18 @@ class CulpritExchange:
         #: The others snapshot their ranks (stack dumps included) before they share.
         self.evidence_timeout = EVIDENCE_TIMEOUT + stack_dump_timeout
 
+    @staticmethod
+    def _result_key(cycle: int) -> str:
+        # A leaf beside the others, never their parent: etcd v2 keys are a tree of directories.
+        return f"diagnosis/{cycle}/result"
+
     def request(self, cycle: int) -> None:
         """As the deciding node of a hang: ask every node for its evidence."""
         self._store.set(f"diagnosis/{cycle}/wanted", "1")
 
     def requested(self, cycle: int) -> bool:
         """As another node: whether the decider wants evidence (False: its fault was no hang, or it is gone)."""
-        wanted, result = f"diagnosis/{cycle}/wanted", f"diagnosis/{cycle}"
+        wanted, result = f"diagnosis/{cycle}/wanted", self._result_key(cycle)
         # The decider marks or publishes right after deciding, before any node can learn of the decision.
         wait_until(lambda: self._store.get(wanted) is not None or self._store.get(result) is not None,
                    self.evidence_timeout)
@@ -89,11 +94,11 @@ class CulpritExchange:
 
     def publish(self, cycle: int, result: Optional[Diagnosis]) -> None:
         """The job-wide diagnosis of ``cycle`` (None: its fault was no hang)."""
-        self._store.set(f"diagnosis/{cycle}", _NONE if result is None else msgspec.json.encode(result).decode())
+        self._store.set(self._result_key(cycle), _NONE if result is None else msgspec.json.encode(result).decode())
 
     def wait(self, cycle: int, evidence: Sequence[RankEvidence]) -> Optional[Diagnosis]:
         """As another node: the deciding node's diagnosis; this node's own if none comes in time."""
-        key = f"diagnosis/{cycle}"
+        key = self._result_key(cycle)
         raw = wait_until(lambda: self._store.get(key), 2 * self.evidence_timeout)
         if raw is not None:
             try:

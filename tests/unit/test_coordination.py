@@ -204,3 +204,23 @@ def test_etcd_job_store_rides_out_a_short_outage(tmp_path, caplog, etcd_server):
         assert store.get("k") == "after"
     finally:
         cluster.stop()
+
+
+def test_the_culprit_exchange_on_both_job_stores(new_store):
+    # Every node's evidence meets in the job store and every node reads one verdict. A crash decided
+    # elsewhere must not cost a peer a stack-dump snapshot: "no diagnosis" is published at once.
+    from ft_core.events import RankEvidence
+    from ft_core.launcher.culprit import CulpritExchange
+
+    decider, peer = CulpritExchange(new_store(), "a:1", 0.0), CulpritExchange(new_store(), "b:2", 0.0)
+    decider.publish(0, None)
+    assert peer.requested(0) is False
+    assert peer.wait(0, []) is None
+
+    decider.request(1)
+    assert peer.requested(1) is True
+    peer.share(1, 1, [RankEvidence(rank=1, pid=11, node="b:2", iteration=25, hung=True, in_collective=False)])
+    verdict = decider.decide(1, 2, [RankEvidence(rank=0, pid=10, node="a:1", iteration=25, hung=True,
+                                                 in_collective=True)])
+    assert verdict is not None and (verdict.culprits, verdict.waiting, verdict.culprit_nodes) == ([1], [0], ["b:2"])
+    assert peer.wait(1, []) == verdict

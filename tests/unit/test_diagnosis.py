@@ -136,20 +136,3 @@ def test_snapshot_gives_up_on_a_rank_that_never_dumps_at_its_deadline():
     assert snapshot.poll(50.4, lambda _path: 0) is not None
     assert snapshot.poll(50.5, lambda _path: 0) is None
     assert snapshot.record(lambda _path, _offset: "").ranks[0].in_collective is None
-
-
-def test_a_peer_snapshots_only_when_the_decider_wants_a_diagnosis():
-    # A crash decided elsewhere must not cost this node a stack-dump snapshot: the decider
-    # publishes "no diagnosis" at once, and a peer learns it without waiting out the timeout.
-    from torch.distributed import HashStore
-
-    from ft_core.launcher.culprit import CulpritExchange
-    from ft_core.launcher.job_store import C10dJobStore
-
-    store = C10dJobStore(HashStore())
-    decider, peer = CulpritExchange(store, "a:1", 0.0), CulpritExchange(store, "b:2", 0.0)
-    decider.publish(0, None)
-    assert peer.requested(0) is False
-    decider.request(1)
-    assert peer.requested(1) is True
-    assert peer.wait(0, []) is None
