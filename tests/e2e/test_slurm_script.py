@@ -67,8 +67,9 @@ def run_job(env: dict[str, str], tracker: ProcessTracker, output, preempt_when=N
         if preempt_when is not None:
             wait_for(lambda: os.path.exists(preempt_when) or proc.poll() is not None, 300, f"{preempt_when}")
             assert proc.poll() is None, open(output, errors="replace").read()[-4000:]
+            # The launchers themselves (``-m ft_core.launcher``), not their pre-warmed worker factories.
             launchers = [p for p in psutil.Process(proc.pid).children(recursive=True)
-                         if "ft_core.launcher" in " ".join(p.cmdline())]
+                         if "ft_core.launcher" in p.cmdline()]
             assert len(launchers) == 2
             for launcher in launchers:  # what #SBATCH --signal=TERM@120 does: signal the job step's tasks
                 launcher.send_signal(signal.SIGTERM)
