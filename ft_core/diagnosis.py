@@ -58,8 +58,13 @@ __all__ = ["STOPPED_FIRST_MARGIN", "Verdict", "diagnose", "evidence_of_hang", "s
 #: that one stopped. Generous: ranks of one job step in lock-step, so a real gap is the length of a hang.
 STOPPED_FIRST_MARGIN = 1.0
 
-#: Where torch's collectives live: a thread whose innermost frame is here is blocked in one.
-_COLLECTIVE_PATH = re.compile(r"[/\\]torch[/\\]distributed[/\\]")
+#: Where a rank waits for its peers: a thread whose innermost frame is here is blocked in a collective.
+#: torch.distributed's own calls and DDP's module; and the autograd engine, because with DDP the
+#: gradient all-reduce runs inside backward (the reducer's C++ hooks), so a rank stuck there past its
+#: step timeout is waiting for a peer's gradients (a rank hung in its own backward is then named only
+#: if its peers are elsewhere, which they are not: they wait in backward too).
+_COLLECTIVE_PATH = re.compile(r"[/\\]torch[/\\](distributed[/\\]|nn[/\\]parallel[/\\]distributed\.py"
+                              r"|autograd[/\\]graph\.py)")
 _THREAD_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
 _FRAME = re.compile(r'^\s*File "([^"]*)", line')
 

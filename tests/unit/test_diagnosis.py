@@ -112,6 +112,12 @@ def test_stack_classification():
     assert stack_in_collective(IN_ALL_REDUCE) is True
     assert stack_in_collective(IN_SLEEP) is False  # the main thread (listed last) is outside torch.distributed
     assert stack_in_collective("") is None and stack_in_collective("garbage") is None
+    # DDP: the gradient all-reduce runs inside backward, from the autograd engine's C++ hooks.
+    in_backward = ('Current thread 0x00007f (most recent call first):\n'
+                   '  File "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward\n'
+                   '  File "/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", line 395 in backward\n'
+                   '  File "/work/train.py", line 12 in training_step\n')
+    assert stack_in_collective(in_backward) is True
 
 
 def test_snapshot_waits_for_every_dump_then_classifies_each_stack():
