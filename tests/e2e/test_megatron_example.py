@@ -12,11 +12,11 @@ import ast
 import json
 import os
 import re
-import subprocess
+import sys
 
 import pytest
-from helpers import REPO_ROOT, python_env, spawn_python
-from integration.launcher_helpers import ProcessTracker
+from helpers import REPO_ROOT, python_env
+from integration.launcher_helpers import run_job
 
 from ft_core.events import read_events
 
@@ -47,21 +47,10 @@ def test_hang_in_checkpoint_save_is_caught_and_the_job_resumes_with_learned_time
     env = python_env(FAULT_TOL_FINISHED_FLAG_FILE=str(tmp_path / "finished"))
     for key in ("FT_RANK_MONITOR_IPC_SOCKET", "FT_MONITOR_TOKEN", "FT_LAUNCHER_IPC_SOCKET"):
         env.pop(key, None)
-    output_path = tmp_path / "launcher.out"
-    tracker = ProcessTracker()
-    with open(output_path, "wb") as out:
-        launcher = spawn_python(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    tracker.add_root(launcher.pid)
-    try:
-        exit_code = launcher.wait(timeout=360)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, 9)
-            launcher.wait(30)
-        leftovers = tracker.finish()
-    output = output_path.read_text(errors="replace")
+    result = run_job([sys.executable, *command], env, timeout=360, log_path=tmp_path / "launcher.out")
+    assert not result.timed_out, result.output[-6000:]
+    exit_code, output = result.returncode, result.output
     assert exit_code == 0, output[-6000:]
-    assert not leftovers, f"processes survived the launcher: {leftovers}"
 
     events = read_events(str(log_dir / "ft_events.jsonl"))[0]
     hangs = [e for e in events if e["event"] == "hang_detected"]

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
+import sys
 from typing import Any
 
 import pytest
-from helpers import REPO_ROOT, python_env, spawn_python
-from integration.launcher_helpers import ProcessTracker
+from helpers import REPO_ROOT, python_env
+from integration.launcher_helpers import run_job
 
 from ft_core.events import read_events
 
@@ -36,20 +36,9 @@ def _launch(tmp_path: Any, ft_flags: list[str], script_flags: list[str], **env_v
     env = python_env(**env_vars)
     for key in ("FT_RANK_MONITOR_IPC_SOCKET", "FT_MONITOR_TOKEN", "FT_LAUNCHER_IPC_SOCKET"):
         env.pop(key, None)
-    output_path = tmp_path / "launcher.out"
-    tracker = ProcessTracker()
-    with open(output_path, "wb") as out:
-        launcher = spawn_python(command, env=env, stdout=out, stderr=subprocess.STDOUT)
-    tracker.add_root(launcher.pid)
-    try:
-        exit_code = launcher.wait(timeout=240)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, 9)
-            launcher.wait(30)
-        leftovers = tracker.finish()
-    output = output_path.read_text(errors="replace")
-    assert not leftovers, f"processes survived the launcher: {leftovers}"
+    result = run_job([sys.executable, *command], env, timeout=240, log_path=tmp_path / "launcher.out")
+    assert not result.timed_out, result.output[-6000:]
+    exit_code, output = result.returncode, result.output
     return exit_code, output, read_events(str(log_dir / "ft_events.jsonl"))[0]
 
 

@@ -9,6 +9,7 @@ the end, checks that none of the processes it ever saw is still alive.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import signal
@@ -19,6 +20,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, Optional
 
 import psutil
@@ -121,6 +123,39 @@ class ProcessTracker:
     @property
     def count(self) -> int:
         return len(self._seen)
+
+
+@dataclasses.dataclass
+class JobResult:
+    returncode: Optional[int]
+    output: str
+    timed_out: bool
+
+
+def run_job(cmd: list[str], env: dict[str, str], timeout: float, log_path: Path) -> JobResult:
+    """Run ``cmd`` in its own session; on every path kill what is left and fail on orphans.
+
+    Descendants are sampled while the job runs, so a process that was re-parented to
+    init (an orphan) is still noticed at the end.
+    """
+    tracker = ProcessTracker()
+    timed_out = False
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        tracker.add_root(proc.pid)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            leftovers = tracker.finish()
+    output = log_path.read_text(encoding="utf-8", errors="replace")
+    assert not leftovers, f"processes outlived the job: {leftovers}\n{output[-4000:]}"
+    return JobResult(proc.returncode, output, timed_out)
 
 
 class Launcher:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch  # noqa: E402
 from helpers import free_port  # noqa: E402
-from lightning_scripts.harness import SCRIPTS, base_env, reports, run_job  # noqa: E402
+from launcher_helpers import run_job  # noqa: E402
+from lightning_scripts.harness import SCRIPTS, base_env, reports  # noqa: E402
 
 from ft_core.events import read_events  # noqa: E402
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 from helpers import free_port
-from lightning_scripts.harness import base_env, run_job
+from launcher_helpers import run_job
+from lightning_scripts.harness import base_env
 
 from ft_core.events import read_events
 
