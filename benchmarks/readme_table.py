@@ -54,6 +54,15 @@ def ipc_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
     hb, raw = data["send_heartbeat"], data["raw_socket_send_same_bytes"]
     yield ("`send_heartbeat()` tight loop", f"{hb['median']:.1f} µs, p99 {hb['p99']:.1f} µs",
            f"raw `send`: {raw['median']:.1f} µs (ratio {data['heartbeat_vs_raw_median_ratio']:.2f})", "")
+    if "detection_off" in data:  # straggler detection: its own message, and no cost to the others
+        off = data["detection_off"]
+        phase, pair = data["record_phase"], data["start_plus_end_section"]
+        yield ("`record_phase()` / `client.timed()` end, tight loop (straggler detection)",
+               f"{phase['median']:.1f} µs, p99 {phase['p99']:.1f} µs", f"raw `send`: {raw['median']:.1f} µs", "")
+        yield ("`send_heartbeat()` / section pair with straggler detection on vs off, tight loop",
+               f"{hb['median']:.1f} / {pair['median']:.1f} µs on",
+               f"{off['send_heartbeat']['median']:.1f} / {off['start_plus_end_section']['median']:.1f} µs off "
+               "(a second monitor, same run)", "unchanged within noise")
     yield ("node monitor RSS", f"{data['monitor_rss_mb']:.1f} MB", "", "≤ 30 MB")
 
 
