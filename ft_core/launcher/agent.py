@@ -292,8 +292,11 @@ class FtElasticAgent(LocalElasticAgent):
         self._svc.events.write(Restart(cycle=cycle, kind=trigger.kind, reason=trigger.reason, cause=cause,
                                        restarts=restarts, max_restarts=self._worker_group.spec.max_restarts))
         self._svc.events.restarted(cycle, cause)
-        log.warning("cycle %d ended (%s: %s); restarting all workers (%d/%d restarts used)", cycle,
-                    trigger.kind.value, trigger.reason, restarts, self._worker_group.spec.max_restarts)
+        # With a diagnosis, name its culprits: the first rank to expire is often a waiter.
+        why = (f"{trigger.kind.value}: {trigger.reason}" if diagnosis is None else
+               f"{trigger.kind.value}; culprit rank(s) {', '.join(map(str, diagnosis.culprits))}, see above")
+        log.warning("cycle %d ended (%s); restarting all workers (%d/%d restarts used)", cycle, why, restarts,
+                    self._worker_group.spec.max_restarts)
         self._restart_workers(self._worker_group)
         return None
 
