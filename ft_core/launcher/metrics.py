@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from ft_core.events import (
     CycleStart,
+    Diagnosis,
     Event,
     HangDetected,
     MonitorLate,
@@ -80,6 +81,8 @@ class LauncherMetrics:
         self._cycle: Optional[int] = None
         self._cycle_started: Optional[float] = None
         self._local_ranks: frozenset[int] = frozenset()
+        #: This cycle's ranks that missed a deadline, until a diagnosis names the culprits among them.
+        self._hung: set[int] = set()
         self._late_count = 0
         self._late_seconds = 0.0
         self._scores: dict[tuple[int, str], tuple[float, float]] = {}
@@ -94,15 +97,27 @@ class LauncherMetrics:
                     self._cycle, self._cycle_started = record.cycle, record.time
                     self._local_ranks = frozenset(int(rank) for rank in record.workers)
                     self._scores.clear()
+                    self._hung.clear()
                 case Restart():
                     self._restarts[record.kind.value] += 1
+                    if record.kind is RestartKind.HANG:  # not diagnosed: every rank that expired counts
+                        for rank in sorted(self._hung):
+                            self._faults[(RestartKind.HANG.value, str(rank))] += 1
+                    self._hung.clear()
                     self._cycle_started = None
                     if record.kind.is_fault and record.kind not in _FAULTS_WITH_RANK:
                         self._faults[(record.kind.value, "")] += 1
                 case WorkersStopped():
                     self._cycle_started = None
                 case HangDetected():
-                    self._faults[(RestartKind.HANG.value, str(record.rank))] += 1
+                    self._hung.add(record.rank)
+                case Diagnosis():
+                    # The culprits, not every rank that expired: the waiters were victims. Each node counts
+                    # its own culprits, so a job-wide sum counts each once.
+                    for rank in record.culprits:
+                        if rank in self._local_ranks:
+                            self._faults[(RestartKind.HANG.value, str(rank))] += 1
+                    self._hung.clear()
                 case WorkerExit() if record.cause == "crash":
                     self._faults[(RestartKind.CRASH.value, "" if record.rank is None else str(record.rank))] += 1
                 case Straggler():

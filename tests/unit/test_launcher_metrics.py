@@ -10,7 +10,16 @@ import re
 import pytest
 from helpers import REPO_ROOT
 
-from ft_core.events import CycleStart, HangDetected, HangReason, MonitorLate, Restart, RestartKind, Straggler
+from ft_core.events import (
+    CycleStart,
+    Diagnosis,
+    HangDetected,
+    HangReason,
+    MonitorLate,
+    Restart,
+    RestartKind,
+    Straggler,
+)
 from ft_core.launcher.events import EventLog
 from ft_core.launcher.metrics import LauncherMetrics
 from ft_core.launcher.stragglers import StragglerRound
@@ -85,3 +94,31 @@ def test_records_and_status_become_metrics(tmp_path):
         dashboard = json.load(f)
     used = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"\bft_\w+", t["expr"])}
     assert used <= names, used - names
+
+
+def test_a_hang_fault_counts_its_diagnosed_culprit_not_the_ranks_that_waited(tmp_path):
+    events = EventLog(str(tmp_path / "ft_events.jsonl"))
+    metrics = LauncherMetrics(events, str(tmp_path / "monitor_status.json"))
+    events.observers.append(metrics.observe)
+    node = events.node
+    events.write(CycleStart(cycle=0, restarts=0, group_rank=0, group_world_size=1, world_size=2,
+                            workers={"0": 10, "1": 11}, monitor_pid=9))
+    for rank in (0, 1):  # rank 0 waited for rank 1 in a collective and expired too
+        events.write(HangDetected(rank=rank, pid=10 + rank, reason=HangReason.SECTION, section="step", elapsed=3.0,
+                                  timeout=3.0, iteration=25, open_sections=["step"], deadline_time=1.0,
+                                  detected_time=2.0, stack_dump_file=None))
+    events.write(Diagnosis(cycle=0, culprits=[1], waiting=[0], evidence="ranks 0 blocked in a collective",
+                           headline="rank 1 hung", culprit_nodes=[node]))
+    events.write(Restart(cycle=0, kind=RestartKind.HANG, reason="hang", restarts=1, max_restarts=3))
+    # The next cycle's hang without a diagnosis (no job store): every rank that expired counts.
+    events.write(CycleStart(cycle=1, restarts=1, group_rank=0, group_world_size=1, world_size=2,
+                            workers={"0": 12, "1": 13}, monitor_pid=9))
+    events.write(HangDetected(rank=0, pid=12, reason=HangReason.HEARTBEAT, section=None, elapsed=4.0, timeout=3.0,
+                              iteration=5, open_sections=[], deadline_time=1.0, detected_time=2.0,
+                              stack_dump_file=None))
+    events.write(Restart(cycle=1, kind=RestartKind.HANG, reason="hang", restarts=2, max_restarts=3))
+    values = exported(metrics)
+    events.close()
+    faults = {dict(labels)["rank"]: value for (name, labels), value in values.items()
+              if name == "ft_faults_total" and dict(labels)["kind"] == "hang"}
+    assert faults == {"1": 1, "0": 1}  # rank 1 in cycle 0 (the culprit), rank 0 in cycle 1 (undiagnosed)
