@@ -1,9 +1,10 @@
 """Straggler detection's pieces: the rolling windows, the scores, the judge, and the launchers' exchange
-through a real job store (``C10dJobStore`` over a ``torch.distributed.HashStore``)."""
+through a real job store (``C10dJobStore`` over a ``torch.distributed.HashStore``, and etcd)."""
 
 from __future__ import annotations
 
 import math
+import uuid
 
 import pytest
 import torch.distributed as dist
@@ -136,8 +137,18 @@ def test_config_defaults_and_validation():
 
 
 # -- launchers through the job store --------------------------------------------------------
-def test_launchers_share_one_judgement_through_the_job_store():
-    store = C10dJobStore(dist.HashStore())
+@pytest.fixture(params=["c10d", "etcd"])
+def job_store(request):
+    """One job store the test's launchers share: c10d (a HashStore) or a real etcd server (v2 keys are a tree)."""
+    if request.param == "c10d":
+        return C10dJobStore(dist.HashStore())
+    from ft_core.launcher.job_store import EtcdJobStore
+
+    return EtcdJobStore(request.getfixturevalue("etcd_server").client(), f"/ft_launcher/{uuid.uuid4().hex}")
+
+
+def test_launchers_share_one_judgement_through_the_job_store(job_store):
+    store = job_store
     rounds: list[StragglerRound] = []
     nodes = [StragglerDetector(1.0, 0.75, 2, StragglerAction.RESTART, f"host:{i}", lambda: store,
                                on_round=rounds.append if i == 1 else None) for i in range(2)]
