@@ -94,15 +94,20 @@ class CpuSample(NamedTuple):
     runnable: bool  # some thread is running or waiting for a CPU (state R)
 
 
+def _state(stat_path: str) -> bytes:
+    """The state letter of a ``/proc/.../stat`` file (raises ``OSError``/``IndexError`` when unreadable)."""
+    with open(stat_path, "rb") as handle:
+        # "pid (comm) S ...": the comm may contain spaces and parentheses.
+        return handle.read().rpartition(b")")[2].split()[0]
+
+
 def is_stopped(pid: int) -> bool:
     """Whether ``pid`` is stopped (state ``T``: SIGSTOP, SIGTSTP; ``t``: a debugger) per Linux ``/proc``.
 
     False when the kernel does not say (no such process, no ``/proc``).
     """
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            # "pid (comm) S ...": the comm may contain spaces and parentheses.
-            return handle.read().rpartition(b")")[2].split()[0] in (b"T", b"t")
+        return _state(f"/proc/{pid}/stat") in (b"T", b"t")
     except (OSError, IndexError):
         return False
 
@@ -115,9 +120,7 @@ def cpu_sample(pid: int) -> Optional[CpuSample]:
         for tid in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as handle:
                 cpu_ns += int(handle.read().split()[0])
-            with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
-                # "pid (comm) S ...": the comm may contain spaces and parentheses.
-                runnable |= handle.read().rpartition(b")")[2].split()[0] == b"R"
+            runnable |= _state(f"/proc/{pid}/task/{tid}/stat") == b"R"
     except (OSError, IndexError, ValueError):
         return None
     return CpuSample(cpu_ns / 1e9, runnable)

@@ -324,22 +324,22 @@ class FtElasticAgent(LocalElasticAgent):
     def _diagnose(self, trigger: _Trigger, decision: Optional[Decision]) -> Optional[Diagnosis]:
         """The job-wide diagnosis of this cycle's hang (see :mod:`.culprit`), written and told; None otherwise."""
         store = self._coord.job_store
-        if trigger.kind not in (RestartKind.HANG, RestartKind.PEER) or store is None:
-            if store is not None and (decision is None or decision.node == self._svc.events.node):
-                CulpritExchange(store, self._svc.events.node, 0.0).publish(self._cycle_number(), None)
+        if store is None:
             return None
         cycle = self._cycle_number()
         exchange = CulpritExchange(store, self._svc.events.node, self._svc.monitor.cfg.stack_dump_timeout)
         group_rank = self._worker_group.group_rank or 0
         if decision is None or decision.node == self._svc.events.node:  # this node decided
             if trigger.kind is not RestartKind.HANG:
-                exchange.publish(cycle, None)
+                exchange.publish(cycle, None)  # the others need not snapshot their ranks
                 return None
             exchange.request(cycle)
             evidence = self._take_evidence()
             exchange.share(cycle, group_rank, evidence)
             diagnosis = exchange.decide(cycle, self._worker_group.group_world_size or 1, evidence)
         else:
+            if trigger.kind not in (RestartKind.HANG, RestartKind.PEER):
+                return None
             wanted = exchange.requested(cycle)
             if not wanted and trigger.kind is not RestartKind.HANG:
                 return None  # another node's crash or stop: nothing to diagnose, no stack dumps

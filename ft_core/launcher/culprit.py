@@ -61,10 +61,14 @@ class CulpritExchange:
     def requested(self, cycle: int) -> bool:
         """As another node: whether the decider wants evidence (False: its fault was no hang, or it is gone)."""
         wanted, result = f"diagnosis/{cycle}/wanted", self._result_key(cycle)
+
+        def answer() -> Optional[str]:
+            if self._store.get(wanted) is not None:
+                return "wanted"
+            return "published" if self._store.get(result) is not None else None
+
         # The decider marks or publishes right after deciding, before any node can learn of the decision.
-        wait_until(lambda: self._store.get(wanted) is not None or self._store.get(result) is not None,
-                   self.evidence_timeout)
-        return self._store.get(wanted) is not None
+        return wait_until(answer, self.evidence_timeout) == "wanted"
 
     def share(self, cycle: int, group_rank: int, evidence: Sequence[RankEvidence]) -> None:
         self._store.set(f"diagnosis/{cycle}/evidence/{group_rank}", msgspec.json.encode(list(evidence)).decode())

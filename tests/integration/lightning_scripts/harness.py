@@ -1,4 +1,6 @@
-"""Run a multi-process job for a test, and make sure nothing it started outlives it."""
+"""The Lightning test scripts: where they are, the environment they run in, the reports they write.
+
+Jobs are run with ``launcher_helpers.run_job`` (no process outlives them)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import os
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parent
-REPO = SCRIPTS.parents[2]
 
 
 def base_env(tmp_path: Path) -> dict[str, str]:
