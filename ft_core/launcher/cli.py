@@ -1,7 +1,7 @@
 """``ft_launcher``: torchrun's command line plus fault tolerance.
 
 Every ``torchrun`` argument works the same; see ``ft_launcher --help`` and
-the README section "ft_launcher" for the additional flags and the exit codes.
+the documentation page ``docs/launcher.md`` for the additional flags and the exit codes.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ log = logging.getLogger("ft_core.launcher")
 
 def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[Any],
            cfg: FaultToleranceConfig, options: LauncherOptions) -> int:
-    """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in the README)."""
+    """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in ``docs/launcher.md``)."""
     events = EventLog(options.events_file or _default_events_path(config))
     log.info("fault tolerance event log: %s", events.path)
     # Mode 0700, unpredictable, locked while we run; job dirs of SIGKILLed launchers are removed first.

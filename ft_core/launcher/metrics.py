@@ -12,7 +12,7 @@ So the endpoint adds no work to the monitoring loop beyond a few counter
 updates, and a scrape never waits for the loop. Names follow Prometheus
 conventions (``ft_`` prefix, ``_total`` counters, ``_seconds`` units); every
 series carries ``node`` (the launcher, ``host:pid``) and per-rank series
-``rank``. The README's "Metrics" section describes each one.
+``rank``. ``docs/events.md`` ("Metrics") describes each one.
 
 Needs the ``metrics`` extra (``prometheus-client``).
 """

@@ -1,4 +1,4 @@
-"""LauncherMetrics: the values it exports for a stream of launcher records, the README's metrics table
+"""LauncherMetrics: the values it exports for a stream of launcher records, the metrics table of docs/events.md
 and the example dashboard name the same metrics."""
 
 from __future__ import annotations
@@ -84,8 +84,8 @@ def test_records_and_status_become_metrics(tmp_path):
     assert get("ft_rank_last_step_duration_seconds", rank="0") == 0.4
     assert 0 <= get("ft_goodput_ratio") <= 1 and get("ft_time_lost_seconds_total") >= 0
 
-    readme = open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8").read()
-    table = readme.split("### Metrics", 1)[1].split("\n### ", 1)[0]
+    page = open(os.path.join(REPO_ROOT, "docs", "events.md"), encoding="utf-8").read()
+    table = page.split("## Metrics", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(ft_\w+)` \|", table, flags=re.M))
     names = {n for n, _ in values}
     families = {re.sub(r"_(count|sum)$", "", n) if n.startswith("ft_rank_step_duration") else n for n in names}
