@@ -11,7 +11,14 @@ from typing import Optional
 from ft_core.config import FaultToleranceConfig
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
 from ft_core.straggler import StragglerAction
-from ft_core.validation import ValidationError, boolean, file_path, int_in_range, non_negative_seconds
+from ft_core.validation import (
+    ValidationError,
+    boolean,
+    file_path,
+    int_in_range,
+    non_negative_seconds,
+    path_or_none,
+)
 
 __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "LauncherOptions", "add_launcher_args"]
 
@@ -46,6 +53,8 @@ class LauncherOptions:
     straggler_action: StragglerAction = FaultToleranceConfig.straggler_action
     #: Port of the Prometheus endpoint (``metrics_port``, ``--ft-metrics-port``); None: no endpoint.
     metrics_port: Optional[int] = FaultToleranceConfig.metrics_port
+    #: Directory of the endpoint's Prometheus ``file_sd`` target file; None: beside the event log.
+    metrics_targets_dir: Optional[str] = None
     #: Fork workers from a factory that has already imported ``prewarm_modules``.
     prewarm: bool = True
     #: Modules the worker factory imports before it forks workers.
@@ -74,6 +83,7 @@ class LauncherOptions:
             straggler_consecutive_reports=cfg.straggler_consecutive_reports,
             straggler_action=cfg.straggler_action,
             metrics_port=cfg.metrics_port,
+            metrics_targets_dir=path_or_none("--ft-metrics-targets-dir", args.ft_metrics_targets_dir),
             prewarm=boolean("--ft-prewarm", args.ft_prewarm, coerce=True),
             prewarm_modules=_module_names("--ft-prewarm-modules", args.ft_prewarm_modules),
         )
@@ -100,6 +110,10 @@ def add_launcher_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ft-events-file", "--ft_events_file", default=None, metavar="PATH",
                        help=f"JSON-lines event log (default: <log-dir>/{LAUNCHER_EVENTS_FILE}, or torchelastic's "
                             "temporary log directory when --log-dir is not given)")
+    group.add_argument("--ft-metrics-targets-dir", "--ft_metrics_targets_dir", default=None, metavar="DIR",
+                       help="with --ft-metrics-port: write this launcher's endpoint as a Prometheus file_sd target "
+                            "file (<host>-<pid>.json, removed at exit) into DIR (default: ft_metrics_targets/ "
+                            "beside the event log)")
     group.add_argument("--ft-prewarm", "--ft_prewarm", default="on" if defaults.prewarm else "off", metavar="on|off",
                        help="fork each cycle's workers from a factory process that has already imported "
                             "--ft-prewarm-modules, instead of starting new interpreters (default: on)")
