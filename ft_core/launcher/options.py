@@ -68,9 +68,7 @@ class LauncherOptions:
             ft_core.validation.ValidationError: naming the flag, the value and what is allowed.
         """
         return cls(
-            term_timeout=non_negative_seconds("--term-timeout", args.term_timeout, coerce=True),
-            workers_stop_timeout=non_negative_seconds("--workers-stop-timeout", args.workers_stop_timeout,
-                                                      coerce=True),
+            **_stop_timeouts(args),
             no_restart_exit_code=int_in_range("--ft-no-restart-exit-code", args.ft_no_restart_exit_code, 1, 255,
                                               coerce=True),
             max_no_progress_cycles=cfg.max_no_progress_cycles,
@@ -89,17 +87,45 @@ class LauncherOptions:
         )
 
 
+def _stop_timeouts(args: argparse.Namespace) -> dict[str, float]:
+    """``term_timeout`` and ``workers_stop_timeout``, honouring torchrun's ``--shutdown-timeout``.
+
+    torchrun's flag is the one grace period from SIGTERM to SIGKILL; here there are two
+    (after a forwarded signal, and when stopping workers for a restart), so it sets both,
+    unless one of ours is given too: then the two spellings disagree and it is an error.
+    """
+    defaults = LauncherOptions()
+    term, stop = args.term_timeout, args.workers_stop_timeout
+    shutdown = getattr(args, "shutdown_timeout", None)  # None: not given (torchrun's default is "unset")
+    if shutdown is not None:
+        ours = [flag for flag, value in (("--term-timeout", term), ("--workers-stop-timeout", stop))
+                if value is not None]
+        if ours:
+            raise ValidationError("--shutdown-timeout", shutdown,
+                                  f"either torchrun's --shutdown-timeout (it sets both --term-timeout and "
+                                  f"--workers-stop-timeout) or {' and '.join(ours)}",
+                                  problem=f"--shutdown-timeout={shutdown} given with {' and '.join(ours)}")
+        term = stop = non_negative_seconds("--shutdown-timeout", shutdown, coerce=True)
+    return {
+        "term_timeout": defaults.term_timeout if term is None else non_negative_seconds(
+            "--term-timeout", term, coerce=True),
+        "workers_stop_timeout": defaults.workers_stop_timeout if stop is None else non_negative_seconds(
+            "--workers-stop-timeout", stop, coerce=True),
+    }
+
+
 def add_launcher_args(parser: argparse.ArgumentParser) -> None:
     """Add the launcher's fault-tolerance flags to a torchrun argument parser."""
     defaults = LauncherOptions()
     group = parser.add_argument_group("ft_launcher", "Restart policy, signals and event log.")
-    group.add_argument("--term-timeout", "--term_timeout", default=defaults.term_timeout, metavar="SECONDS",
+    # Defaults None: "not given", so that torchrun's --shutdown-timeout can set both (see _stop_timeouts).
+    group.add_argument("--term-timeout", "--term_timeout", default=None, metavar="SECONDS",
                        help="after SIGTERM/SIGINT is forwarded to the workers, SIGKILL them after this many "
-                            f"seconds (default: {defaults.term_timeout})")
-    group.add_argument("--workers-stop-timeout", "--workers_stop_timeout", default=defaults.workers_stop_timeout,
-                       metavar="SECONDS",
+                            f"seconds (default: {defaults.term_timeout}; torchrun's --shutdown-timeout sets it too)")
+    group.add_argument("--workers-stop-timeout", "--workers_stop_timeout", default=None, metavar="SECONDS",
                        help="workers stopped for a restart get SIGTERM, then SIGKILL after this many seconds "
-                            f"(default: {defaults.workers_stop_timeout})")
+                            f"(default: {defaults.workers_stop_timeout}; torchrun's --shutdown-timeout sets it "
+                            "too)")
     group.add_argument("--ft-no-restart-exit-code", "--ft_no_restart_exit_code",
                        default=defaults.no_restart_exit_code, metavar="CODE",
                        help="exit code when the job stops for lack of progress or because a rank requested "

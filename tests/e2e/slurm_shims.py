@@ -17,7 +17,8 @@ import os, signal, subprocess, sys
 args = sys.argv[1:]
 while args and args[0].startswith("-"):
     args.pop(0)
-procs = [subprocess.Popen(args, env=dict(os.environ, SLURM_NODEID=str(i), SLURM_PROCID=str(i), SLURM_LOCALID="0"))
+procs = [subprocess.Popen(args, env=dict(os.environ, SLURM_NODEID=str(i), SLURM_PROCID=str(i), SLURM_LOCALID="0",
+                                         SLURM_STEP_NUM_NODES=os.environ["SLURM_NNODES"]))
          for i in range(int(os.environ["SLURM_NNODES"]))]
 def forward(sig, _frame):
     for proc in procs:

@@ -15,10 +15,23 @@ def test_help_documents_torchrun_and_fault_tolerance_flags():
     text = build_parser().format_help()
     for flag in ("--nnodes", "--nproc-per-node", "--rdzv-endpoint", "--standalone", "--max-restarts",
                  "--monitor-interval", "--no-python", "--log-dir", "--ft-cfg-path", "--ft-rank-heartbeat-timeout",
-                 "--ft-param-rank-heartbeat-timeout", "--term-timeout", "--workers-stop-timeout",
+                 "--term-timeout", "--workers-stop-timeout",
                  "--ft-no-restart-exit-code", "--ft-max-no-progress-cycles", "--ft-checkpoint-iteration-file",
-                 "--ft-events-file", "--ft-prewarm", "--ft-no-prewarm", "--ft-prewarm-modules", "exit codes:"):
+                 "--ft-events-file", "--ft-prewarm", "--ft-no-prewarm", "--ft-prewarm-modules", "exit codes:",
+                 "ft_launcher report LOG_DIR"):
         assert flag in text
+
+
+def test_help_lists_each_flag_once_and_the_other_spellings_still_parse():
+    parser = build_parser()
+    listing = parser.format_help().split("options:", 1)[1]
+    invocations = [line.split()[0] for line in listing.splitlines() if line.startswith("  --")]
+    assert invocations and len(invocations) == len(set(invocations))
+    assert not [flag for flag in invocations if "_" in flag or flag.startswith("--ft-param-")]
+    assert "--ft-rank-heartbeat-timeout VALUE\n" in listing  # one spelling, then the help text
+    for spelling in ("--ft-param-rank-heartbeat-timeout", "--ft_rank_heartbeat_timeout",
+                     "--ft-rank_heartbeat_timeout"):
+        assert parser.parse_args([f"{spelling}=7", "train.py"]).ft_rank_heartbeat_timeout == "7"
 
 
 @pytest.mark.parametrize(("flag", "named"), [
