@@ -140,6 +140,9 @@ def add_launcher_args(parser: argparse.ArgumentParser) -> None:
                        help="with --ft-metrics-port: write this launcher's endpoint as a Prometheus file_sd target "
                             "file (<host>-<pid>.json, removed at exit) into DIR (default: ft_metrics_targets/ "
                             "beside the event log)")
+    # NVRx's launcher fails without a config file unless told not to; ours never needs one. NeMo-Run
+    # renders this flag when no fault-tolerance setting is given: accepted (hidden) and ignored.
+    group.add_argument("--ignore-missing-fault-tol-cfg", action="store_true", help=argparse.SUPPRESS)
     group.add_argument("--ft-prewarm", "--ft_prewarm", default="on" if defaults.prewarm else "off", metavar="on|off",
                        help="fork each cycle's workers from a factory process that has already imported "
                             "--ft-prewarm-modules, instead of starting new interpreters (default: on)")

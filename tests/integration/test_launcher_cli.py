@@ -116,3 +116,21 @@ def test_prewarm_flags_are_parsed():
     assert options("--ft-prewarm-modules= torch, lightning ,megatron.core").prewarm_modules == (
         "torch", "lightning", "megatron.core")
     assert options("--ft-prewarm-modules=").prewarm_modules == ()
+
+
+def test_the_command_nemo_run_renders_for_its_fault_tolerance_launcher_parses():
+    """NeMo-Run's ``run.FaultTolerance`` launcher starts ``ft_launcher`` with NVRx's spellings (docs/nemo.md)."""
+    from ft_core.config import FaultToleranceConfig
+
+    rendered = ["--ft-param-workload_check_interval", "10", "--ft-param-initial_rank_heartbeat_timeout", "5",
+                "--ft-param-rank_heartbeat_timeout", "5", "--ft-param-rank_termination_signal", "SIGTERM",
+                "--ft-param-log_level", "INFO", "--max-restarts", "3", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", "localhost:0", "--rdzv-id", "1", "--nnodes", "1", "--nproc-per-node", "1",
+                "--node-rank", "0", "--tee", "3", "--no-python", "test.py", "arg1", "arg2"]
+    args = build_parser().parse_args(rendered)
+    cfg = FaultToleranceConfig.from_args(args)
+    assert (cfg.workload_check_interval, cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout) == (10, 5, 5)
+    assert cfg.rank_termination_signal.name == "SIGTERM" and args.max_restarts == 3
+    assert (args.training_script, args.training_script_args) == ("test.py", ["arg1", "arg2"])
+    # Without fault-tolerance settings NeMo-Run renders NVRx's "no config file needed" flag instead.
+    assert build_parser().parse_args(["--ignore-missing-fault-tol-cfg", "test.py"]).training_script == "test.py"
