@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ft-installed
 
-.PHONY: setup etcd-server test lint demo bench clean
+.PHONY: setup etcd-server test lint demo bench docs chromium clean
 
 setup: $(STAMP)
 
@@ -31,10 +31,29 @@ lint: setup
 test: lint etcd-server
 	$(PY) -m pytest -q -rs
 
+# The documentation site: a strict build (a broken link, a page missing from the nav or an
+# unresolved API reference fails), then screenshots of two built pages with headless Chromium
+# (Debian's chromium-headless-shell, installed when missing and we are root).
+DOCS_STAMP := $(VENV)/.ft-docs-installed
+
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q --group docs
+	touch $(DOCS_STAMP)
+
+chromium:
+	@command -v chromium-headless-shell >/dev/null 2>&1 || command -v chromium >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium-headless-shell >/dev/null 2>&1; } || \
+	  { echo "error: no headless Chromium (apt-get install -y chromium-headless-shell)"; exit 1; }
+
+docs: $(DOCS_STAMP) chromium
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+	$(PY) tools/docs_screenshots.py site site/screenshots
+
 demo: setup
 	$(PY) examples/demo.py
 
-# Every benchmark writes its JSON to $(BENCH_OUT); readme_table.py then regenerates the README's
+# Every benchmark writes its JSON to $(BENCH_OUT); readme_table.py then regenerates docs/measured.md's
 # "Measured" table from those files (never edit that table by hand). About 8 minutes on 2 idle cores.
 BENCH_OUT ?= benchmarks/results
 BENCH_RUN = run() { out="$(BENCH_OUT)/$$1.json"; shift; $(PY) "$$@" > "$$out.tmp" && mv "$$out.tmp" "$$out"; }; run
@@ -50,7 +69,7 @@ bench: setup
 	$(BENCH_RUN) false_kills benchmarks/false_kills.py
 	$(BENCH_RUN) lightning_overhead benchmarks/lightning_overhead.py
 	$(BENCH_RUN) inprocess_restart benchmarks/inprocess_restart.py --faults 5
-	$(PY) benchmarks/readme_table.py $(BENCH_OUT) README.md
+	$(PY) benchmarks/readme_table.py $(BENCH_OUT) docs/measured.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info site

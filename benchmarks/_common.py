@@ -26,7 +26,7 @@ def summarize(samples: Sequence[float], scale: float = 1.0, digits: int = 3) -> 
 
 
 def host() -> dict[str, Any]:
-    """Where and when a benchmark ran: the README table names the machine and the date from this."""
+    """Where and when a benchmark ran: the Measured table (docs/measured.md) names the machine and the date from this."""
     model = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as handle:

@@ -1,10 +1,10 @@
-"""Regenerate the README's "Measured" table from the JSON that ``make bench`` wrote. Never edit it by hand.
+"""Regenerate the "Measured" table of ``docs/measured.md`` from the JSON that ``make bench`` wrote. Never edit it by hand.
 
-    python benchmarks/readme_table.py [RESULTS_DIR] [README]
+    python benchmarks/readme_table.py [RESULTS_DIR] [PAGE]
 
 Reads ``<RESULTS_DIR>/<benchmark>.json`` (see the Makefile's ``bench`` target)
 and replaces the text between the ``measured:begin`` and ``measured:end``
-markers of the README. A benchmark whose file is missing leaves its rows out.
+markers of the page. A benchmark whose file is missing leaves its rows out.
 """
 
 from __future__ import annotations
@@ -183,7 +183,7 @@ def table(directory: str) -> str:
 
 def main() -> None:
     directory = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "results")
-    readme = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(HERE), "README.md")
+    readme = sys.argv[2] if len(sys.argv) > 2 else os.path.join(os.path.dirname(HERE), "docs", "measured.md")
     with open(readme, encoding="utf-8") as handle:
         text = handle.read()
     start, end = text.find(BEGIN), text.find(END)

@@ -6,7 +6,7 @@ reads them back as the same types, forwards the ones the job's event log
 the same writer, which adds its ``node`` field. A record is one JSON object
 per line: ``event`` (an :class:`EventName` value), ``time`` (unix seconds),
 ``node`` (``host:pid``, launcher records only) and the fields of its type.
-The README's "Event log" table documents them for users.
+The "Event log" table of ``docs/events.md`` documents them for users.
 
 Example::
 

@@ -17,7 +17,7 @@ import os
 import sys
 
 import hydra
-from hydra.utils import get_class, instantiate
+from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -44,14 +44,12 @@ def _fault_tolerance_callback(cfg: DictConfig):
     # Validate values here (types were checked by the schema): a bad value names its key.
     FaultToleranceConfig.from_mapping(ft_block)
     fault = OmegaConf.to_container(cfg.fault, resolve=True)
-    kwargs = OmegaConf.to_container(cfg.callback, resolve=True)
-    # Built by hand: hydra's instantiate() reserves the keyword "config" for itself.
-    callback_class = get_class(kwargs.pop("_target_"))
-    return callback_class(
-        **kwargs,
-        config={key: ft_block[key] for key in FALLBACK_FIELDS},
-        simulated_fault=fault if fault.get("kind") else None,
-    )
+    # The callback is a `_target_` node like the trainer's. `config` goes inside the node:
+    # instantiate() takes a keyword argument named "config" as its own.
+    node = OmegaConf.to_container(cfg.callback, resolve=True)
+    node["config"] = {key: ft_block[key] for key in FALLBACK_FIELDS}
+    node["simulated_fault"] = fault if fault.get("kind") else None
+    return instantiate(node, _convert_="all")
 
 
 def _setup_logging(log_level: object) -> None:

@@ -1,6 +1,6 @@
 """In-process restart: restart the training *function* inside the surviving processes.
 
-See ``Wrapper`` for an example, and the README section "In-process restart" for the design and
+See ``Wrapper`` for an example, and the documentation page "In-process restart" (``docs/inprocess.md``) for the design and
 the timeout hierarchy.
 """
 

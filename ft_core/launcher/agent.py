@@ -76,6 +76,7 @@ from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.prewarm import WorkerFactory
 from ft_core.launcher.process import workers_die_with_agent
 from ft_core.launcher.progress import ProgressTracker
+from ft_core.launcher.rendezvous_wait import reporting_rendezvous_wait
 from ft_core.launcher.stragglers import StragglerDetector, StragglerRound
 from ft_core.straggler import StragglerAction
 
@@ -153,8 +154,9 @@ class FtElasticAgent(LocalElasticAgent):
 
     # -- seams: rendezvous, environment, start, stop, monitor ---------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
-        super()._rendezvous(worker_group)
         spec = worker_group.spec
+        with reporting_rendezvous_wait(spec.rdzv_handler):
+            super()._rendezvous(worker_group)
         # Torch's WorkerGroup declares these None until its rendezvous has run, as it just did.
         store, group_rank, master_addr = worker_group.store, worker_group.group_rank, worker_group.master_addr
         assert store is not None and group_rank is not None and master_addr is not None

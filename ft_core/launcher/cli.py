@@ -1,12 +1,13 @@
 """``ft_launcher``: torchrun's command line plus fault tolerance.
 
 Every ``torchrun`` argument works the same; see ``ft_launcher --help`` and
-the README section "ft_launcher" for the additional flags and the exit codes.
+the documentation page ``docs/launcher.md`` for the additional flags and the exit codes.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import logging
 import os
@@ -19,7 +20,7 @@ from torch.distributed.run import config_from_args, get_args_parser, parse_min_m
 from ft_core.config import FaultToleranceConfig, LogLevel
 from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
-from ft_core.launcher.slurm import apply_slurm_defaults
+from ft_core.launcher.slurm import apply_slurm_defaults, derive_nnodes
 from ft_core.validation import ValidationError
 
 __all__ = ["build_parser", "main"]
@@ -30,6 +31,11 @@ log = logging.getLogger("ft_core.launcher")
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")
 
 _EPILOG = """\
+subcommand:
+  ft_launcher report LOG_DIR|EVENT_LOG ... [--json] [--plot FILE.png]
+       the goodput report of a job: faults, culprits, time lost, from the event logs of every
+       node and requeue (ft_launcher report --help)
+
 exit codes:
   0    all workers finished successfully; or a signal arrived after training was finished
        ($FAULT_TOL_FINISHED_FLAG_FILE exists, or every worker had exited 0 before it);
@@ -41,6 +47,21 @@ exit codes:
 """
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """``--help`` lists each flag once, in its dashed spelling.
+
+    Every flag also parses in torchrun's underscore spelling and, for config keys, in
+    NVRx's (``--ft-param-<key>``, ``--ft-<key_with_underscores>``); listing them all
+    made every config flag six names long.
+    """
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if len(action.option_strings) > 1:
+            action = copy.copy(action)
+            action.option_strings = action.option_strings[:1]
+        return super()._format_action_invocation(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """torchrun's parser with the ``--ft-*`` config flags and the launcher's own flags."""
     parser = get_args_parser()
@@ -48,9 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.description = ("torchrun with fault tolerance: hang and crash detection, in-job restart of all "
                           "workers of the job, workload control, progress tracking and an event log.")
     parser.epilog = _EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.formatter_class = _HelpFormatter
     if "PET_MONITOR_INTERVAL" not in os.environ:
         parser.set_defaults(monitor_interval=0.1)  # older torch defaults to 5 s: far too slow to restart
+    if "PET_NNODES" not in os.environ:
+        parser.set_defaults(nnodes=None)  # not given: derive_nnodes (the srun step's nodes, else torchrun's 1:1)
     FaultToleranceConfig.add_argparse_args(parser)
     add_launcher_args(parser)
     return parser
@@ -96,11 +119,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         cfg = FaultToleranceConfig.from_args(args)
         options = LauncherOptions.from_args(args, cfg)
+        derived = derive_nnodes(args)
         try:
             _normalize_rendezvous(args)
         except (ValueError, RuntimeError):
             raise ValidationError("--nnodes", args.nnodes, "a number of nodes N or a range MIN:MAX") from None
-        derived = apply_slurm_defaults(args)
+        derived += apply_slurm_defaults(args)
         config, entrypoint, cmd_args = config_from_args(args)
     except ValidationError as exc:
         # One line, as for any argparse error but without the (long) usage: the message says it all.

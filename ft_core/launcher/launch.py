@@ -24,7 +24,7 @@ from ft_core.jobdir import claim_job_dir, saved_stacks_dir
 from ft_core.launcher.agent import FtElasticAgent, Outcome, Services, signal_outcome
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
-from ft_core.launcher.metrics import LauncherMetrics
+from ft_core.launcher.metrics import SCRAPE_TARGETS_DIR, LauncherMetrics
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.prewarm import WorkerFactory
@@ -38,7 +38,7 @@ log = logging.getLogger("ft_core.launcher")
 
 def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[Any],
            cfg: FaultToleranceConfig, options: LauncherOptions) -> int:
-    """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in the README)."""
+    """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in ``docs/launcher.md``)."""
     events = EventLog(options.events_file or _default_events_path(config))
     log.info("fault tolerance event log: %s", events.path)
     # Mode 0700, unpredictable, locked while we run; job dirs of SIGKILLed launchers are removed first.
@@ -67,9 +67,10 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         if factory is not None:
             factory.start()
         if options.metrics_port is not None:
-            prometheus = LauncherMetrics(events, status_path(job_dir))
+            prometheus = LauncherMetrics(events, status_path(job_dir), config.run_id)
             events.observers.append(prometheus.observe)
-            prometheus.start(options.metrics_port)
+            prometheus.start(options.metrics_port, options.metrics_targets_dir
+                             or os.path.join(os.path.dirname(events.path), SCRAPE_TARGETS_DIR))
         monitor.start(wait=False)
         control = WorkloadControlServer(job_dir.launcher_socket, token, cfg.max_frame_bytes)
         events.write(LauncherStarted(

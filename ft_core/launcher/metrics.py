@@ -11,8 +11,10 @@ Everything exported is derived from two sources, at scrape time:
 So the endpoint adds no work to the monitoring loop beyond a few counter
 updates, and a scrape never waits for the loop. Names follow Prometheus
 conventions (``ft_`` prefix, ``_total`` counters, ``_seconds`` units); every
-series carries ``node`` (the launcher, ``host:pid``) and per-rank series
-``rank``. The README's "Metrics" section describes each one.
+series carries ``run_id`` (the rendezvous id: the same on every node, and
+across the requeues of a SLURM job) and ``node`` (the launcher's host, without
+its pid, so a requeue or a restarted launcher continues the same series), and
+per-rank series ``rank``. ``docs/events.md`` ("Metrics") describes each one.
 
 Needs the ``metrics`` extra (``prometheus-client``).
 """
@@ -20,7 +22,10 @@ Needs the ``metrics`` extra (``prometheus-client``).
 from __future__ import annotations
 
 import collections
+import json
 import logging
+import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -38,13 +43,14 @@ from ft_core.events import (
     WorkerExit,
     WorkersStopped,
 )
+from ft_core.fileutil import atomic_write_text
 from ft_core.monitor.status import read_status
 
 if TYPE_CHECKING:
     from ft_core.launcher.events import EventLog
     from ft_core.launcher.stragglers import StragglerRound
 
-__all__ = ["LauncherMetrics", "MetricsUnavailableError"]
+__all__ = ["SCRAPE_TARGETS_DIR", "LauncherMetrics", "MetricsUnavailableError"]
 
 log = logging.getLogger("ft_core.launcher")
 
@@ -52,9 +58,16 @@ log = logging.getLogger("ft_core.launcher")
 _FAULTS_WITH_RANK = frozenset({RestartKind.HANG, RestartKind.CRASH, RestartKind.STRAGGLER})
 
 
-def _single(family: Any, node: str, value: float) -> Any:
+#: Default directory of the Prometheus ``file_sd`` target files, beside the event log.
+SCRAPE_TARGETS_DIR = "ft_metrics_targets"
+
+#: The labels of every series, in this order: the job and the node (:attr:`LauncherMetrics.base`).
+BASE_LABELS = ("run_id", "node")
+
+
+def _single(family: Any, base: list[str], value: float) -> Any:
     """``family`` with its one sample, for this node."""
-    family.add_metric([node], value)
+    family.add_metric(base, value)
     return family
 
 
@@ -66,14 +79,16 @@ class LauncherMetrics:
     """What the endpoint exports, kept up to date by :meth:`observe` and :meth:`observe_round`.
 
     Args:
-        events: the launcher's event log (time lost and run time for the goodput ratio).
+        events: the launcher's event log (time lost and run time for the fault-free ratio).
         status_path: the node monitor's status file.
+        run_id: the job's rendezvous id (``--rdzv-id``), the ``run_id`` label.
     """
 
-    def __init__(self, events: EventLog, status_path: str) -> None:
+    def __init__(self, events: EventLog, status_path: str, run_id: str) -> None:
         self._events = events
         self._status_path = status_path
-        self.node = events.node
+        #: The values of :data:`BASE_LABELS`: the launcher's host without its pid (``events.node`` is ``host:pid``).
+        self.base = [run_id, events.node.rsplit(":", 1)[0]]
         self._lock = threading.Lock()
         self._restarts: collections.Counter[str] = collections.Counter()
         self._faults: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -87,6 +102,7 @@ class LauncherMetrics:
         self._late_seconds = 0.0
         self._scores: dict[tuple[int, str], tuple[float, float]] = {}
         self._server: Any = None
+        self._target_file: Optional[str] = None
 
     # -- inputs ---------------------------------------------------------------
     def observe(self, record: Event) -> None:
@@ -136,8 +152,12 @@ class LauncherMetrics:
                     self._scores[(score.rank, score.phase)] = (score.relative, score.individual)
 
     # -- the endpoint -----------------------------------------------------------
-    def start(self, port: int, addr: str = "0.0.0.0") -> int:
-        """Serve ``/metrics`` on ``port`` (0: a free port); returns the port and logs the address."""
+    def start(self, port: int, targets_dir: Optional[str] = None, addr: str = "0.0.0.0") -> int:
+        """Serve ``/metrics`` on ``port`` (0: a free port); returns the port and logs the address.
+
+        With ``targets_dir``, also write this endpoint as a Prometheus ``file_sd`` target
+        file there (see :meth:`_write_target`), removed by :meth:`stop`.
+        """
         try:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError:
@@ -148,9 +168,36 @@ class LauncherMetrics:
         self._server, _thread = start_http_server(port, addr=addr, registry=registry)
         bound = int(self._server.server_address[1])
         log.info("metrics endpoint: http://%s:%d/metrics", addr, bound)
+        if targets_dir is not None:
+            self._write_target(targets_dir, bound)
         return bound
 
+    def _write_target(self, directory: str, port: int) -> None:
+        """``<directory>/<host>-<pid>.json``: ``[{"targets": ["<host>:<port>"], "labels": {}}]``.
+
+        Prometheus's ``file_sd_configs`` reads every such file of a glob, so a port picked at
+        random (``--ft-metrics-port=0``) is scraped without configuration. The file holds an
+        address and no secret: mode 0644, so a Prometheus running as another user can read it.
+        The series carry ``run_id`` and ``node`` themselves, so the target adds no labels.
+        """
+        host = socket.gethostname()
+        path = os.path.join(directory, f"{host}-{os.getpid()}.json")
+        try:
+            atomic_write_text(path, json.dumps([{"targets": [f"{host}:{port}"], "labels": {}}]) + "\n")
+            os.chmod(path, 0o644)
+        except OSError as exc:  # the endpoint itself works: scraping it by hand still does
+            log.warning("could not write the Prometheus target file %s: %s", path, exc)
+            return
+        self._target_file = path
+        log.info("Prometheus file_sd target: %s", path)
+
     def stop(self) -> None:
+        if self._target_file is not None:
+            try:
+                os.unlink(self._target_file)
+            except FileNotFoundError:
+                pass
+            self._target_file = None
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -161,53 +208,54 @@ class LauncherMetrics:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
         now = time.time()
-        node = self.node
+        base = self.base
         with self._lock:
-            restarts = CounterMetricFamily("ft_restarts", "Cycles ended by a restart, by kind", labels=["node", "kind"])
+            restarts = CounterMetricFamily("ft_restarts", "Cycles ended by a restart, by kind", labels=[*BASE_LABELS, "kind"])
             for kind, count in sorted(self._restarts.items()):
-                restarts.add_metric([node, kind], count)
+                restarts.add_metric([*base, kind], count)
             yield restarts
             faults = CounterMetricFamily("ft_faults", "Faults seen by this node, by kind and culprit rank ('' when "
-                                         "no rank is to blame)", labels=["node", "kind", "rank"])
+                                         "no rank is to blame)", labels=[*BASE_LABELS, "kind", "rank"])
             for (kind, rank), count in sorted(self._faults.items()):
-                faults.add_metric([node, kind, rank], count)
+                faults.add_metric([*base, kind, rank], count)
             yield faults
             stragglers = CounterMetricFamily("ft_stragglers", "Stragglers reported, by rank and phase",
-                                             labels=["node", "rank", "phase"])
+                                             labels=[*BASE_LABELS, "rank", "phase"])
             for (rank, phase), count in sorted(self._stragglers.items()):
-                stragglers.add_metric([node, rank, phase], count)
+                stragglers.add_metric([*base, rank, phase], count)
             yield stragglers
             if self._cycle is not None:
                 yield _single(GaugeMetricFamily("ft_cycle", "Current restart cycle (TORCHELASTIC_RESTART_COUNT)",
-                                        labels=["node"]), node, self._cycle)
+                                        labels=list(BASE_LABELS)), base, self._cycle)
             uptime = now - self._cycle_started if self._cycle_started is not None else 0.0
             yield _single(GaugeMetricFamily("ft_cycle_uptime_seconds", "Seconds since this node's workers of the current "
-                                    "cycle started (0 between cycles)", labels=["node"]), node, uptime)
+                                    "cycle started (0 between cycles)", labels=list(BASE_LABELS)), base, uptime)
             lost = self._events.time_lost
             run_time = max(now - self._events.started, 1e-9)
             yield _single(CounterMetricFamily("ft_time_lost_seconds", "Seconds from each fault to the next cycle's workers",
-                                      labels=["node"]), node, lost)
-            yield _single(GaugeMetricFamily("ft_goodput_ratio", "1 - time lost / launcher run time",
-                                    labels=["node"]), node, max(0.0, 1.0 - lost / run_time))
+                                      labels=list(BASE_LABELS)), base, lost)
+            yield _single(GaugeMetricFamily("ft_fault_free_time_ratio", "1 - time lost to faults / launcher run time "
+                                    "(not the report's goodput, which also discounts start-up and recomputation)",
+                                    labels=list(BASE_LABELS)), base, max(0.0, 1.0 - lost / run_time))
             yield _single(CounterMetricFamily("ft_monitor_late", "Late wake-ups of the node monitor (granted to the ranks as "
-                                      "grace)", labels=["node"]), node, self._late_count)
+                                      "grace)", labels=list(BASE_LABELS)), base, self._late_count)
             yield _single(CounterMetricFamily("ft_monitor_late_seconds", "Total lateness of the node monitor's loop",
-                                      labels=["node"]), node, self._late_seconds)
+                                      labels=list(BASE_LABELS)), base, self._late_seconds)
             scores = GaugeMetricFamily("ft_straggler_score", "Latest straggler score of each local rank and phase "
-                                       "(1.0 typical, lower is slower)", labels=["node", "rank", "phase", "kind"])
+                                       "(1.0 typical, lower is slower)", labels=[*BASE_LABELS, "rank", "phase", "kind"])
             for (scored, phase), (relative, individual) in sorted(self._scores.items()):
-                scores.add_metric([node, str(scored), phase, "relative"], relative)
-                scores.add_metric([node, str(scored), phase, "individual"], individual)
+                scores.add_metric([*base, str(scored), phase, "relative"], relative)
+                scores.add_metric([*base, str(scored), phase, "individual"], individual)
             yield scores
         status = read_status(self._status_path)
         ages = GaugeMetricFamily("ft_rank_heartbeat_age_seconds", "Seconds since each connected rank's last "
-                                 "heartbeat or section event", labels=["node", "rank"])
+                                 "heartbeat or section event", labels=[*BASE_LABELS, "rank"])
         steps = SummaryMetricFamily("ft_rank_step_duration_seconds", "Durations of each rank's 'step' sections",
-                                    labels=["node", "rank"])
+                                    labels=[*BASE_LABELS, "rank"])
         last_step = GaugeMetricFamily("ft_rank_last_step_duration_seconds", "Duration of each rank's last 'step' "
-                                      "section", labels=["node", "rank"])
+                                      "section", labels=[*BASE_LABELS, "rank"])
         for watched in sorted(status.ranks if status is not None else [], key=lambda r: r.rank):
-            labels = [node, str(watched.rank)]
+            labels = [*base, str(watched.rank)]
             if watched.last_activity is not None:
                 ages.add_metric(labels, max(0.0, now - watched.last_activity))
             steps.add_metric(labels, count_value=watched.steps, sum_value=watched.step_seconds)

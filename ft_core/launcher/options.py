@@ -11,7 +11,14 @@ from typing import Optional
 from ft_core.config import FaultToleranceConfig
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
 from ft_core.straggler import StragglerAction
-from ft_core.validation import ValidationError, boolean, file_path, int_in_range, non_negative_seconds
+from ft_core.validation import (
+    ValidationError,
+    boolean,
+    file_path,
+    int_in_range,
+    non_negative_seconds,
+    path_or_none,
+)
 
 __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "LauncherOptions", "add_launcher_args"]
 
@@ -46,6 +53,8 @@ class LauncherOptions:
     straggler_action: StragglerAction = FaultToleranceConfig.straggler_action
     #: Port of the Prometheus endpoint (``metrics_port``, ``--ft-metrics-port``); None: no endpoint.
     metrics_port: Optional[int] = FaultToleranceConfig.metrics_port
+    #: Directory of the endpoint's Prometheus ``file_sd`` target file; None: beside the event log.
+    metrics_targets_dir: Optional[str] = None
     #: Fork workers from a factory that has already imported ``prewarm_modules``.
     prewarm: bool = True
     #: Modules the worker factory imports before it forks workers.
@@ -59,9 +68,7 @@ class LauncherOptions:
             ft_core.validation.ValidationError: naming the flag, the value and what is allowed.
         """
         return cls(
-            term_timeout=non_negative_seconds("--term-timeout", args.term_timeout, coerce=True),
-            workers_stop_timeout=non_negative_seconds("--workers-stop-timeout", args.workers_stop_timeout,
-                                                      coerce=True),
+            **_stop_timeouts(args),
             no_restart_exit_code=int_in_range("--ft-no-restart-exit-code", args.ft_no_restart_exit_code, 1, 255,
                                               coerce=True),
             max_no_progress_cycles=cfg.max_no_progress_cycles,
@@ -74,22 +81,51 @@ class LauncherOptions:
             straggler_consecutive_reports=cfg.straggler_consecutive_reports,
             straggler_action=cfg.straggler_action,
             metrics_port=cfg.metrics_port,
+            metrics_targets_dir=path_or_none("--ft-metrics-targets-dir", args.ft_metrics_targets_dir),
             prewarm=boolean("--ft-prewarm", args.ft_prewarm, coerce=True),
             prewarm_modules=_module_names("--ft-prewarm-modules", args.ft_prewarm_modules),
         )
+
+
+def _stop_timeouts(args: argparse.Namespace) -> dict[str, float]:
+    """``term_timeout`` and ``workers_stop_timeout``, honouring torchrun's ``--shutdown-timeout``.
+
+    torchrun's flag is the one grace period from SIGTERM to SIGKILL; here there are two
+    (after a forwarded signal, and when stopping workers for a restart), so it sets both,
+    unless one of ours is given too: then the two spellings disagree and it is an error.
+    """
+    defaults = LauncherOptions()
+    term, stop = args.term_timeout, args.workers_stop_timeout
+    shutdown = getattr(args, "shutdown_timeout", None)  # None: not given (torchrun's default is "unset")
+    if shutdown is not None:
+        ours = [flag for flag, value in (("--term-timeout", term), ("--workers-stop-timeout", stop))
+                if value is not None]
+        if ours:
+            raise ValidationError("--shutdown-timeout", shutdown,
+                                  f"either torchrun's --shutdown-timeout (it sets both --term-timeout and "
+                                  f"--workers-stop-timeout) or {' and '.join(ours)}",
+                                  problem=f"--shutdown-timeout={shutdown} given with {' and '.join(ours)}")
+        term = stop = non_negative_seconds("--shutdown-timeout", shutdown, coerce=True)
+    return {
+        "term_timeout": defaults.term_timeout if term is None else non_negative_seconds(
+            "--term-timeout", term, coerce=True),
+        "workers_stop_timeout": defaults.workers_stop_timeout if stop is None else non_negative_seconds(
+            "--workers-stop-timeout", stop, coerce=True),
+    }
 
 
 def add_launcher_args(parser: argparse.ArgumentParser) -> None:
     """Add the launcher's fault-tolerance flags to a torchrun argument parser."""
     defaults = LauncherOptions()
     group = parser.add_argument_group("ft_launcher", "Restart policy, signals and event log.")
-    group.add_argument("--term-timeout", "--term_timeout", default=defaults.term_timeout, metavar="SECONDS",
+    # Defaults None: "not given", so that torchrun's --shutdown-timeout can set both (see _stop_timeouts).
+    group.add_argument("--term-timeout", "--term_timeout", default=None, metavar="SECONDS",
                        help="after SIGTERM/SIGINT is forwarded to the workers, SIGKILL them after this many "
-                            f"seconds (default: {defaults.term_timeout})")
-    group.add_argument("--workers-stop-timeout", "--workers_stop_timeout", default=defaults.workers_stop_timeout,
-                       metavar="SECONDS",
+                            f"seconds (default: {defaults.term_timeout}; torchrun's --shutdown-timeout sets it too)")
+    group.add_argument("--workers-stop-timeout", "--workers_stop_timeout", default=None, metavar="SECONDS",
                        help="workers stopped for a restart get SIGTERM, then SIGKILL after this many seconds "
-                            f"(default: {defaults.workers_stop_timeout})")
+                            f"(default: {defaults.workers_stop_timeout}; torchrun's --shutdown-timeout sets it "
+                            "too)")
     group.add_argument("--ft-no-restart-exit-code", "--ft_no_restart_exit_code",
                        default=defaults.no_restart_exit_code, metavar="CODE",
                        help="exit code when the job stops for lack of progress or because a rank requested "
@@ -100,6 +136,13 @@ def add_launcher_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--ft-events-file", "--ft_events_file", default=None, metavar="PATH",
                        help=f"JSON-lines event log (default: <log-dir>/{LAUNCHER_EVENTS_FILE}, or torchelastic's "
                             "temporary log directory when --log-dir is not given)")
+    group.add_argument("--ft-metrics-targets-dir", "--ft_metrics_targets_dir", default=None, metavar="DIR",
+                       help="with --ft-metrics-port: write this launcher's endpoint as a Prometheus file_sd target "
+                            "file (<host>-<pid>.json, removed at exit) into DIR (default: ft_metrics_targets/ "
+                            "beside the event log)")
+    # NVRx's launcher fails without a config file unless told not to; ours never needs one. NeMo-Run
+    # renders this flag when no fault-tolerance setting is given: accepted (hidden) and ignored.
+    group.add_argument("--ignore-missing-fault-tol-cfg", action="store_true", help=argparse.SUPPRESS)
     group.add_argument("--ft-prewarm", "--ft_prewarm", default="on" if defaults.prewarm else "off", metavar="on|off",
                        help="fork each cycle's workers from a factory process that has already imported "
                             "--ft-prewarm-modules, instead of starting new interpreters (default: on)")

@@ -3,6 +3,9 @@
 Under SLURM (``SLURM_JOB_ID`` set), what torchrun leaves to the user is filled in,
 never what the user gave:
 
+* ``--nnodes`` not given: the nodes of the ``srun`` step (``$SLURM_STEP_NUM_NODES``),
+  so ``srun ft_launcher ...`` on N nodes is one N-node job, not N one-node jobs
+  sharing a run directory (see :func:`derive_nnodes`);
 * ``--rdzv-id`` (torchrun's default ``none``) becomes ``$SLURM_JOB_ID``: the same on
   every node, and across requeues of the job;
 * for a multi-node job without ``--rdzv-endpoint``, the rendezvous is c10d on the
@@ -28,15 +31,45 @@ from torch.distributed.run import parse_min_max_nnodes
 
 from ft_core.validation import ValidationError, int_in_range
 
-__all__ = ["apply_slurm_defaults", "first_host"]
+__all__ = ["apply_slurm_defaults", "derive_nnodes", "first_host"]
 
 JOB_ID_ENV = "SLURM_JOB_ID"
+#: The nodes of the current ``srun`` step (set by srun only: not in a batch script itself).
+STEP_NODES_ENV = "SLURM_STEP_NUM_NODES"
+
+#: torchrun's ``--nnodes`` default, for a launcher whose ``--nnodes`` was not given and is not derived.
+TORCHRUN_NNODES = "1:1"
 NODELIST_ENVS = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
 #: torchrun's default for ``--rdzv-id`` and ``--master-addr``: "not given".
 _UNSET_RDZV_ID = "none"
 _DEFAULT_MASTER_ADDR = "127.0.0.1"
 #: torch's c10d rendezvous port when an endpoint names none.
 DEFAULT_C10D_PORT = 29400
+
+
+def derive_nnodes(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> list[str]:
+    """``--nnodes`` from the ``srun`` step when it was not given (None); returns what was set.
+
+    Without it, ``srun --nodes=4 ft_launcher ...`` starts four one-node jobs that share
+    one run id and one run directory, each training alone. Otherwise an absent
+    ``--nnodes`` is torchrun's ``1:1``. Call before torchrun's rendezvous defaults,
+    which depend on the number of nodes.
+
+    Raises:
+        ft_core.validation.ValidationError: ``$SLURM_STEP_NUM_NODES`` is not a positive integer.
+    """
+    env = os.environ if environ is None else environ
+    if args.nnodes is not None:
+        return []
+    args.nnodes = TORCHRUN_NNODES
+    step_nodes = env.get(STEP_NODES_ENV)
+    if not env.get(JOB_ID_ENV) or not step_nodes:
+        return []
+    nodes = int_in_range(STEP_NODES_ENV, step_nodes, 1, None, coerce=True)
+    if nodes == 1:
+        return []
+    args.nnodes = str(nodes)
+    return [f"--nnodes={nodes}"]
 
 
 def apply_slurm_defaults(args: argparse.Namespace, environ: Optional[Mapping[str, str]] = None) -> list[str]:

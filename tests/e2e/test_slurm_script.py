@@ -1,10 +1,7 @@
 """examples/slurm/lightning_autoresume.sbatch, run as SLURM would run it, on this machine.
 
-``srun``, ``scontrol`` and ``ft_launcher`` are shims on PATH (there is no SLURM here):
-``srun`` starts one copy of its command per node (``SLURM_NNODES``, with
-``SLURM_NODEID``/``SLURM_PROCID``) and forwards signals to them, as srun does;
-``scontrol show hostnames`` prints the node list, ``scontrol requeue`` is recorded;
-``ft_launcher`` is ``python -m ft_core.launcher``. The launchers and the training are real.
+``srun``, ``scontrol`` and ``ft_launcher`` are shims on PATH (there is no SLURM here; see slurm_shims.py):
+the launchers and the training are real.
 """
 
 from __future__ import annotations
@@ -12,51 +9,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 import psutil
 import pytest
 from helpers import REPO_ROOT, free_port, python_env, wait_for
 from integration.launcher_helpers import ProcessTracker
+from slurm_shims import shims
 
 from ft_core.monitor import read_events
 from ft_core.report import build_report, find_event_files, load_records
 
 SCRIPT = os.path.join(REPO_ROOT, "examples", "slurm", "lightning_autoresume.sbatch")
-
-SRUN = f"""#!{sys.executable}
-import os, signal, subprocess, sys
-args = sys.argv[1:]
-while args and args[0].startswith("-"):
-    args.pop(0)
-procs = [subprocess.Popen(args, env=dict(os.environ, SLURM_NODEID=str(i), SLURM_PROCID=str(i), SLURM_LOCALID="0"))
-         for i in range(int(os.environ["SLURM_NNODES"]))]
-def forward(sig, _frame):
-    for proc in procs:
-        if proc.poll() is None:
-            proc.send_signal(sig)
-signal.signal(signal.SIGTERM, forward)
-signal.signal(signal.SIGINT, forward)
-codes = [proc.wait() for proc in procs]
-sys.exit(max(code if code >= 0 else 128 - code for code in codes))
-"""
-SCONTROL = """#!/bin/bash
-if [ "$1 $2" = "show hostnames" ]; then echo "$3" | tr ',' '\\n'; else echo "$*" >> "$SCONTROL_LOG"; fi
-"""
-FT_LAUNCHER = f"""#!/bin/bash
-exec {sys.executable} -m ft_core.launcher "$@"
-"""
-
-
-def shims(directory) -> str:
-    os.makedirs(directory)
-    for name, text in (("srun", SRUN), ("scontrol", SCONTROL), ("ft_launcher", FT_LAUNCHER)):
-        path = os.path.join(directory, name)
-        with open(path, "w") as handle:
-            handle.write(text)
-        os.chmod(path, 0o755)
-    return str(directory)
-
 
 def run_job(env: dict[str, str], tracker: ProcessTracker, output, preempt_when=None) -> int:
     """Run the batch script once; with ``preempt_when``, SIGTERM its launchers once that file exists."""

@@ -15,10 +15,23 @@ def test_help_documents_torchrun_and_fault_tolerance_flags():
     text = build_parser().format_help()
     for flag in ("--nnodes", "--nproc-per-node", "--rdzv-endpoint", "--standalone", "--max-restarts",
                  "--monitor-interval", "--no-python", "--log-dir", "--ft-cfg-path", "--ft-rank-heartbeat-timeout",
-                 "--ft-param-rank-heartbeat-timeout", "--term-timeout", "--workers-stop-timeout",
+                 "--term-timeout", "--workers-stop-timeout",
                  "--ft-no-restart-exit-code", "--ft-max-no-progress-cycles", "--ft-checkpoint-iteration-file",
-                 "--ft-events-file", "--ft-prewarm", "--ft-no-prewarm", "--ft-prewarm-modules", "exit codes:"):
+                 "--ft-events-file", "--ft-prewarm", "--ft-no-prewarm", "--ft-prewarm-modules", "exit codes:",
+                 "ft_launcher report LOG_DIR"):
         assert flag in text
+
+
+def test_help_lists_each_flag_once_and_the_other_spellings_still_parse():
+    parser = build_parser()
+    listing = parser.format_help().split("options:", 1)[1]
+    invocations = [line.split()[0] for line in listing.splitlines() if line.startswith("  --")]
+    assert invocations and len(invocations) == len(set(invocations))
+    assert not [flag for flag in invocations if "_" in flag or flag.startswith("--ft-param-")]
+    assert "--ft-rank-heartbeat-timeout VALUE\n" in listing  # one spelling, then the help text
+    for spelling in ("--ft-param-rank-heartbeat-timeout", "--ft_rank_heartbeat_timeout",
+                     "--ft-rank_heartbeat_timeout"):
+        assert parser.parse_args([f"{spelling}=7", "train.py"]).ft_rank_heartbeat_timeout == "7"
 
 
 @pytest.mark.parametrize(("flag", "named"), [
@@ -103,3 +116,21 @@ def test_prewarm_flags_are_parsed():
     assert options("--ft-prewarm-modules= torch, lightning ,megatron.core").prewarm_modules == (
         "torch", "lightning", "megatron.core")
     assert options("--ft-prewarm-modules=").prewarm_modules == ()
+
+
+def test_the_command_nemo_run_renders_for_its_fault_tolerance_launcher_parses():
+    """NeMo-Run's ``run.FaultTolerance`` launcher starts ``ft_launcher`` with NVRx's spellings (docs/nemo.md)."""
+    from ft_core.config import FaultToleranceConfig
+
+    rendered = ["--ft-param-workload_check_interval", "10", "--ft-param-initial_rank_heartbeat_timeout", "5",
+                "--ft-param-rank_heartbeat_timeout", "5", "--ft-param-rank_termination_signal", "SIGTERM",
+                "--ft-param-log_level", "INFO", "--max-restarts", "3", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", "localhost:0", "--rdzv-id", "1", "--nnodes", "1", "--nproc-per-node", "1",
+                "--node-rank", "0", "--tee", "3", "--no-python", "test.py", "arg1", "arg2"]
+    args = build_parser().parse_args(rendered)
+    cfg = FaultToleranceConfig.from_args(args)
+    assert (cfg.workload_check_interval, cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout) == (10, 5, 5)
+    assert cfg.rank_termination_signal.name == "SIGTERM" and args.max_restarts == 3
+    assert (args.training_script, args.training_script_args) == ("test.py", ["arg1", "arg2"])
+    # Without fault-tolerance settings NeMo-Run renders NVRx's "no config file needed" flag instead.
+    assert build_parser().parse_args(["--ignore-missing-fault-tol-cfg", "test.py"]).training_script == "test.py"

@@ -71,7 +71,7 @@ def test_hang_is_detected_and_restarted(launchers):
     assert (crash.kind, crash.cycle, crash.culprit_rank, crash.detection_s) == ("crash", 0, 0, 0.0)
     assert (hang.kind, hang.cycle) == ("hang", 1) and hang.ranks[0] == 0
     # Rank 1, blocked in the all-reduce with the hung rank 0, may miss its heartbeat deadline too:
-    # then two ranks hung and the report leaves the culprit unknown (README "Goodput report").
+    # then two ranks hung and the report leaves the culprit unknown (docs/events.md, "Goodput report").
     # The diagnosis names rank 0 even when rank 1, blocked in the all-reduce, expired first.
     assert (hang.culprit_rank, hang.waiting) == (0, [1]) and set(hang.ranks) <= {0, 1}
     assert hang.detection_s == pytest.approx(hangs[0]["elapsed"], abs=0.01)

@@ -6,8 +6,11 @@ while rank 1 hangs, so the two ranks' heartbeat ages must diverge.
 
 from __future__ import annotations
 
+import json
 import re
+import socket
 import urllib.request
+from pathlib import Path
 from typing import Optional
 
 import pytest
@@ -57,10 +60,16 @@ def test_restart_counter_and_heartbeat_age_move_during_a_hang(tmp_path):
             return samples if all(a is not None and a < 1.5 for a in ages) else None
 
         before = wait_for(both_ranks_alive, 120, "both ranks connected and heartbeating")
-        node = launcher.events("launcher_started")[0]["node"]
-        assert value(before, "ft_cycle", node=node) == 0
+        started = launcher.events("launcher_started")[0]
+        host = started["node"].rsplit(":", 1)[0]  # the label has no pid: a requeue continues the series
+        assert value(before, "ft_cycle", run_id=started["run_id"], node=host) == 0
         assert value(before, "ft_restarts_total", kind="hang") is None
-        assert value(before, "ft_goodput_ratio") == pytest.approx(1.0)
+        assert value(before, "ft_fault_free_time_ratio") == pytest.approx(1.0)
+        # Prometheus finds the randomly picked port through the file_sd target file beside the event log.
+        targets_dir = Path(launcher.events_path).parent / "ft_metrics_targets"
+        targets = list(targets_dir.glob("*.json"))
+        assert len(targets) == 1 and oct(targets[0].stat().st_mode & 0o777) == "0o644"
+        assert json.loads(targets[0].read_text()) == [{"targets": [f"{socket.gethostname()}:{port}"], "labels": {}}]
         assert (value(before, "ft_cycle_uptime_seconds") or 0) > 0
 
         trigger.touch()
@@ -83,3 +92,4 @@ def test_restart_counter_and_heartbeat_age_move_during_a_hang(tmp_path):
         # The next cycle's ranks heartbeat again (the hung rank's age is gone with its connection).
         assert wait_until(both_ranks_alive, 60)
         assert launcher.wait(120) == 0, launcher.output()[-3000:]
+        assert not list(targets_dir.glob("*.json"))  # removed at exit: Prometheus stops scraping it

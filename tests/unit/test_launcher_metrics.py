@@ -1,4 +1,4 @@
-"""LauncherMetrics: the values it exports for a stream of launcher records, the README's metrics table
+"""LauncherMetrics: the values it exports for a stream of launcher records, the metrics table of docs/events.md
 and the example dashboard name the same metrics."""
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def exported(metrics: LauncherMetrics) -> dict[tuple[str, frozenset[tuple[str, s
 def test_records_and_status_become_metrics(tmp_path):
     events = EventLog(str(tmp_path / "ft_events.jsonl"))
     status = str(tmp_path / "monitor_status.json")
-    metrics = LauncherMetrics(events, status)
+    metrics = LauncherMetrics(events, status, run_id="job-7")
     events.observers.append(metrics.observe)
     node = events.node
+    host = node.rsplit(":", 1)[0]  # the series' node label: a requeued launcher (new pid) continues them
     events.write(CycleStart(cycle=0, restarts=0, group_rank=0, group_world_size=1, world_size=2,
                             workers={"0": 10, "1": 11}, monitor_pid=9))
     events.write(HangDetected(rank=1, pid=11, reason=HangReason.HEARTBEAT, section=None, elapsed=4.0, timeout=3.0,
@@ -68,7 +69,7 @@ def test_records_and_status_become_metrics(tmp_path):
     events.close()
 
     def get(name: str, **labels: str) -> float:
-        return values[(name, frozenset({"node": node, **labels}.items()))]
+        return values[(name, frozenset({"run_id": "job-7", "node": host, **labels}.items()))]
 
     assert get("ft_restarts_total", kind="hang") == 1 and get("ft_restarts_total", kind="monitor") == 1
     assert get("ft_faults_total", kind="hang", rank="1") == 1 and get("ft_faults_total", kind="monitor", rank="") == 1
@@ -82,10 +83,10 @@ def test_records_and_status_become_metrics(tmp_path):
     assert get("ft_rank_step_duration_seconds_count", rank="0") == 4
     assert get("ft_rank_step_duration_seconds_sum", rank="0") == 2.0
     assert get("ft_rank_last_step_duration_seconds", rank="0") == 0.4
-    assert 0 <= get("ft_goodput_ratio") <= 1 and get("ft_time_lost_seconds_total") >= 0
+    assert 0 <= get("ft_fault_free_time_ratio") <= 1 and get("ft_time_lost_seconds_total") >= 0
 
-    readme = open(os.path.join(REPO_ROOT, "README.md"), encoding="utf-8").read()
-    table = readme.split("### Metrics", 1)[1].split("\n### ", 1)[0]
+    page = open(os.path.join(REPO_ROOT, "docs", "events.md"), encoding="utf-8").read()
+    table = page.split("## Metrics", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(ft_\w+)` \|", table, flags=re.M))
     names = {n for n, _ in values}
     families = {re.sub(r"_(count|sum)$", "", n) if n.startswith("ft_rank_step_duration") else n for n in names}
@@ -98,7 +99,7 @@ def test_records_and_status_become_metrics(tmp_path):
 
 def test_a_hang_fault_counts_its_diagnosed_culprit_not_the_ranks_that_waited(tmp_path):
     events = EventLog(str(tmp_path / "ft_events.jsonl"))
-    metrics = LauncherMetrics(events, str(tmp_path / "monitor_status.json"))
+    metrics = LauncherMetrics(events, str(tmp_path / "monitor_status.json"), run_id="job-7")
     events.observers.append(metrics.observe)
     node = events.node
     events.write(CycleStart(cycle=0, restarts=0, group_rank=0, group_world_size=1, world_size=2,

@@ -111,3 +111,33 @@ def test_minus_one_disables_the_rule_as_in_nvrx():
     assert not FaultToleranceConfig(max_no_progress_cycles=-1).is_progress_tracking_enabled
     assert not FaultToleranceConfig(max_no_progress_cycles=0).is_progress_tracking_enabled
     assert FaultToleranceConfig().is_progress_tracking_enabled
+
+
+# -- torchrun's --shutdown-timeout: honoured, never silently replaced ------------------------------
+
+
+def _options_with_torchrun_shutdown(*argv: str) -> LauncherOptions:
+    """As :func:`_options`, plus torchrun's ``--shutdown-timeout`` (default None: not given)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shutdown-timeout", "--shutdown_timeout", type=int, default=None)
+    FaultToleranceConfig.add_argparse_args(parser)
+    add_launcher_args(parser)
+    args = parser.parse_args(list(argv))
+    return LauncherOptions.from_args(args, FaultToleranceConfig.from_args(args))
+
+
+def test_torchrun_shutdown_timeout_sets_both_grace_periods():
+    options = _options_with_torchrun_shutdown("--shutdown-timeout=40")
+    assert (options.term_timeout, options.workers_stop_timeout) == (40.0, 40.0)
+    untouched = _options_with_torchrun_shutdown()
+    assert (untouched.term_timeout, untouched.workers_stop_timeout) == (15.0, 5.0)
+
+
+@pytest.mark.parametrize("ours", ["--term-timeout=20", "--workers-stop-timeout=3"])
+def test_torchrun_shutdown_timeout_with_one_of_ours_is_an_error_naming_both(ours):
+    with pytest.raises(ValidationError) as info:
+        _options_with_torchrun_shutdown("--shutdown-timeout=40", ours)
+    flag = ours.split("=")[0]
+    assert str(info.value) == (f"--shutdown-timeout: --shutdown-timeout=40 given with {flag}; allowed: either "
+                               f"torchrun's --shutdown-timeout (it sets both --term-timeout and "
+                               f"--workers-stop-timeout) or {flag}")

@@ -5,13 +5,17 @@ from __future__ import annotations
 import pytest
 
 from ft_core.launcher.cli import build_parser
-from ft_core.launcher.slurm import apply_slurm_defaults, first_host
+from ft_core.launcher.slurm import apply_slurm_defaults, derive_nnodes, first_host
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-09,12],login1"}
 
 
-def parse(*argv: str):
-    return build_parser().parse_args([*argv, "train.py"])
+def parse(*argv: str, derive: bool = True):
+    """As ft_launcher parses: an absent --nnodes is resolved (outside an srun step: torchrun's 1:1)."""
+    args = build_parser().parse_args([*argv, "train.py"])
+    if derive:
+        derive_nnodes(args, {})
+    return args
 
 
 @pytest.fixture(autouse=True)
@@ -59,3 +63,27 @@ def test_single_node_and_no_slurm_are_left_alone():
 def test_missing_nodelist_is_a_clear_error():
     with pytest.raises(ValueError, match="SLURM_JOB_NODELIST is not; allowed: .*give --rdzv-endpoint"):
         apply_slurm_defaults(parse("--nnodes=2"), {"SLURM_JOB_ID": "1"})
+
+
+def test_nnodes_comes_from_the_srun_step_when_not_given():
+    step = {**SLURM, "SLURM_STEP_NUM_NODES": "4"}
+    args = parse("--nproc-per-node=8", derive=False)
+    assert derive_nnodes(args, step) == ["--nnodes=4"] and args.nnodes == "4"
+    assert apply_slurm_defaults(args, step)[-1] == "--rdzv-endpoint=gpu07:29400"  # then a multi-node job
+
+
+@pytest.mark.parametrize(("argv", "env"), [
+    (("--nnodes=1",), {**SLURM, "SLURM_STEP_NUM_NODES": "4"}),     # given, even if it is torchrun's default
+    (("--nnodes=2:4",), {**SLURM, "SLURM_STEP_NUM_NODES": "4"}),
+    ((), SLURM),                                                  # a batch script, not an srun step
+    ((), {**SLURM, "SLURM_STEP_NUM_NODES": "1"}),
+    ((), {"SLURM_STEP_NUM_NODES": "4"}),                          # not a SLURM job
+])
+def test_nnodes_given_or_single_node_steps_are_left_alone(argv, env):
+    args = parse(*argv, derive=False)
+    assert derive_nnodes(args, env) == [] and args.nnodes == (argv[0].split("=")[1] if argv else "1:1")
+
+
+def test_a_bad_step_node_count_names_the_variable():
+    with pytest.raises(ValueError, match="SLURM_STEP_NUM_NODES: invalid value 'x'"):
+        derive_nnodes(parse(derive=False), {**SLURM, "SLURM_STEP_NUM_NODES": "x"})

@@ -23,7 +23,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "ex
 from train import MLPTask, _injecting, cpu_save_strategy, hang_forever, read_checkpoint, write_checkpoint  # noqa: E402
 from train import parse_args as example_args  # noqa: E402
 
-from ft_integrations.megatron import ft_integration  # noqa: E402
+if os.environ.get("PRETRAIN_FT_INTEGRATION") == "nvrx-client":
+    # Megatron-LM's own module, which imports nvidia_resiliency_ext (ft_integrations.nvrx_alias serves it).
+    sys.path.insert(0, os.path.dirname(__file__))
+    import nvrx_client_integration as ft_integration  # noqa: E402
+else:
+    from ft_integrations.megatron import ft_integration  # noqa: E402
 
 
 def save_checkpoint(args: argparse.Namespace, model: Any, iteration: int, strategy: Any) -> None:
