@@ -38,6 +38,11 @@ class CheckpointWriteObserver(Protocol):
     def on_checkpoint_loaded_verified(self, result: LoadResult) -> None: ...
 
 
+def _weights(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """What must be finite in a Lightning checkpoint: the model and the optimizers (a callback may keep ``inf``)."""
+    return {key: checkpoint[key] for key in ("state_dict", "optimizer_states") if key in checkpoint}
+
+
 def _local(path: Any) -> bool:
     """A path with a rename and an fsync: not a remote URL (``s3://...``), which is written as it is."""
     return "://" not in str(path)
@@ -84,7 +89,7 @@ class FaultToleranceCheckpointIO(CheckpointIO):
         requested = os.fspath(path)
         result = load_verified(requested, fallback_candidates(requested),
                                lambda candidate: self.checkpoint_io.load_checkpoint(candidate, *args, **kwargs),
-                               check_finite=self.check_finite)
+                               weights=_weights if self.check_finite else None)
         self.observer.on_checkpoint_loaded_verified(result)
         return result.state
 
