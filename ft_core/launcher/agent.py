@@ -87,6 +87,8 @@ log = logging.getLogger("ft_core.launcher")
 SNAPSHOT_MARGIN = 2.0
 #: How long a node that ends the job keeps the rendezvous store up for hot spares to see the end.
 SPARE_RELEASE_TIMEOUT = 10.0
+#: ``worker_exit.cause`` of a worker that failed once training was finished (not a fault: no restart).
+FINISHED_EXIT_CAUSE = "exit after training finished"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +212,10 @@ class FtElasticAgent(LocalElasticAgent):
         if failed and not self._failed:
             self._failed = failed
             self._failed_at = time.time()
+            if training_finished():
+                # Training is done: the others may still be saving or exiting; let them end on their own.
+                wait_until(lambda: all(h.proc.poll() is not None for h in handlers.values()),
+                           self._opts.workers_stop_timeout)
             self._read_monitor_events()
             if any(pid in self._hangs for pid, _code in failed.values()):
                 self._take_evidence()  # before the survivors are stopped: what were they doing?
@@ -251,6 +257,8 @@ class FtElasticAgent(LocalElasticAgent):
             self._svc.events.write(WorkersSucceeded(cycle=self._cycle.cycle if self._cycle else None))
             self._exit_barrier()
             return self._finish(Outcome(0, "all workers finished successfully"), result)
+        if result.state == WorkerState.FAILED and training_finished():
+            return self._finished_anyway(result)
 
         # A rank's request goes first: when the rank exits right after asking (an exception policy
         # does), its exit and its peers' failures are the effect of the request, not a fault to restart.
@@ -299,6 +307,26 @@ class FtElasticAgent(LocalElasticAgent):
                     self._worker_group.spec.max_restarts)
         self._restart_workers(self._worker_group)
         return None
+
+    def _finished_anyway(self, result: RunResult) -> RunResult:
+        """Workers failed after training finished (the flag exists): warn, never restart, exit 0.
+
+        A worker may die at interpreter exit after its last step and its final save (a C++
+        destructor's ``terminate called without an active exception``: SIGABRT); restarting
+        a finished job would redo it, or fail it once the budget is spent.
+        """
+        workers = {w.local_rank: w.global_rank for w in self._worker_group.workers}
+        for local_rank, (pid, code) in sorted(self._failed.items()):
+            exit_code, sig = _exit_status(code)
+            self._svc.events.write(WorkerExit(
+                time=self._failed_at, cycle=self._cycle_number(), rank=workers.get(local_rank), local_rank=local_rank,
+                pid=pid, cause=FINISHED_EXIT_CAUSE, exit_code=exit_code, signal=sig))
+            log.warning("rank %s (pid %d) %s after training finished (%s exists): not restarted",
+                        workers.get(local_rank), pid, f"exited with code {code}" if sig is None else f"was killed by {sig}",
+                        finished_flag_path())
+        self._exit_barrier()
+        return self._finish(Outcome(0, f"training is finished ({finished_flag_path()} exists); "
+                                       f"{len(self._failed)} worker(s) failed at exit"), result)
 
     # -- who hung, who waited (diagnosis) -------------------------------------
     def _take_evidence(self) -> list[RankEvidence]:
