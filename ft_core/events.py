@@ -135,9 +135,9 @@ class RestartKind(str, enum.Enum):
         return self in _FAULTS
 
 
-#: A straggler restart spends the budget too: a rank that is slow on every restart must not restart forever.
-_FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY,
-                     RestartKind.STRAGGLER})
+#: A straggler restart is not a fault: the job was healthy, only slow. It neither spends the budget nor
+#: counts for no-progress; straggler detection restarts at most once per node (see ft_core.launcher.stragglers).
+_FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY})
 
 
 class Event(msgspec.Struct, kw_only=True, frozen=True, tag_field="event", omit_defaults=True):

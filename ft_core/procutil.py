@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple, Optional
 
-__all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "set_child_subreaper",
-           "wait_child_exited"]
+__all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "listens_on_tcp_port",
+           "set_child_subreaper", "wait_child_exited"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -125,3 +125,39 @@ def cpu_sample(pid: int) -> Optional[CpuSample]:
         return None
     return CpuSample(cpu_ns / 1e9, runnable)
 
+
+
+#: ``st`` of a listening socket in ``/proc/net/tcp``.
+_TCP_LISTEN = "0A"
+
+
+def listens_on_tcp_port(port: int) -> bool:
+    """Whether this process holds a TCP socket listening on ``port`` (Linux ``/proc``; False when it cannot tell).
+
+    The c10d rendezvous store is served by whichever launcher bound the endpoint's port first; torch
+    does not say which, the kernel does.
+    """
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as handle:
+                next(handle, None)  # header
+                for line in handle:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] == _TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{fields[9]}]")
+        except (OSError, ValueError, IndexError):
+            continue
+    if not inodes:
+        return False
+    try:
+        descriptors = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for fd in descriptors:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False

@@ -76,10 +76,11 @@ from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.prewarm import WorkerFactory
 from ft_core.launcher.process import workers_die_with_agent
 from ft_core.launcher.progress import ProgressTracker
-from ft_core.launcher.stragglers import StragglerDetector, StragglerRound
+from ft_core.launcher.stragglers import StragglerDetector, StragglerRound, exclusion_blocker
+from ft_core.procutil import listens_on_tcp_port
 from ft_core.straggler import StragglerAction
 
-__all__ = ["FtElasticAgent", "Outcome", "Services", "signal_outcome"]
+__all__ = ["LEFT_UNFINISHED_EXIT_CODE", "FtElasticAgent", "Outcome", "Services", "left_job_outcome", "signal_outcome"]
 
 log = logging.getLogger("ft_core.launcher")
 
@@ -87,6 +88,8 @@ log = logging.getLogger("ft_core.launcher")
 SNAPSHOT_MARGIN = 2.0
 #: How long a node that ends the job keeps the rendezvous store up for hot spares to see the end.
 SPARE_RELEASE_TIMEOUT = 10.0
+#: Exit code of a launcher whose node left an unfinished job (excluded): requeue, as for 128+N (EX_TEMPFAIL).
+LEFT_UNFINISHED_EXIT_CODE = 75
 #: ``worker_exit.cause`` of a worker that failed once training was finished (not a fault: no restart).
 FINISHED_EXIT_CAUSE = "exit after training finished"
 
@@ -151,6 +154,8 @@ class FtElasticAgent(LocalElasticAgent):
         #: The evidence of this node's ranks for the diagnosis of this cycle's hang, once taken.
         self._evidence: Optional[list[RankEvidence]] = None
         self._snapshot: Optional[RanksSnapshot] = None
+        #: Why exclude-node fell back to report, each said once.
+        self._exclusion_warned: set[str] = set()
         self.outcome = Outcome(1, "the launcher stopped before the job ended")
 
     # -- seams: rendezvous, environment, start, stop, monitor ---------------
@@ -290,7 +295,7 @@ class FtElasticAgent(LocalElasticAgent):
         self._svc.events.interrupted(trigger.time)
         if trigger.kind is RestartKind.EXCLUDED:
             self._stop_workers(self._worker_group)
-            return self._finish(Outcome(0, trigger.reason, "leave"), result)
+            return self._finish(left_job_outcome(trigger.reason), result)
         if decision is not None and decision.action == "stop":
             log.error("stopping the job: %s", decision.reason)
             self._stop_workers(self._worker_group)
@@ -429,8 +434,27 @@ class FtElasticAgent(LocalElasticAgent):
             if straggler.action is StragglerAction.RESTART:
                 trigger = _Trigger(RestartKind.STRAGGLER, straggler.describe(), time.time())
             elif straggler.action is StragglerAction.EXCLUDE_NODE and straggler.rank_node == self._svc.events.node:
-                trigger = _Trigger(RestartKind.EXCLUDED, straggler.describe(), time.time())
+                blocker = self._exclusion_blocker()
+                if blocker is None:
+                    trigger = _Trigger(RestartKind.EXCLUDED, straggler.describe(), time.time())
+                elif blocker not in self._exclusion_warned:
+                    self._exclusion_warned.add(blocker)
+                    log.warning("straggler_action exclude-node falls back to report for this node: %s", blocker)
         return trigger
+
+    def _exclusion_blocker(self) -> Optional[str]:
+        """Why this node cannot leave without ending the job (None: it can); see :func:`.exclusion_blocker`."""
+        wg = self._worker_group
+        handler = wg.spec.rdzv_handler
+        settings = getattr(handler, "settings", None)
+        store = self._coord.job_store
+        rdzv_store = getattr(handler, "_store", None)
+        hosts_store = (store is not None and not store.survives_node_loss
+                       and isinstance(getattr(rdzv_store, "port", None), int)
+                       and listens_on_tcp_port(rdzv_store.port))  # type: ignore[union-attr]
+        return exclusion_blocker(dynamic=settings is not None, hosts_store=hosts_store,
+                                 nodes=wg.group_world_size or 1,
+                                 min_nodes=getattr(settings, "min_nodes", 1), spares=spares_waiting(handler))
 
     def _control_trigger(self) -> Optional[_Trigger]:
         request = self._svc.control.pop()
@@ -544,6 +568,18 @@ class FtElasticAgent(LocalElasticAgent):
 def _exit_status(returncode: int) -> tuple[Optional[int], Optional[str]]:
     """(exit code, None) for a process that exited, (None, signal name) for one a signal killed."""
     return (returncode, None) if returncode >= 0 else (None, signal.Signals(-returncode).name)
+
+
+def left_job_outcome(reason: str) -> Outcome:
+    """How a launcher whose node left the job (excluded) exits: 0 only if training is finished.
+
+    The job goes on without this node, but this launcher did not see it finish: it exits
+    :data:`LEFT_UNFINISHED_EXIT_CODE`, which a requeue loop requeues (anything but 0 and the
+    no-restart code), never 0, which SLURM would read as a finished job.
+    """
+    if training_finished():
+        return Outcome(0, f"{reason}; training is finished ({finished_flag_path()} exists)", "leave")
+    return Outcome(LEFT_UNFINISHED_EXIT_CODE, f"{reason}; this node left an unfinished job", "leave")
 
 
 def signal_outcome(sig: signal.Signals, detail: str, workers_finished: bool = False) -> Outcome:

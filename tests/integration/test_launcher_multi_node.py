@@ -12,6 +12,8 @@ import pytest
 from helpers import wait_for
 from launcher_helpers import LauncherGroup, Rendezvous, exit_event
 
+from ft_core.launcher.agent import LEFT_UNFINISHED_EXIT_CODE
+
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -70,7 +72,7 @@ def test_crash_then_hang_on_one_node_restart_the_workers_of_every_node(launchers
 
 def test_excluded_node_is_replaced_by_the_hot_spare(launchers, tmp_path, rdzv):
     a, b, c = start_job_with_spare(launchers, tmp_path, rdzv, FT_TEST_FAULT="exclude", FT_TEST_FAULT_RANK="local0")
-    assert b.wait(120) == 0, b.output()[-3000:]
+    assert b.wait(120) == LEFT_UNFINISHED_EXIT_CODE, b.output()[-3000:]  # it left an unfinished job: requeue
     assert "ExcludeThisNode" in exit_event(b)["reason"]
     assert a.wait(180) == 0, a.output()[-3000:]
     assert c.wait(60) == 0, c.output()[-3000:]
