@@ -7,11 +7,11 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import NamedTuple, Optional
 
 __all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "listens_on_tcp_port",
-           "set_child_subreaper", "wait_child_exited"]
+           "pid_alive", "process_group_members", "set_child_subreaper", "wait_child_exited"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -161,3 +161,37 @@ def listens_on_tcp_port(port: int) -> bool:
         except OSError:
             continue
     return False
+
+
+def _stat_fields(pid: str) -> Optional[list[bytes]]:
+    """The fields of ``/proc/<pid>/stat`` after the comm: state, ppid, pgrp, ... (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs: it exists and is not a zombie (a zombie is dead, only not yet reaped)."""
+    fields = _stat_fields(str(pid))
+    return fields is not None and bool(fields) and fields[0] != b"Z"
+
+
+def process_group_members(pgids: Collection[int]) -> dict[int, list[int]]:
+    """The live (not zombie) processes of each process group in ``pgids`` that has any (Linux ``/proc``).
+
+    A group outlives its leader: the children a worker started (data loader workers, a
+    forked checkpoint writer, a user subprocess) stay in it after the worker died.
+    """
+    wanted = {str(pgid).encode(): pgid for pgid in pgids}
+    members: dict[int, list[int]] = {}
+    if not wanted:
+        return members
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(entry)
+        if fields is not None and len(fields) > 2 and fields[0] != b"Z" and fields[2] in wanted:
+            members.setdefault(wanted[fields[2]], []).append(int(entry))
+    return members

@@ -74,7 +74,7 @@ from ft_core.launcher.job_store import open_job_store
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.prewarm import WorkerFactory
-from ft_core.launcher.process import workers_die_with_agent
+from ft_core.launcher.process import kill_process_groups, signal_process_groups, workers_die_with_agent
 from ft_core.launcher.progress import ProgressTracker
 from ft_core.launcher.stragglers import StragglerDetector, StragglerRound, exclusion_blocker
 from ft_core.procutil import listens_on_tcp_port
@@ -205,8 +205,26 @@ class FtElasticAgent(LocalElasticAgent):
                  len(pids), [w.global_rank for w in worker_group.workers], self._cycle.restarts)
         return pids
 
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: Optional[float] = None) -> None:
+        """Torch's shutdown, extended to each worker's whole process group, its leader alive or not.
+
+        ``timeout`` defaults to ``--workers-stop-timeout`` (torch's own final call passes none: 30 s).
+
+        Torch signals only the groups of workers still running: the groups of workers that
+        died (see :func:`.kill_process_groups`) get ``death_sig`` here first; whatever is left
+        of any group once ``timeout`` has passed gets SIGKILL.
+        """
+        timeout = self._opts.workers_stop_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        handlers = list((getattr(self._pcontext, "subprocess_handlers", None) or {}).values())
+        signal_process_groups([h.proc.pid for h in handlers if h.proc.poll() is not None], death_sig)
+        super()._shutdown(death_sig, timeout)  # type: ignore[arg-type]  # torch's int is only its default's type
+        stuck = kill_process_groups([h.proc.pid for h in handlers], deadline)
+        if stuck:
+            log.error("processes of the workers' groups survived SIGKILL (uninterruptible sleep?): %s", stuck)
+
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
-        self._shutdown(timeout=self._opts.workers_stop_timeout)  # type: ignore[arg-type]
+        self._shutdown()
         self._svc.events.write(WorkersStopped(cycle=self._cycle_number()))
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
@@ -522,7 +540,7 @@ class FtElasticAgent(LocalElasticAgent):
         self._svc.events.write(SignalReceived(signal=sig.name, running_workers=len(running)))
         log.warning("received %s: forwarding it to %d worker(s), SIGKILL after %.1f s", sig.name, len(running),
                     self._opts.term_timeout)
-        self._shutdown(sig, timeout=self._opts.term_timeout)  # type: ignore[arg-type]
+        self._shutdown(sig, timeout=self._opts.term_timeout)
         codes = [h.proc.returncode for h in handlers]
         for handler in running:
             exit_code, killed_by = _exit_status(handler.proc.returncode)

@@ -81,6 +81,7 @@ def test_excluded_node_is_replaced_by_the_hot_spare(launchers, tmp_path, rdzv):
     assert [e["cycle"] for e in b.events("cycle_start")] == [0]
     assert a.events("cycle_start")[1]["restarts"] == 0  # an exclusion is not a fault
     assert {r["cycle"] for r in launchers.worker_records("finished")} == {1}
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
 
 
 def test_shutdown_workload_stops_every_launcher(launchers, tmp_path, rdzv):

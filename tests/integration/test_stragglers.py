@@ -115,6 +115,7 @@ def test_exclude_node_action_hands_the_slow_node_over_to_the_hot_spare(launchers
     assert [e["cycle"] for e in b.events("cycle_start")] == [0]
     assert [e["cycle"] for e in c.events("cycle_start")] == [1]
     assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(0, 1), (1, 1)}
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
 
 
 #: Two ranks, one 3x slower in its forward phase (score (1 + 3) / 2 / 3 = 0.67): 80 steps of ~0.2 s, twice
@@ -133,6 +134,7 @@ def test_exclude_node_on_a_one_node_job_falls_back_to_report_and_finishes(launch
     assert [e["cycle"] for e in node.events("cycle_start")] == [0] and node.events("restart") == []
     assert "all workers finished" in exit_event(node)["reason"]
     assert {r["rank"] for r in launchers.worker_records("finished")} == {0, 1}
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
 
 
 def test_a_vain_straggler_restart_is_not_a_fault_and_falls_back_to_report(launchers):
@@ -151,3 +153,4 @@ def test_a_vain_straggler_restart_is_not_a_fault_and_falls_back_to_report(launch
     assert "falls back to report for that node" in node.output()
     assert "faults     : none" in node.output(), node.output()[-2000:]
     assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(0, 1), (1, 1)}
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"

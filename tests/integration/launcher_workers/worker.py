@@ -31,6 +31,9 @@ FT_TEST_CHECKPOINT    report this checkpointed iteration at step 0 (default: non
 FT_TEST_ON_SIGTERM    "exit0" (exit 0 on SIGTERM) | "ignore"; default: Python's default
 FT_TEST_FALLBACK      JSON object: the fallback_config this worker offers the monitor
 FT_TEST_MARK_FINISHED "1": every rank creates the finished flag (FAULT_TOL_FINISHED_FLAG_FILE) after its last step
+FT_TEST_CHILD         "1": every worker starts a child process that ignores SIGTERM and sleeps (a data loader
+                      worker blocked in I/O), in the worker's process group; each worker records the children of
+                      earlier cycles still alive when it starts ("earlier_children_alive")
 FT_TEST_RECORD        JSON-lines file: pid, rank, cycle and timestamps of each worker, and the config
                       the monitor sent it ("monitor_config")
 FT_TEST_RESUME_FILE   a "checkpoint": global rank 0 writes the number of steps done so far (all cycles);
@@ -131,6 +134,26 @@ def inject(kind: str, client) -> None:
         time.sleep(3600)
 
 
+def start_child() -> None:
+    import subprocess
+
+    from ft_core.events import read_events
+
+    def pid_alive(pid: int) -> bool:  # exists and is not a zombie
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                return handle.read().rpartition(b")")[2].split()[0] != b"Z"
+        except OSError:
+            return False
+
+    earlier = [r["child"] for r in read_events(os.environ["FT_TEST_RECORD"])[0]
+               if r.get("event") == "child" and r["cycle"] < CYCLE]
+    record(event="earlier_children_alive", pids=[pid for pid in earlier if pid_alive(pid)])
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); time.sleep(3600)"])
+    record(event="child", child=child.pid)
+
+
 class NoMonitor:
     """Stands in for RankMonitorClient when the worker runs without ft_launcher."""
 
@@ -145,6 +168,8 @@ def main() -> int:
     elif on_sigterm == "ignore":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     record(event="started", time=STARTED, prewarmed="ft_core.launcher.zygote" in sys.modules)
+    if os.environ.get("FT_TEST_CHILD") == "1":
+        start_child()
     kind = fault_kind()
     if kind == "early_exit":
         os._exit(5)
