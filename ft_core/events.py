@@ -243,6 +243,10 @@ class RankEvidence(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True
     #: The kernel showed the process stopped (SIGSTOP, a debugger): it cannot be making progress.
     stopped: bool = False
     stack_dump_file: Optional[str] = None
+    #: The timeout of the rank's running deadline (None: nothing timed, or not known).
+    timeout: Optional[float] = None
+    #: False for a rank of the job no monitor ever saw (``diagnose`` with the world size adds those).
+    connected: bool = True
 
 
 class RanksSnapshot(Event, frozen=True, tag=EventName.RANKS_SNAPSHOT.value):

@@ -387,7 +387,9 @@ class FtElasticAgent(LocalElasticAgent):
             exchange.request(cycle)
             evidence = self._take_evidence()
             exchange.share(cycle, group_rank, evidence)
-            diagnosis = exchange.decide(cycle, self._worker_group.group_world_size or 1, evidence)
+            workers = self._worker_group.workers
+            diagnosis = exchange.decide(cycle, self._worker_group.group_world_size or 1, evidence,
+                                        workers[0].world_size if workers else None)
         else:
             if trigger.kind not in (RestartKind.HANG, RestartKind.PEER):
                 return None

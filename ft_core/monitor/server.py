@@ -233,12 +233,14 @@ class WatchedRank:
     def evidence(self, now: float, wall_now: float) -> RankEvidence:
         """What this rank is doing at ``now`` (monotonic; ``wall_now`` is the same instant in unix time)."""
         last = self.last_activity
+        expiry = self.next_deadline()
         return RankEvidence(
             rank=self.rank, pid=self.pid, iteration=self.iteration,
             section=next(reversed(self.open_sections), None),  # the innermost: opened last
             last_activity=None if last is None else round(wall_now - (now - last), 3),
             stalled_for=None if last is None else round(now - last, 3),
-            stopped=self.pid > 0 and procutil.is_stopped(self.pid))
+            stopped=self.pid > 0 and procutil.is_stopped(self.pid),
+            timeout=None if expiry is None else expiry.timeout)
 
     def next_deadline(self) -> Optional[Expiry]:
         """The earliest deadline of this rank, or None when nothing is timed."""
