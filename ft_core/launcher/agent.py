@@ -144,7 +144,7 @@ class FtElasticAgent(LocalElasticAgent):
         self._stragglers = None if options.straggler_report_interval is None else StragglerDetector(
             options.straggler_report_interval, options.straggler_threshold, options.straggler_consecutive_reports,
             options.straggler_action, services.events.node, lambda: self._coord.job_store,
-            services.on_straggler_round)
+            services.on_straggler_round, options.straggler_min_phase_seconds)
         self._cycle: Optional[CycleInfo] = None
         #: hang_detected records of this cycle's workers, by pid.
         self._hangs: dict[int, HangDetected] = {}

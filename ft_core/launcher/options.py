@@ -44,6 +44,7 @@ class LauncherOptions:
     straggler_threshold: float = FaultToleranceConfig.straggler_threshold
     straggler_consecutive_reports: int = FaultToleranceConfig.straggler_consecutive_reports
     straggler_action: StragglerAction = FaultToleranceConfig.straggler_action
+    straggler_min_phase_seconds: float = FaultToleranceConfig.straggler_min_phase_seconds
     #: Port of the Prometheus endpoint (``metrics_port``, ``--ft-metrics-port``); None: no endpoint.
     metrics_port: Optional[int] = FaultToleranceConfig.metrics_port
     #: Fork workers from a factory that has already imported ``prewarm_modules``.
@@ -73,6 +74,7 @@ class LauncherOptions:
             straggler_threshold=cfg.straggler_threshold,
             straggler_consecutive_reports=cfg.straggler_consecutive_reports,
             straggler_action=cfg.straggler_action,
+            straggler_min_phase_seconds=cfg.straggler_min_phase_seconds,
             metrics_port=cfg.metrics_port,
             prewarm=boolean("--ft-prewarm", args.ft_prewarm, coerce=True),
             prewarm_modules=_module_names("--ft-prewarm-modules", args.ft_prewarm_modules),

@@ -44,7 +44,13 @@ import msgspec
 
 from ft_core.events import PhaseMedians, Straggler
 from ft_core.launcher.job_store import JobStore
-from ft_core.straggler import PhaseMedian, PhaseScore, StragglerAction, StragglerJudge
+from ft_core.straggler import (
+    DEFAULT_MIN_PHASE_SECONDS,
+    PhaseMedian,
+    PhaseScore,
+    StragglerAction,
+    StragglerJudge,
+)
 
 __all__ = ["REPORT_KEY", "RESTARTED_KEY", "NodeMedians", "StragglerDetector", "StragglerRound", "exclusion_blocker",
            "straggler_action_for"]
@@ -129,19 +135,21 @@ class StragglerDetector:
 
     def __init__(self, interval: float, threshold: float, consecutive: int, action: StragglerAction, node: str,
                  store: Callable[[], Optional[JobStore]],
-                 on_round: Optional[Callable[[StragglerRound], None]] = None) -> None:
+                 on_round: Optional[Callable[[StragglerRound], None]] = None,
+                 min_phase_seconds: float = DEFAULT_MIN_PHASE_SECONDS) -> None:
         self.interval = interval
         self.threshold = threshold
         self.consecutive = consecutive
+        self.min_phase_seconds = min_phase_seconds
         self.action = action
         self.node = node
         self._store = store
         self._on_round = on_round
-        self._state = _CycleState(-1, StragglerJudge(threshold, consecutive))
+        self._state = _CycleState(-1, StragglerJudge(threshold, consecutive, min_phase_seconds))
 
     def _for_cycle(self, cycle: int) -> _CycleState:
         if self._state.cycle != cycle:
-            self._state = _CycleState(cycle, StragglerJudge(self.threshold, self.consecutive))
+            self._state = _CycleState(cycle, StragglerJudge(self.threshold, self.consecutive, self.min_phase_seconds))
         return self._state
 
     def publish(self, record: PhaseMedians, cycle: int, group_rank: int) -> None:

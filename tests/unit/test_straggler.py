@@ -233,3 +233,17 @@ def test_a_node_slow_in_every_cycle_causes_one_restart_over_ten_cycles(job_store
         (straggler,) = detector.poll(cycle, 0, 2, wall=100 + cycle + 0.5)
         actions.append((straggler.rank_node, straggler.action.value))
     assert actions == [("host:1", "restart")] + [("host:1", "report")] * 8 + [("host:0", "restart")]
+
+
+def test_a_phase_below_the_floor_is_never_scored_a_longer_one_is():
+    # Rank 0 also draws the progress bar: its "data" phase is 253 us against 102 us elsewhere (relative
+    # score 0.4), a difference of microseconds no rank should be blamed for. 1 ms floor: not scored.
+    judge = StragglerJudge(0.75, 1)
+    tiny = [PhaseMedian(0, "data", 253e-6, 9), PhaseMedian(1, "data", 102e-6, 9), PhaseMedian(2, "data", 102e-6, 9)]
+    report = judge.judge(tiny)
+    assert report.scores == [] and report.stragglers == []
+    # A real straggler in a phase above the floor is still named, in the same round.
+    slow = [PhaseMedian(0, "forward", 0.1, 9), PhaseMedian(1, "forward", 0.1, 9), PhaseMedian(2, "forward", 0.2, 9)]
+    assert [(s.rank, s.phase) for s in judge.judge([*tiny, *slow]).stragglers] == [(2, "forward")]
+    # Configurable: 0 scores every phase.
+    assert [s.rank for s in StragglerJudge(0.75, 1, min_phase_seconds=0).judge(tiny).stragglers] == [0]
