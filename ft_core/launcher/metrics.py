@@ -49,7 +49,7 @@ __all__ = ["LauncherMetrics", "MetricsUnavailableError"]
 log = logging.getLogger("ft_core.launcher")
 
 #: Faults named by a record that says which rank was at fault; the others are counted from the restart.
-_FAULTS_WITH_RANK = frozenset({RestartKind.HANG, RestartKind.CRASH, RestartKind.STRAGGLER})
+_FAULTS_WITH_RANK = frozenset({RestartKind.HANG, RestartKind.CRASH})
 
 
 def _single(family: Any, node: str, value: float) -> Any:
@@ -120,10 +120,8 @@ class LauncherMetrics:
                     self._hung.clear()
                 case WorkerExit() if record.cause == "crash":
                     self._faults[(RestartKind.CRASH.value, "" if record.rank is None else str(record.rank))] += 1
-                case Straggler():
+                case Straggler():  # slow, not broken: not a fault (ft_restarts_total counts its restart)
                     self._stragglers[(str(record.rank), record.phase)] += 1
-                    if record.action.value == "restart":
-                        self._faults[(RestartKind.STRAGGLER.value, str(record.rank))] += 1
                 case MonitorLate():
                     self._late_count += 1
                     self._late_seconds += record.late
