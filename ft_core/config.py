@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import msgspec
 
 from ft_core.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES_LIMIT
-from ft_core.straggler import DEFAULT_WINDOW, StragglerAction
+from ft_core.straggler import DEFAULT_MIN_PHASE_SECONDS, DEFAULT_WINDOW, StragglerAction
 from ft_core.validation import (
     ValidationError,
     boolean,
@@ -225,6 +225,12 @@ def _score_threshold(name: str, value: Any) -> float:
     return threshold
 
 
+def _min_phase_seconds(name: str, value: Any) -> float:
+    seconds: float = convert(name, value, Annotated[float, msgspec.Meta(ge=0, le=3600)],
+                             "a number of seconds from 0 to 3600 (0 scores every phase)", coerce=True)
+    return seconds
+
+
 def _port_or_none(name: str, value: Any) -> Optional[int]:
     """A TCP port (0: any free one), or None/"none" for no endpoint."""
     if is_none_word(value):
@@ -258,6 +264,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "straggler_threshold": _score_threshold,
     "straggler_consecutive_reports": _count(1),
     "straggler_window": _count(1, 100_000),
+    "straggler_min_phase_seconds": _min_phase_seconds,
     "straggler_action": functools.partial(enum_member, enum_type=StragglerAction, coerce=True),
     "metrics_port": _port_or_none,
 }
@@ -342,6 +349,9 @@ class FaultToleranceConfig:
     straggler_consecutive_reports: int = 3
     #: Phase durations kept per rank and phase (the rolling window the medians are taken over).
     straggler_window: int = DEFAULT_WINDOW
+    #: Phases whose job-wide median is shorter are never scored: at that scale a rank's own work (a
+    #: progress bar, a log line) outweighs any difference in speed.
+    straggler_min_phase_seconds: float = DEFAULT_MIN_PHASE_SECONDS
     #: What the launchers do about a straggler: report, restart (the cycle) or exclude-node.
     straggler_action: StragglerAction = StragglerAction.REPORT
     #: Port of the launcher's Prometheus endpoint (0: a free port, logged); None: no endpoint.
@@ -554,6 +564,8 @@ _FIELD_HELP = {
                            "straggler",
     "straggler_consecutive_reports": "... for this many consecutive reports",
     "straggler_window": "phase durations kept per rank and phase (the window the medians are taken over)",
+    "straggler_min_phase_seconds": "a phase whose job-wide median is shorter is never scored (0: score every "
+                                   "phase)",
     "straggler_action": "what to do about a straggler: report, restart (the cycle) or exclude-node",
     "metrics_port": "port of the launcher's Prometheus endpoint (0: any free port, logged), or none "
                     "(needs the 'metrics' extra: prometheus-client)",

@@ -135,9 +135,9 @@ class RestartKind(str, enum.Enum):
         return self in _FAULTS
 
 
-#: A straggler restart spends the budget too: a rank that is slow on every restart must not restart forever.
-_FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY,
-                     RestartKind.STRAGGLER})
+#: A straggler restart is not a fault: the job was healthy, only slow. It neither spends the budget nor
+#: counts for no-progress; straggler detection restarts at most once per node (see ft_core.launcher.stragglers).
+_FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY})
 
 
 class Event(msgspec.Struct, kw_only=True, frozen=True, tag_field="event", omit_defaults=True):
@@ -243,6 +243,10 @@ class RankEvidence(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True
     #: The kernel showed the process stopped (SIGSTOP, a debugger): it cannot be making progress.
     stopped: bool = False
     stack_dump_file: Optional[str] = None
+    #: The timeout of the rank's running deadline (None: nothing timed, or not known).
+    timeout: Optional[float] = None
+    #: False for a rank of the job no monitor ever saw (``diagnose`` with the world size adds those).
+    connected: bool = True
 
 
 class RanksSnapshot(Event, frozen=True, tag=EventName.RANKS_SNAPSHOT.value):

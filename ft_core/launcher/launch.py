@@ -29,6 +29,7 @@ from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.prewarm import WorkerFactory
 from ft_core.launcher.rendezvous_records import use_cheap_method_names
+from ft_core.launcher.slurm import job_id
 from ft_core.monitor.status import status_path
 
 __all__ = ["launch"]
@@ -67,7 +68,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         if factory is not None:
             factory.start()
         if options.metrics_port is not None:
-            prometheus = LauncherMetrics(events, status_path(job_dir), config.run_id)
+            prometheus = LauncherMetrics(events, status_path(job_dir), job_id(config.run_id))
             events.observers.append(prometheus.observe)
             prometheus.start(options.metrics_port, options.metrics_targets_dir
                              or os.path.join(os.path.dirname(events.path), SCRAPE_TARGETS_DIR))

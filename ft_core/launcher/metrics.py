@@ -11,8 +11,8 @@ Everything exported is derived from two sources, at scrape time:
 So the endpoint adds no work to the monitoring loop beyond a few counter
 updates, and a scrape never waits for the loop. Names follow Prometheus
 conventions (``ft_`` prefix, ``_total`` counters, ``_seconds`` units); every
-series carries ``run_id`` (the rendezvous id: the same on every node, and
-across the requeues of a SLURM job) and ``node`` (the launcher's host, without
+series carries ``run_id`` (the job: ``$SLURM_JOB_ID`` under SLURM, kept across
+requeues, else the rendezvous id) and ``node`` (the launcher's host, without
 its pid, so a requeue or a restarted launcher continues the same series), and
 per-rank series ``rank``. ``docs/events.md`` ("Metrics") describes each one.
 
@@ -55,7 +55,7 @@ __all__ = ["SCRAPE_TARGETS_DIR", "LauncherMetrics", "MetricsUnavailableError"]
 log = logging.getLogger("ft_core.launcher")
 
 #: Faults named by a record that says which rank was at fault; the others are counted from the restart.
-_FAULTS_WITH_RANK = frozenset({RestartKind.HANG, RestartKind.CRASH, RestartKind.STRAGGLER})
+_FAULTS_WITH_RANK = frozenset({RestartKind.HANG, RestartKind.CRASH})
 
 
 #: Default directory of the Prometheus ``file_sd`` target files, beside the event log.
@@ -81,7 +81,7 @@ class LauncherMetrics:
     Args:
         events: the launcher's event log (time lost and run time for the fault-free ratio).
         status_path: the node monitor's status file.
-        run_id: the job's rendezvous id (``--rdzv-id``), the ``run_id`` label.
+        run_id: the ``run_id`` label: the job's id across requeues (:func:`ft_core.launcher.slurm.job_id`).
     """
 
     def __init__(self, events: EventLog, status_path: str, run_id: str) -> None:
@@ -136,10 +136,8 @@ class LauncherMetrics:
                     self._hung.clear()
                 case WorkerExit() if record.cause == "crash":
                     self._faults[(RestartKind.CRASH.value, "" if record.rank is None else str(record.rank))] += 1
-                case Straggler():
+                case Straggler():  # slow, not broken: not a fault (ft_restarts_total counts its restart)
                     self._stragglers[(str(record.rank), record.phase)] += 1
-                    if record.action.value == "restart":
-                        self._faults[(RestartKind.STRAGGLER.value, str(record.rank))] += 1
                 case MonitorLate():
                     self._late_count += 1
                     self._late_seconds += record.late

@@ -72,11 +72,12 @@ from ft_core.jobdir import (
     LAUNCHER_SOCKET_ENV,
     PRIVATE_FILE_MODE,
     JobDir,
-    keep_stack,
+    saved_stack_path,
 )
 from ft_core.monitor.hang import DumpWait, Expiry, Hang
 from ft_core.monitor.process import MonitorProcess, run_in_subprocess
 from ft_core.monitor.snapshot import Snapshot
+from ft_core.monitor.stack_copy import STACK_COPY_CLOSE_TIMEOUT, StackCopier
 from ft_core.monitor.status import STATUS_INTERVAL, MonitorStatus, RankStatus, status_path, write_status
 from ft_core.protocol import (
     MAX_HELLO_FRAME_BYTES,
@@ -232,12 +233,14 @@ class WatchedRank:
     def evidence(self, now: float, wall_now: float) -> RankEvidence:
         """What this rank is doing at ``now`` (monotonic; ``wall_now`` is the same instant in unix time)."""
         last = self.last_activity
+        expiry = self.next_deadline()
         return RankEvidence(
             rank=self.rank, pid=self.pid, iteration=self.iteration,
             section=next(reversed(self.open_sections), None),  # the innermost: opened last
             last_activity=None if last is None else round(wall_now - (now - last), 3),
             stalled_for=None if last is None else round(now - last, 3),
-            stopped=self.pid > 0 and procutil.is_stopped(self.pid))
+            stopped=self.pid > 0 and procutil.is_stopped(self.pid),
+            timeout=None if expiry is None else expiry.timeout)
 
     def next_deadline(self) -> Optional[Expiry]:
         """The earliest deadline of this rank, or None when nothing is timed."""
@@ -342,6 +345,8 @@ class RankMonitorServer:
         #: The live status file for the launcher's metrics endpoint, and when it is due; None: metrics off.
         self._status_path = status_path(self.job_dir) if cfg.metrics_port is not None else None
         self._status_due = 0.0
+        #: Copies hung ranks' stacks to ``stacks_dir`` in a thread: a stalled filesystem never delays a kill.
+        self._stack_copies = StackCopier()
 
     # -- setup / teardown -------------------------------------------------
     def _listen(self) -> None:
@@ -360,6 +365,7 @@ class RankMonitorServer:
         self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     def close(self) -> None:
+        self._stack_copies.close(STACK_COPY_CLOSE_TIMEOUT)
         for conn in list(self._connections.values()):
             self._drop(conn, log_it=False)
         if self._listener is not None:
@@ -769,6 +775,10 @@ class RankMonitorServer:
                 hb, sections = apply_calculated(hb, sections, msg.timeouts)
             except ValueError as exc:
                 self._refuse(conn, f"invalid timeouts from rank {msg.rank}: {exc}")
+        if msg.dump_path is not None:
+            problem = _dump_path_problem(msg.dump_path, self.dump_dir)
+            if problem is not None:
+                self._refuse(conn, f"invalid dump_path {msg.dump_path!r} from rank {msg.rank}: {problem}")
         pid = conn.peer_pid if conn.peer_pid > 0 else -1
         conn.rank = WatchedRank(
             rank=msg.rank, local_rank=msg.local_rank, pid=pid, cfg=cfg, restart_count=msg.restart_count,
@@ -790,7 +800,7 @@ class RankMonitorServer:
         sig = self.cfg.stack_dump_signal
         if sig is not None and rank.dump_path and rank.pid > 0:
             try:
-                offset = os.path.getsize(rank.dump_path)
+                offset = _file_size(rank.dump_path)
                 # A stopped process runs no signal handler: continue it first.
                 os.kill(rank.pid, signal.SIGCONT)
                 os.kill(rank.pid, sig)
@@ -812,16 +822,25 @@ class RankMonitorServer:
         return self.cfg.workload_check_interval
 
     def _terminate(self, rank: WatchedRank, hang: Hang) -> None:
+        """Record the hang, kill the rank, then have its stack copied to ``stacks_dir`` off the loop.
+
+        The record goes first (the launcher must know it was a hang when it sees the rank die), the
+        kill next: the stack is read from the job dir (local, private), but the copy goes to the log
+        directory, often a shared filesystem, whose stall must delay neither this kill nor any other
+        rank's deadline.
+        """
         stack = None
         if rank.dump_path and _file_size(rank.dump_path) > hang.dump_offset:
-            try:
-                with open(rank.dump_path, errors="replace") as handle:
-                    handle.seek(hang.dump_offset)
-                    stack = handle.read()
+            stack = _read_from(rank.dump_path, hang.dump_offset)
+            if stack is None:  # e.g. out of descriptors: the kill matters more than the stack
+                log.error("could not read the stack of hung rank %d from %s", rank.rank, rank.dump_path)
+            else:
                 log.debug("stack of hung rank %d:\n%s", rank.rank, stack.rstrip())
-            except OSError as exc:  # e.g. out of descriptors: the kill matters more than the stack
-                log.error("could not read the stack of hung rank %d from %s: %s", rank.rank, rank.dump_path, exc)
-        self._record(hang.terminate(stack, self._keep_stack(rank, stack) if stack is not None else None))
+        kept = None
+        if stack is not None:
+            kept = rank.dump_path if self.stacks_dir is None else saved_stack_path(
+                self.stacks_dir, rank.restart_count, rank.rank, rank.pid)
+        self._record(hang.terminate(stack, kept))
         sig = self.cfg.rank_termination_signal
         action = f"sent {sig.name}" if rank.pid > 0 else "not signalled (pid unknown)"
         if rank.pid > 0:
@@ -833,16 +852,9 @@ class RankMonitorServer:
         # The one line per hang: what, where, what was done, and where its stack is.
         log.error("%s; %s; stack: %s", hang.report.describe(), action, hang.report.stack_dump_file or "none (no dump)")
         self._record(RankTerminated(rank=rank.rank, pid=rank.pid, signal=sig.name))
-
-    def _keep_stack(self, rank: WatchedRank, stack: str) -> Optional[str]:
-        """Where the hung rank's stack is kept: a copy in ``stacks_dir`` named by cycle, or its dump file."""
-        if self.stacks_dir is None:
-            return rank.dump_path
-        try:
-            return keep_stack(self.stacks_dir, rank.restart_count, rank.rank, rank.pid, stack)
-        except OSError as exc:
-            log.warning("could not keep the stack of rank %d in %s: %s", rank.rank, self.stacks_dir, exc)
-            return rank.dump_path
+        if stack is not None and self.stacks_dir is not None:
+            self._stack_copies.submit(self.stacks_dir, rank.restart_count, rank.rank, rank.pid, stack,
+                                      rank.dump_path)
 
     # -- snapshot of the live ranks (diagnosis) ---------------------------
     def _start_snapshot(self, now: float) -> None:
@@ -909,12 +921,12 @@ def _timeouts_text(hb: dict[str, Any], sections: dict[str, Any]) -> str:
 
 
 def _read_from(path: str, offset: int) -> Optional[str]:
-    """What ``path`` holds past ``offset`` (None if it cannot be read)."""
+    """What ``path`` holds past ``offset`` (None if it cannot be read, whatever the error: one rank's file)."""
     try:
         with open(path, errors="replace") as handle:
             handle.seek(offset)
             return handle.read()
-    except OSError:
+    except (OSError, ValueError):
         return None
 
 
@@ -927,10 +939,22 @@ def _drain(sock: socket.socket) -> None:
 
 
 def _file_size(path: str) -> int:
+    """The size of one rank's dump file; 0 if it cannot be had, whatever the error (the monitor goes on)."""
     try:
         return os.path.getsize(path)
-    except OSError:
+    except (OSError, ValueError):
         return 0
+
+
+def _dump_path_problem(path: str, stacks: str) -> Optional[str]:
+    """Why ``path`` cannot be a rank's dump file (None if it can): an absolute file path in the job's ``stacks``."""
+    if "\0" in path:
+        return "it holds a NUL byte"
+    if not os.path.isabs(path):
+        return f"it must be an absolute path, a file directly inside {stacks}"
+    if os.path.normpath(path) != path or os.path.dirname(path) != stacks:
+        return f"it must be a file directly inside the job's stacks directory {stacks}"
+    return None
 
 
 def _remove_stale_socket(path: str) -> None:

@@ -247,6 +247,15 @@ class LauncherGroup:
                 rdzv.wait_ready()
         return nodes
 
+    def alive_now(self) -> list[str]:
+        """Processes of the launcher trees alive at this instant (call once the launchers have exited:
+        none of their job may be left then, not even for a moment)."""
+        for record in self.worker_records():
+            self.tracker.add(record["pid"])
+            if "child" in record:
+                self.tracker.add(record["child"])
+        return [f"{proc.pid} {proc.name()}" for proc in self.tracker.alive()]
+
     def worker_records(self, event: Optional[str] = None) -> list[dict[str, Any]]:
         records = read_events(self.record_path)[0]
         return [r for r in records if event is None or r.get("event") == event]

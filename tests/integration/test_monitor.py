@@ -435,3 +435,49 @@ def test_megatron_iteration_is_reported_with_heartbeats(start_monitor, ranks):
 def test_monitor_runs_as_a_batch_task_so_its_wakeups_never_preempt_ranks(start_monitor):
     monitor = start_monitor()
     assert os.sched_getscheduler(monitor.pid) == os.SCHED_BATCH
+
+
+def test_a_stalled_log_filesystem_delays_neither_the_kill_nor_the_record(tmp_path, ranks, monkeypatch):
+    # The copy of a hung rank's stack to the log directory (often a shared filesystem) must come after
+    # the kill. A stalled filesystem cannot be made here: the one thing mocked is keep_stack, which
+    # blocks until the test lets it go. The monitor, the rank, its dump and its kill are real.
+    import threading
+    import types
+
+    from ft_core import jobdir
+    from ft_core.monitor import RankMonitorServer
+
+    released = threading.Event()
+    real_keep_stack = jobdir.keep_stack
+
+    def stalled_keep_stack(*args, **kwargs):
+        released.wait(120)
+        return real_keep_stack(*args, **kwargs)
+
+    for module in ("ft_core.monitor.server", "ft_core.monitor.stack_copy"):
+        monkeypatch.setattr(f"{module}.keep_stack", stalled_keep_stack, raising=False)
+    stacks_dir = tmp_path / "logs" / "ft_stacks"
+    token = "t0ken-" + "y" * 8
+    cfg = FaultToleranceConfig.from_kwargs(rank_heartbeat_timeout=1.0, num_warmup_iterations=0)
+    server = RankMonitorServer(cfg, str(tmp_path / "job" / "monitor.sock"), token, stacks_dir=str(stacks_dir))
+    ready = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"ready_callback": ready.set}, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(30)
+        proc = ranks(types.SimpleNamespace(socket_path=server.socket_path, token=token), "heartbeat_gap")
+        assert _killed(proc)  # while the copy is still stalled
+        hang = wait_for_event(server.events_path, 10, event="hang_detected")
+        assert "hang_without_heartbeat" in hang["stack"]
+        assert hang["stack_dump_file"] == str(stacks_dir / f"cycle0_rank0_pid{proc.pid}.txt")
+        assert wait_for_event(server.events_path, 10, event="rank_terminated")["pid"] == proc.pid
+        assert not os.path.exists(hang["stack_dump_file"])
+        released.set()
+        wait_for(lambda: os.path.exists(hang["stack_dump_file"]), 30, "the stack copy once the filesystem answers")
+        with open(hang["stack_dump_file"]) as handle:
+            assert "hang_without_heartbeat" in handle.read()
+    finally:
+        released.set()
+        server.stop()
+        server.request_snapshot()  # wakes the loop, which sees the stop
+        thread.join(30)

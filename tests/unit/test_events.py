@@ -157,6 +157,8 @@ def test_event_names_are_plain_strings_in_the_json():
     (ev.RestartKind.CRASH, True), (ev.RestartKind.HANG, True), (ev.RestartKind.MONITOR, True),
     (ev.RestartKind.UNHEALTHY, True), (ev.RestartKind.EXCLUDED, False), (ev.RestartKind.SHUTDOWN, False),
     (ev.RestartKind.PEER, False), (ev.RestartKind.MEMBERSHIP, False),
+    # A straggler is slow, not broken: its restart spends no budget and is not "no progress".
+    (ev.RestartKind.STRAGGLER, False),
 ])
 def test_which_restart_kinds_are_faults(kind, fault):
     assert kind.is_fault is fault
