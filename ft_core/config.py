@@ -317,8 +317,9 @@ class FaultToleranceConfig:
     #: Install a ``sys.excepthook`` that logs and hard-exits the rank, so an
     #: unhandled exception cannot hang interpreter shutdown on live threads.
     install_exception_hook: bool = False
-    #: The first N ``step`` sections of each rank connection are not timed, and
-    #: not used to learn timeouts (compilation, allocator and data-loader warm-up).
+    #: The first N ``step`` sections of each rank connection are timed by a generous warm-up
+    #: budget instead of ``step`` (:func:`ft_core.timeouts.warmup_step_timeout`), and not used to
+    #: learn ``step`` (compilation, allocator and data-loader warm-up).
     num_warmup_iterations: int = 5
     #: Signal on which each rank's faulthandler dumps all stacks; None disables.
     stack_dump_signal: Optional[signal.Signals] = signal.SIGUSR2
@@ -539,7 +540,7 @@ _FIELD_HELP = {
     "log_level": "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case; also DBG, WARN) or a number",
     "skip_section_response": "one-way section messages (true/false)",
     "install_exception_hook": "hard-exit a rank on an unhandled exception (true/false)",
-    "num_warmup_iterations": "untimed 'step' sections at the start of each rank",
+    "num_warmup_iterations": "'step' sections at the start of each rank timed by the warm-up budget, not 'step'",
     "stack_dump_signal": "signal for faulthandler stack dumps, or none",
     "stack_dump_timeout": "seconds to wait for a hung rank's stack dump",
     "max_frame_bytes": "largest accepted IPC frame in bytes",

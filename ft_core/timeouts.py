@@ -50,6 +50,7 @@ __all__ = [
     "WarmupRule",
     "apply_calculated",
     "timeouts_from_state_dict",
+    "warmup_step_timeout",
     "timeouts_state_dict",
 ]
 
@@ -59,6 +60,8 @@ CURRENT_TIMEOUTS_KEY = "current_timeouts"
 STEP_SECTION = "step"
 #: When configured, its timeout (and learned value) covers ``step`` sections during warm-up.
 WARMUP_SECTION = "warmup"
+#: The start-up section: its timeout is a warm-up step's first fallback (see :func:`warmup_step_timeout`).
+SETUP_SECTION = "setup"
 #: Weight of the new value when merging with a previously calculated one (NVRx's).
 EMA_ALPHA = 0.5
 
@@ -277,11 +280,12 @@ class WarmupRule:
     Iterations are those the rank reports with its sections (``set_iteration``,
     Megatron's iteration counter), counted from the first one reported with a
     ``step``; a rank that reports none counts its ``step`` sections. During
-    warm-up a ``step`` is timed by the ``warmup`` section's timeout when that
-    section is configured, as in NVRx, and is otherwise untimed (a compiling
-    first step must not be killed; the heartbeat timeout still guards it).
-    The monitor times with this rule and the client learns with it, so a
-    warm-up step feeds the ``warmup`` value, never the ``step`` one.
+    warm-up a ``step`` is timed by :func:`warmup_step_timeout` (the ``warmup``
+    section's timeout when one is set, else a generous one derived from the
+    configuration: never by nothing, never by the learned ``step``). The
+    monitor times with this rule and the client learns with it, so a warm-up
+    step feeds the ``warmup`` value (when that section is tracked), never the
+    ``step`` one.
     """
 
     def __init__(self, num_warmup_iterations: int, sections: Container[str]) -> None:
@@ -310,6 +314,38 @@ class WarmupRule:
                 self._first_iteration = iteration
             index = iteration - self._first_iteration
         return self._warmup_section if self.covers(index, self.num_warmup_iterations) else name
+
+
+def warmup_step_timeout(sections: SectionTimeouts, initial_heartbeat: Optional[float],
+                        configured_step: Optional[float]) -> Optional[float]:
+    """The timeout of a ``step`` during warm-up: generous, but finite whenever anything is configured.
+
+    A warm-up step may compile, allocate and start data loaders, so the
+    (learned) ``step`` timeout would kill it; but while a section is open no
+    other section-mode timeout runs, so an untimed warm-up step that hangs
+    (the first all-reduce on a misconfigured network) would hang the job until
+    the scheduler kills it. The first of these that is set applies:
+
+    1. the ``warmup`` section's timeout (configured or learned, as in NVRx);
+    2. the larger of the ``setup`` and the out-of-section timeouts (what the
+       job allows for start-up and for untracked work; Megatron-LM's own warm-up
+       runs out of section);
+    3. ``initial_heartbeat``: the start-up budget, which warm-up is part of;
+    4. ``configured_step``: the ``step`` timeout as *configured* (a learned one
+       says nothing about compilation).
+
+    None only when none of them is set: then nothing in section mode is timed at all.
+
+    >>> warmup_step_timeout(SectionTimeouts({"step": 2.0}, 5.0), None, 2.0)
+    5.0
+    """
+    warmup = sections.section.get(WARMUP_SECTION)
+    if warmup is not None:
+        return warmup
+    budgets = [value for value in (sections.section.get(SETUP_SECTION), sections.out_of_section) if value is not None]
+    if budgets:
+        return max(budgets)
+    return initial_heartbeat if initial_heartbeat is not None else configured_step
 
 
 def _all_reduce_max(values: list[float]) -> list[float]:

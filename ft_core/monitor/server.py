@@ -101,7 +101,14 @@ from ft_core.protocol import (
 )
 from ft_core.ratelimit import LogThrottle
 from ft_core.straggler import MAX_PHASES_PER_RANK, PhaseWindows, check_phase_sample
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, WarmupRule, apply_calculated
+from ft_core.timeouts import (
+    STEP_SECTION,
+    HeartbeatTimeouts,
+    SectionTimeouts,
+    WarmupRule,
+    apply_calculated,
+    warmup_step_timeout,
+)
 
 __all__ = [
     "AWAKE_TICK", "HANDSHAKE_TIMEOUT", "LATE_THRESHOLD", "MAX_PENDING_HANDSHAKES", "OpenSection", "RankMonitorServer",
@@ -147,7 +154,8 @@ _PEERCRED = struct.Struct("3i")
 @dataclasses.dataclass
 class OpenSection:
     started: float
-    timed_as: Optional[str]  # the section whose timeout applies (WarmupRule); None: untimed warm-up step
+    #: A ``step`` in warm-up (WarmupRule): timed by :func:`~ft_core.timeouts.warmup_step_timeout`.
+    warmup: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,7 +216,8 @@ class WatchedRank:
     def section_start(self, name: str, now: float, iteration: Optional[int] = None) -> None:
         """Open ``name``; during warm-up a ``step`` is timed as :class:`~ft_core.timeouts.WarmupRule` says."""
         self.touch(now, iteration)
-        self.open_sections[name] = OpenSection(now, self.warmup.section_opened(name, iteration))
+        timed_as = self.warmup.section_opened(name, iteration)
+        self.open_sections[name] = OpenSection(now, warmup=name == STEP_SECTION and timed_as != STEP_SECTION)
         self.out_of_section_since = None
 
     def section_end(self, name: str, now: float) -> bool:
@@ -239,6 +248,9 @@ class WatchedRank:
             stalled_for=None if last is None else round(now - last, 3),
             stopped=self.pid > 0 and procutil.is_stopped(self.pid))
 
+    def _warmup_timeout(self) -> Optional[float]:
+        return warmup_step_timeout(self.sections, self.hb.initial, self.cfg.rank_section_timeouts.get(STEP_SECTION))
+
     def next_deadline(self) -> Optional[Expiry]:
         """The earliest deadline of this rank, or None when nothing is timed."""
         candidates = []
@@ -250,7 +262,7 @@ class WatchedRank:
             candidates.append(Expiry(self.last_activity + self.hb.subsequent, HangReason.HEARTBEAT, None,
                                      self.hb.subsequent, self.last_activity))
         for name, section in self.open_sections.items():
-            timeout = self.sections.section.get(section.timed_as) if section.timed_as is not None else None
+            timeout = self._warmup_timeout() if section.warmup else self.sections.section.get(name)
             if timeout is not None:
                 candidates.append(Expiry(section.started + timeout, HangReason.SECTION, name, timeout,
                                          section.started))
