@@ -88,10 +88,12 @@ from ft_core.timeouts import (
     CURRENT_TIMEOUTS_KEY,
     HeartbeatTimeouts,
     InvalidTimeoutsError,
+    JobLife,
     SectionTimeouts,
     TimeoutsCalc,
     TimeoutsNotReadyError,
     apply_calculated,
+    job_life_from_state_dict,
     timeouts_from_state_dict,
     timeouts_state_dict,
 )
@@ -161,6 +163,8 @@ class RankMonitorClient:
         self.cfg: Optional[FaultToleranceConfig] = None
         self.hb_timeouts: Optional[HeartbeatTimeouts] = None
         self.section_timeouts: Optional[SectionTimeouts] = None
+        #: The job-life maxima (loaded, then updated by every calculation): no calculation goes below them.
+        self.job_life = JobLife()
         self.is_initialized = False
         self.rank: Optional[int] = None
         self._loaded_state: Optional[dict[str, Any]] = None
@@ -273,7 +277,8 @@ class RankMonitorClient:
         self._loaded_state = None
         self._tracked = frozenset(self.section_timeouts.section)
         calc = TimeoutsCalc(self.cfg.safety_factor, num_warmup_iterations=self.cfg.num_warmup_iterations,
-                            min_timeout=self.cfg.min_calculated_timeout, sections=self._tracked)
+                            min_timeout=self.cfg.min_calculated_timeout, sections=self._tracked,
+                            job_life=self.job_life)
         self._hb_last, self._hb_max_gap = calc.start_time, -1.0
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
         sock.setblocking(False)
@@ -475,15 +480,16 @@ class RankMonitorClient:
         """NVRx's ``{"current_timeouts": {...}}``: JSON-safe, identical on all ranks after a calculation.
 
         Holds only what was calculated: ``{"current_timeouts": {}}`` until then,
-        ``"heartbeat"`` and ``"section"`` once they were. Before init, what
-        :meth:`load_state_dict` loaded.
+        ``"heartbeat"`` and ``"section"`` once they were, with ``"job_life"``: the largest
+        interval of each phase the job observed over its life (:class:`~ft_core.timeouts.JobLife`),
+        which no later calculation goes below. Before init, what :meth:`load_state_dict` loaded.
         """
         if not self.is_initialized and self._loaded_state is not None:
             return copy.deepcopy(self._loaded_state)
-        return timeouts_state_dict(self.hb_timeouts, self.section_timeouts)
+        return timeouts_state_dict(self.hb_timeouts, self.section_timeouts, self.job_life)
 
     def _calculated_state(self) -> Optional[dict[str, Any]]:
-        state = timeouts_state_dict(self.hb_timeouts, self.section_timeouts)
+        state = timeouts_state_dict(self.hb_timeouts, self.section_timeouts, self.job_life)
         return state if state[CURRENT_TIMEOUTS_KEY] else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -502,9 +508,12 @@ class RankMonitorClient:
             return
         try:
             hb, sections = timeouts_from_state_dict(state)
+            job_life = job_life_from_state_dict(state)
         except InvalidTimeoutsError as exc:
             raise RankMonitorClientError(f"load_state_dict: {exc}; nothing was loaded") from None
-        loaded = timeouts_state_dict(hb, sections)
+        # By maximum, in place (a live TimeoutsCalc holds it): what the job has seen is never forgotten.
+        self.job_life.merge(job_life)
+        loaded = timeouts_state_dict(hb, sections, self.job_life)
         if not self.is_initialized:
             # Partial states accumulate until init, as NVRx's loaded heartbeat/section timeouts do.
             previous = self._loaded_state[CURRENT_TIMEOUTS_KEY] if self._loaded_state else {}

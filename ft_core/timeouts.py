@@ -16,11 +16,18 @@ with a previously *calculated* one as NVRx does, by an exponential average
   merge never yields a deadline the run has already needed once. The floor is
   the observation itself, not scaled: with a safety factor >= 2 the average is
   always above it, so it only binds for smaller factors or for values loaded
-  after the interval was observed.
+  after the interval was observed; and
+* ``safety_factor ×`` the largest interval the *job* has observed for that
+  phase over its whole life (:class:`JobLife`, carried in the state dict), so
+  a resume that saw only short intervals cannot halve a timeout the job's
+  earlier runs needed: learned timeouts never shrink below that floor across
+  resumes, requeues and restarts.
 
 The state dict has NVRx's exact shape: ``{"current_timeouts": {}}`` until
 something was calculated, ``"heartbeat"`` once heartbeat timeouts were, and
-``"section"`` once a section or the out-of-section timeout was. Every value
+``"section"`` once a section or the out-of-section timeout was, and
+``"job_life"`` (the job-life maxima; NVRx ignores keys it does not know, and
+a state dict without it loads with no floor from history). Every value
 crossing this boundary is validated (``InvalidTimeoutsError`` names the key,
 the value and what is allowed): a string, NaN, infinity or a value <= 0 would
 otherwise crash the monitor, silently disable detection or kill at connect.
@@ -44,11 +51,15 @@ __all__ = [
     "WARMUP_SECTION",
     "HeartbeatTimeouts",
     "InvalidTimeoutsError",
+    "JOB_LIFE_KEY",
+    "JobLife",
+    "PhaseHistory",
     "SectionTimeouts",
     "TimeoutsCalc",
     "TimeoutsNotReadyError",
     "WarmupRule",
     "apply_calculated",
+    "job_life_from_state_dict",
     "timeouts_from_state_dict",
     "warmup_step_timeout",
     "timeouts_state_dict",
@@ -56,6 +67,8 @@ __all__ = [
 
 #: The one key of a client state dict (NVRx's ``RankMonitorClient.CURRENT_TIMEOUTS_STATE_KEY``).
 CURRENT_TIMEOUTS_KEY = "current_timeouts"
+#: The key of ``current_timeouts`` that holds the job-life maxima (:class:`JobLife`).
+JOB_LIFE_KEY = "job_life"
 #: The training-step section that warm-up applies to.
 STEP_SECTION = "step"
 #: When configured, its timeout (and learned value) covers ``step`` sections during warm-up.
@@ -219,21 +232,119 @@ class SectionTimeouts:
             raise exc.moved(cls.__name__, where) from None
 
 
-def timeouts_state_dict(hb: Optional[HeartbeatTimeouts], sections: Optional[SectionTimeouts]) -> dict[str, Any]:
-    """NVRx's ``{"current_timeouts": {...}}``: only the parts that were calculated; JSON-safe."""
+@dataclasses.dataclass(frozen=True)
+class PhaseHistory:
+    """One timed phase over the job's life: the largest interval observed, and how many runs observed it."""
+
+    max: float
+    runs: int
+
+
+class JobLife:
+    """Per timed phase, the largest interval the job observed over its whole life (see the module docstring).
+
+    Phases are named ``heartbeat.initial`` (start-up: connect to the first
+    heartbeat), ``heartbeat.subsequent`` (the heartbeat interval),
+    ``section.<name>`` and ``out_of_section``. Held by the rank's client,
+    updated by every calculation (:meth:`TimeoutsCalc._merged`), carried in the
+    state dict under :data:`JOB_LIFE_KEY` and merged by maximum when loaded, so
+    it only ever grows. ``runs`` counts the runs (connections) that contributed.
+
+    >>> life = JobLife()
+    >>> life.observe("section.step", 2.0, new_run=True); life.observe("section.step", 1.0, new_run=True)
+    >>> life.floor("section.step"), life.to_dict()
+    (2.0, {'section.step': {'max': 2.0, 'runs': 2}})
+    """
+
+    def __init__(self, phases: Optional[Mapping[str, PhaseHistory]] = None) -> None:
+        self.phases: dict[str, PhaseHistory] = dict(phases or {})
+
+    def __bool__(self) -> bool:
+        return bool(self.phases)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobLife) and other.phases == self.phases
+
+    def __repr__(self) -> str:
+        return f"JobLife({self.phases!r})"
+
+    def floor(self, phase: str) -> float:
+        """The largest interval of ``phase`` the job observed (0 when it never did)."""
+        record = self.phases.get(phase)
+        return record.max if record is not None else 0.0
+
+    def observe(self, phase: str, seconds: float, new_run: bool) -> None:
+        """``seconds`` of ``phase`` were observed; ``new_run``: the first observation of it in this run."""
+        record = self.phases.get(phase)
+        if record is None:
+            self.phases[phase] = PhaseHistory(seconds, 1)
+        else:
+            self.phases[phase] = PhaseHistory(max(record.max, seconds), record.runs + int(new_run))
+
+    def merge(self, other: JobLife) -> None:
+        """Take in ``other`` (e.g. a loaded checkpoint's) by maximum: nothing the job saw is forgotten."""
+        for phase, theirs in other.phases.items():
+            ours = self.phases.get(phase)
+            self.phases[phase] = theirs if ours is None else PhaseHistory(max(ours.max, theirs.max),
+                                                                          max(ours.runs, theirs.runs))
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {phase: {"max": record.max, "runs": record.runs} for phase, record in sorted(self.phases.items())}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = JOB_LIFE_KEY) -> JobLife:
+        """Read :meth:`to_dict`'s form, validated; errors are keyed by ``where``."""
+        if not isinstance(data, Mapping):
+            raise InvalidTimeoutsError(where, data, "a mapping of phase name to {'max': seconds, 'runs': count}")
+        phases: dict[str, PhaseHistory] = {}
+        for phase, record in data.items():
+            key = f"{where}.{phase}"
+            if not isinstance(phase, str) or not phase:
+                raise InvalidTimeoutsError(where, phase, "phase names are non-empty strings")
+            values = _mapping(key, record, ("max", "runs"))
+            runs = values.get("runs")
+            if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+                raise InvalidTimeoutsError(f"{key}.runs", runs, "an integer >= 1")
+            seconds = _timeout(f"{key}.max", values.get("max"), calculated=True)
+            assert seconds is not None
+            phases[phase] = PhaseHistory(seconds, runs)
+        return cls(phases)
+
+
+def timeouts_state_dict(hb: Optional[HeartbeatTimeouts], sections: Optional[SectionTimeouts],
+                        job_life: Optional[JobLife] = None) -> dict[str, Any]:
+    """NVRx's ``{"current_timeouts": {...}}``: only the parts that were calculated; JSON-safe.
+
+    ``job_life`` is added under :data:`JOB_LIFE_KEY` when it holds anything.
+    """
     current: dict[str, Any] = {}
     if hb is not None and hb.were_calculated and hb.subsequent is not None:
         current["heartbeat"] = hb.to_dict()
     if sections is not None and (sections.calculated_sections or sections.is_out_of_section_calculated):
         current["section"] = sections.to_dict()
+    if job_life:
+        current[JOB_LIFE_KEY] = job_life.to_dict()
     return {CURRENT_TIMEOUTS_KEY: current}
+
+
+def job_life_from_state_dict(state: Any) -> JobLife:
+    """The job-life maxima of a state dict, validated; empty when it has none (NVRx's, older ones).
+
+    Raises :class:`InvalidTimeoutsError` for a malformed one. Call after
+    :func:`timeouts_from_state_dict`, which checks the state dict's shape.
+    """
+    current = state[CURRENT_TIMEOUTS_KEY]
+    if JOB_LIFE_KEY not in current:
+        return JobLife()
+    return JobLife.from_dict(current[JOB_LIFE_KEY], f"{CURRENT_TIMEOUTS_KEY}.{JOB_LIFE_KEY}")
 
 
 def timeouts_from_state_dict(state: Any) -> tuple[Optional[HeartbeatTimeouts], Optional[SectionTimeouts]]:
     """Parse and validate a state dict; ``None`` for a part it does not carry.
 
     Raises :class:`InvalidTimeoutsError` (a ``ValueError``). Keys of
-    ``current_timeouts`` other than ``heartbeat`` and ``section`` are ignored, as NVRx does.
+    ``current_timeouts`` other than ``heartbeat`` and ``section`` are ignored, as NVRx does
+    (:func:`job_life_from_state_dict` reads ``job_life``).
     """
     if not isinstance(state, Mapping) or CURRENT_TIMEOUTS_KEY not in state:
         shown = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
@@ -391,8 +502,12 @@ class TimeoutsCalc:
         num_warmup_iterations: int = 0,
         min_timeout: float = 0.0,
         sections: Container[str] = (),
+        job_life: Optional[JobLife] = None,
     ) -> None:
         self.safety_factor = safety_factor
+        #: The job-life maxima: floors every calculation, and is updated by it (in place: the client's).
+        self.job_life = job_life if job_life is not None else JobLife()
+        self._contributed: set[str] = set()  # phases this run (this calculator) already added to job_life
         self.min_timeout = min_timeout
         self.start_time = time.monotonic() if start_time is None else start_time
         self.warmup = WarmupRule(num_warmup_iterations, sections)
@@ -436,12 +551,17 @@ class TimeoutsCalc:
             self.max_out_of_section = gap if self.max_out_of_section is None else max(self.max_out_of_section, gap)
 
     # -- calculation ------------------------------------------------------
-    def _merged(self, previous: Optional[float], was_calculated: bool, observed: float) -> float:
-        """The merge rule (see the module docstring): NVRx's average, floored so it cannot kill falsely."""
+    def _merged(self, phase: str, previous: Optional[float], was_calculated: bool, observed: float) -> float:
+        """The merge rule (see the module docstring): NVRx's average, floored so it cannot kill falsely.
+
+        Records ``observed`` in :attr:`job_life` under ``phase`` first, so the floor holds it too.
+        """
+        self.job_life.observe(phase, observed, new_run=phase not in self._contributed)
+        self._contributed.add(phase)
         new = max(observed * self.safety_factor, self.min_timeout)
         if was_calculated and previous is not None:
             new = EMA_ALPHA * new + (1.0 - EMA_ALPHA) * previous
-        return max(new, observed, self.min_timeout)
+        return max(new, observed, self.min_timeout, self.safety_factor * self.job_life.floor(phase))
 
     def calculate_hb_timeouts(
         self, current: HeartbeatTimeouts, skip_if_not_ready: bool = False, calc_initial: bool = True
@@ -461,9 +581,9 @@ class TimeoutsCalc:
                 "(pass skip_if_not_ready=True to skip instead)"
             )
         return HeartbeatTimeouts(
-            initial=self._merged(current.initial, current.were_calculated, initial) if calc_initial
-            else current.initial,
-            subsequent=self._merged(current.subsequent, current.were_calculated, subsequent),
+            initial=self._merged("heartbeat.initial", current.initial, current.were_calculated, initial)
+            if calc_initial else current.initial,
+            subsequent=self._merged("heartbeat.subsequent", current.subsequent, current.were_calculated, subsequent),
             were_calculated=True,
         )
 
@@ -498,11 +618,11 @@ class TimeoutsCalc:
         calculated = set(current.calculated_sections)
         for name, observed in zip(names, synced):
             if observed is not None:
-                section[name] = self._merged(section.get(name), name in calculated, observed)
+                section[name] = self._merged(f"section.{name}", section.get(name), name in calculated, observed)
                 calculated.add(name)
         out_of_section, oos_calculated = current.out_of_section, current.is_out_of_section_calculated
         if calc_out_of_section and synced[-1] is not None:
-            out_of_section = self._merged(out_of_section, oos_calculated, synced[-1])
+            out_of_section = self._merged("out_of_section", out_of_section, oos_calculated, synced[-1])
             oos_calculated = True
         if len(missing) == len(names) + int(calc_out_of_section):
             return None
