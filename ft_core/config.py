@@ -375,6 +375,16 @@ class FaultToleranceConfig:
         """The fields that were set (given to the constructor or a loader), not left at their defaults."""
         return self._explicit_keys
 
+    def replace(self, **changes: Any) -> FaultToleranceConfig:
+        """A copy with ``changes`` (validated), which become explicit; the other keys keep their status.
+
+        Use it instead of ``dataclasses.replace``: that re-runs the constructor with every field,
+        which would mark every key as set at launch, so every rank's fallback value would be ignored.
+        """
+        copy = dataclasses.replace(self, **changes)
+        copy._explicit_keys = self._explicit_keys | frozenset(changes)
+        return copy
+
     @property
     def is_progress_tracking_enabled(self) -> bool:
         """Whether ft_launcher applies the no-progress rule (``max_no_progress_cycles > 0``), as in NVRx."""

@@ -771,7 +771,7 @@ class RankMonitorServer:
             cfg = (with_fallback(self.cfg, msg.fallback_config, self.cfg.explicit_keys)
                    if msg.fallback_config else self.cfg)
             if msg.num_warmup_iters is not None:  # NVRx: the rank's value wins (validated by the config)
-                cfg = dataclasses.replace(cfg, num_warmup_iterations=msg.num_warmup_iters)
+                cfg = cfg.replace(num_warmup_iterations=msg.num_warmup_iters)
         except ValueError as exc:
             self._refuse(conn, f"invalid config request from rank {msg.rank}: {exc}")
         hb = HeartbeatTimeouts(cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout)
