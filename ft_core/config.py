@@ -225,6 +225,15 @@ def _score_threshold(name: str, value: Any) -> float:
     return threshold
 
 
+def _cap_or_none(name: str, value: Any) -> Optional[float]:
+    """A factor >= 1 (how many times its timeout a section may run while its rank moves bytes), or none."""
+    if is_none_word(value):
+        return None
+    cap: float = convert(name, value, Annotated[float, msgspec.Meta(ge=1, le=1e6)],
+                         "a factor from 1 to 1e6 (times the section's timeout), or none", coerce=True)
+    return cap
+
+
 def _port_or_none(name: str, value: Any) -> Optional[int]:
     """A TCP port (0: any free one), or None/"none" for no endpoint."""
     if is_none_word(value):
@@ -260,6 +269,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "straggler_window": _count(1, 100_000),
     "straggler_action": functools.partial(enum_member, enum_type=StragglerAction, coerce=True),
     "metrics_port": _port_or_none,
+    "io_progress_cap": _cap_or_none,
 }
 
 #: Keys of NVRx's ``FaultToleranceConfig`` (releases 0.3 to 0.6 and its main branch) that this
@@ -347,6 +357,10 @@ class FaultToleranceConfig:
     straggler_action: StragglerAction = StragglerAction.REPORT
     #: Port of the launcher's Prometheus endpoint (0: a free port, logged); None: no endpoint.
     metrics_port: Optional[int] = None
+    #: A rank past a section deadline whose I/O counters (``/proc/<pid>/io``) advance is moving bytes
+    #: (a save on slow storage), not hung: its deadline is extended while they advance, up to this many
+    #: times the section's timeout in total. None: no extension.
+    io_progress_cap: Optional[float] = 3.0
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FaultToleranceConfig:
         # The generated __init__ cannot tell a value that was given from a default that equals
@@ -568,6 +582,8 @@ _FIELD_HELP = {
     "straggler_action": "what to do about a straggler: report, restart (the cycle) or exclude-node",
     "metrics_port": "port of the launcher's Prometheus endpoint (0: any free port, logged), or none "
                     "(needs the 'metrics' extra: prometheus-client)",
+    "io_progress_cap": "a section whose rank is moving bytes (/proc/<pid>/io) may run up to this many times its "
+                       "timeout; none: never extended",
 }
 
 

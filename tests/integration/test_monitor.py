@@ -172,6 +172,31 @@ def test_a_slow_healthy_warmup_step_is_not_killed_in_sections_mode(start_monitor
     assert not [e for e in monitor.events() if e["event"] == "hang_detected"]
 
 
+# -- slow storage: a section whose rank moves bytes is extended, up to a cap -------------------------------
+
+
+def test_slow_storage_extends_a_save_up_to_the_cap_and_hangs_are_still_caught(start_monitor, ranks, tmp_path):
+    # checkpointing 1 s, the default cap (3x). Three saves at once: a slow writer that ends after 2 s
+    # (past its timeout, under the cap), a save hung with no I/O, and a writer that never ends.
+    monitor = start_monitor(initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
+                            rank_section_timeouts="checkpointing:1.0")
+    slow, hung, endless = (
+        ranks(monitor, "save", rank=rank, extra=["--beats", "0", "--write-to", str(tmp_path / f"ckpt{rank}"),
+                                                 "--write-seconds", seconds])
+        for rank, seconds in ((0, "2.0"), (1, "0"), (2, "-1")))
+    assert slow.wait(timeout=60) == 0, slow.stderr.read()
+    assert _killed(hung) and _killed(endless)
+    events = monitor.events()
+    hangs = {e["rank"]: e for e in events if e["event"] == "hang_detected"}
+    assert sorted(hangs) == [1, 2]
+    assert hangs[1]["elapsed"] < 2.0  # no I/O: at its timeout, as before
+    assert 3.0 <= hangs[2]["elapsed"] < 4.5  # moving bytes: at the cap, 3 x 1 s
+    assert all((h["reason"], h["section"], h["timeout"]) == ("section", "checkpointing", 1.0) for h in hangs.values())
+    extended = [e for e in events if e["event"] == "deadline_extended"]
+    assert sorted(e["rank"] for e in extended) == [0, 2]  # one event per save, none for the hung one
+    assert all(e["section"] == "checkpointing" and e["bytes"] > 0 and e["cap"] == 3.0 for e in extended)
+
+
 def test_out_of_section_timeout_kills(start_monitor, ranks):
     monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:none",
                             rank_out_of_section_timeout=1.0)

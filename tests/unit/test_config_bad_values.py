@@ -155,6 +155,10 @@ BAD_VALUES = [
     ("metrics_port", "range", 65536, "an integer from 0 to 65535"),
     ("metrics_port", "empty", "", "an integer from 0 to 65535"),
     ("metrics_port", "non-finite", INF, "an integer from 0 to 65535"),
+    ("io_progress_cap", "type", "lots", "a factor from 1 to 1e6"),
+    ("io_progress_cap", "range", 0.5, "a factor from 1 to 1e6"),
+    ("io_progress_cap", "empty", "", "a factor from 1 to 1e6"),
+    ("io_progress_cap", "non-finite", INF, "a factor from 1 to 1e6"),
 ]
 KINDS = ("type", "range", "empty", "non-finite")
 
