@@ -270,6 +270,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "straggler_action": functools.partial(enum_member, enum_type=StragglerAction, coerce=True),
     "metrics_port": _port_or_none,
     "io_progress_cap": _cap_or_none,
+    "compile_timeout": _seconds(allow_none=True),
 }
 
 #: Keys of NVRx's ``FaultToleranceConfig`` (releases 0.3 to 0.6 and its main branch) that this
@@ -361,6 +362,10 @@ class FaultToleranceConfig:
     #: (a save on slow storage), not hung: its deadline is extended while they advance, up to this many
     #: times the section's timeout in total. None: no extension.
     io_progress_cap: Optional[float] = 3.0
+    #: Seconds one torch.compile (re)compilation may take on a rank. Ranks open a ``compile`` section
+    #: while dynamo compiles (:mod:`ft_core.compile_phase`); meanwhile every other deadline of the rank
+    #: is paused, so a recompile after learning is not a hung step. None: compilation is not tracked.
+    compile_timeout: Optional[float] = 1800.0
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FaultToleranceConfig:
         # The generated __init__ cannot tell a value that was given from a default that equals
@@ -584,6 +589,8 @@ _FIELD_HELP = {
                     "(needs the 'metrics' extra: prometheus-client)",
     "io_progress_cap": "a section whose rank is moving bytes (/proc/<pid>/io) may run up to this many times its "
                        "timeout; none: never extended",
+    "compile_timeout": "seconds one torch.compile (re)compilation may take (other deadlines pause meanwhile), "
+                       "or none (not tracked)",
 }
 
 
@@ -737,7 +744,7 @@ def _find_section(node: Any, key: str = "fault_tolerance") -> Optional[Mapping[A
 FALLBACK_FIELDS = (
     "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "rank_section_timeouts",
     "rank_out_of_section_timeout", "safety_factor", "min_calculated_timeout", "num_warmup_iterations",
-    "skip_section_response",
+    "skip_section_response", "compile_timeout",
 )
 
 

@@ -45,6 +45,7 @@ from collections.abc import Collection, Container, Iterable, Mapping
 from typing import Any, Optional
 
 __all__ = [
+    "COMPILE_SECTION",
     "CURRENT_TIMEOUTS_KEY",
     "EMA_ALPHA",
     "STEP_SECTION",
@@ -73,6 +74,9 @@ JOB_LIFE_KEY = "job_life"
 STEP_SECTION = "step"
 #: When configured, its timeout (and learned value) covers ``step`` sections during warm-up.
 WARMUP_SECTION = "warmup"
+#: The section the client opens while torch.compile compiles (see :mod:`ft_core.compile_phase`): timed by
+#: ``compile_timeout``; while it is open every other deadline of the rank is paused.
+COMPILE_SECTION = "compile"
 #: The start-up section: its timeout is a warm-up step's first fallback (see :func:`warmup_step_timeout`).
 SETUP_SECTION = "setup"
 #: Weight of the new value when merging with a previously calculated one (NVRx's).
@@ -539,6 +543,9 @@ class TimeoutsCalc:
     def update_on_section_end(self, name: str, now: Optional[float] = None) -> None:
         now = time.monotonic() if now is None else now
         started, learned_as = self._open.pop(name, (None, None))
+        if name == COMPILE_SECTION and started is not None:
+            # Compilation is its own phase: the sections it ran inside do not learn its time.
+            self._open = {other: (since + now - started, learned) for other, (since, learned) in self._open.items()}
         if started is not None and learned_as is not None:
             self.section_max[learned_as] = max(self.section_max.get(learned_as, 0.0), now - started)
         if not self._open:

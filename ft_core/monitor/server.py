@@ -103,6 +103,7 @@ from ft_core.protocol import (
 from ft_core.ratelimit import LogThrottle
 from ft_core.straggler import MAX_PHASES_PER_RANK, PhaseWindows, check_phase_sample
 from ft_core.timeouts import (
+    COMPILE_SECTION,
     STEP_SECTION,
     HeartbeatTimeouts,
     SectionTimeouts,
@@ -230,10 +231,18 @@ class WatchedRank:
         self.out_of_section_since = None
 
     def section_end(self, name: str, now: float) -> bool:
-        """Close ``name``; False if it was not open. Out-of-section time starts when none is left open."""
+        """Close ``name``; False if it was not open. Out-of-section time starts when none is left open.
+
+        Closing ``compile`` resumes the sections it paused: their clocks skip the compilation.
+        """
         self.touch(now)
         section = self.open_sections.pop(name, None)
         was_open = section is not None
+        if section is not None and name == COMPILE_SECTION:
+            for other in self.open_sections.values():
+                other.started += now - section.started
+                if other.extended_to is not None:
+                    other.extended_to += now - section.started
         if section is not None and name == "step":
             self.steps += 1
             self.last_step_seconds = now - section.started
@@ -261,7 +270,16 @@ class WatchedRank:
         return warmup_step_timeout(self.sections, self.hb.initial, self.cfg.rank_section_timeouts.get(STEP_SECTION))
 
     def next_deadline(self) -> Optional[Expiry]:
-        """The earliest deadline of this rank, or None when nothing is timed."""
+        """The earliest deadline of this rank, or None when nothing is timed.
+
+        While torch.compile compiles (``compile`` is open) only ``compile_timeout`` runs: a
+        recompile is not a slow step, nor a missing heartbeat.
+        """
+        compiling = self.open_sections.get(COMPILE_SECTION)
+        if compiling is not None:
+            limit = self.cfg.compile_timeout
+            return None if limit is None else Expiry(compiling.started + limit, HangReason.SECTION, COMPILE_SECTION,
+                                                     limit, compiling.started)
         candidates = []
         if self.first_activity is None:
             if self.hb.initial is not None:

@@ -159,6 +159,10 @@ BAD_VALUES = [
     ("io_progress_cap", "range", 0.5, "a factor from 1 to 1e6"),
     ("io_progress_cap", "empty", "", "a factor from 1 to 1e6"),
     ("io_progress_cap", "non-finite", INF, "a factor from 1 to 1e6"),
+    ("compile_timeout", "type", "slow", SECONDS + " or none/null"),
+    ("compile_timeout", "range", -1, SECONDS + " or none/null"),
+    ("compile_timeout", "empty", "", SECONDS + " or none/null"),
+    ("compile_timeout", "non-finite", INF, SECONDS + " or none/null"),
 ]
 KINDS = ("type", "range", "empty", "non-finite")
 

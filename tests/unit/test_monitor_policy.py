@@ -128,6 +128,16 @@ def test_out_of_section_time_counts_from_the_connection_and_from_the_last_closed
     assert expiry_of(rank) == (T0 + 12, HangReason.OUT_OF_SECTION, None, 3, T0 + 9)
 
 
+def test_while_compiling_only_the_compile_timeout_runs_and_the_step_resumes_without_the_compile_time():
+    rank = watched(subsequent=5, sections={"step": 2})
+    rank.cfg.compile_timeout = 30.0
+    rank.section_start("step", T0)
+    rank.section_start("compile", T0 + 1)  # a recompile inside the step: 20 s, far past step and heartbeat
+    assert expiry_of(rank) == (T0 + 31, HangReason.SECTION, "compile", 30.0, T0 + 1)
+    rank.section_end("compile", T0 + 21)
+    assert expiry_of(rank) == (T0 + 22, HangReason.SECTION, "step", 2, T0 + 20)  # 1 s of the step was used
+
+
 def test_closing_a_section_that_was_not_open_is_reported_and_harmless():
     rank = watched(sections={"step": 5})
     assert rank.section_end("step", T0 + 1) is False

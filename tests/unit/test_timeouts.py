@@ -260,3 +260,12 @@ def test_a_malformed_job_life_is_refused_naming_the_key(job_life, key):
     with pytest.raises(InvalidTimeoutsError) as info:
         job_life_from_state_dict({"current_timeouts": {"job_life": job_life}})
     assert info.value.key == key
+
+
+def test_compile_time_is_not_learned_as_the_step_it_ran_in():
+    calc = _calc()
+    calc.update_on_section_start("step", now=0.0)
+    calc.update_on_section_start("compile", now=0.1)
+    calc.update_on_section_end("compile", now=10.1)  # a 10 s recompile
+    calc.update_on_section_end("step", now=0.5 + 10.0)
+    assert calc.section_max["step"] == pytest.approx(0.5)
