@@ -231,6 +231,15 @@ def _min_phase_seconds(name: str, value: Any) -> float:
     return seconds
 
 
+def _cap_or_none(name: str, value: Any) -> Optional[float]:
+    """A factor >= 1 (how many times its timeout a section may run while its rank moves bytes), or none."""
+    if is_none_word(value):
+        return None
+    cap: float = convert(name, value, Annotated[float, msgspec.Meta(ge=1, le=1e6)],
+                         "a factor from 1 to 1e6 (times the section's timeout), or none", coerce=True)
+    return cap
+
+
 def _port_or_none(name: str, value: Any) -> Optional[int]:
     """A TCP port (0: any free one), or None/"none" for no endpoint."""
     if is_none_word(value):
@@ -267,6 +276,8 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "straggler_min_phase_seconds": _min_phase_seconds,
     "straggler_action": functools.partial(enum_member, enum_type=StragglerAction, coerce=True),
     "metrics_port": _port_or_none,
+    "io_progress_cap": _cap_or_none,
+    "compile_timeout": _seconds(allow_none=True),
 }
 
 #: Keys of NVRx's ``FaultToleranceConfig`` (releases 0.3 to 0.6 and its main branch) that this
@@ -324,8 +335,9 @@ class FaultToleranceConfig:
     #: Install a ``sys.excepthook`` that logs and hard-exits the rank, so an
     #: unhandled exception cannot hang interpreter shutdown on live threads.
     install_exception_hook: bool = False
-    #: The first N ``step`` sections of each rank connection are not timed, and
-    #: not used to learn timeouts (compilation, allocator and data-loader warm-up).
+    #: The first N ``step`` sections of each rank connection are timed by a generous warm-up
+    #: budget instead of ``step`` (:func:`ft_core.timeouts.warmup_step_timeout`), and not used to
+    #: learn ``step`` (compilation, allocator and data-loader warm-up).
     num_warmup_iterations: int = 5
     #: Signal on which each rank's faulthandler dumps all stacks; None disables.
     stack_dump_signal: Optional[signal.Signals] = signal.SIGUSR2
@@ -356,6 +368,14 @@ class FaultToleranceConfig:
     straggler_action: StragglerAction = StragglerAction.REPORT
     #: Port of the launcher's Prometheus endpoint (0: a free port, logged); None: no endpoint.
     metrics_port: Optional[int] = None
+    #: A rank past a section deadline whose I/O counters (``/proc/<pid>/io``) advance is moving bytes
+    #: (a save on slow storage), not hung: its deadline is extended while they advance, up to this many
+    #: times the section's timeout in total. None: no extension.
+    io_progress_cap: Optional[float] = 3.0
+    #: Seconds one torch.compile (re)compilation may take on a rank. Ranks open a ``compile`` section
+    #: while dynamo compiles (:mod:`ft_core.compile_phase`); meanwhile every other deadline of the rank
+    #: is paused, so a recompile after learning is not a hung step. None: compilation is not tracked.
+    compile_timeout: Optional[float] = 1800.0
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FaultToleranceConfig:
         # The generated __init__ cannot tell a value that was given from a default that equals
@@ -383,6 +403,16 @@ class FaultToleranceConfig:
     def explicit_keys(self) -> frozenset[str]:
         """The fields that were set (given to the constructor or a loader), not left at their defaults."""
         return self._explicit_keys
+
+    def replace(self, **changes: Any) -> FaultToleranceConfig:
+        """A copy with ``changes`` (validated), which become explicit; the other keys keep their status.
+
+        Use it instead of ``dataclasses.replace``: that re-runs the constructor with every field,
+        which would mark every key as set at launch, so every rank's fallback value would be ignored.
+        """
+        copy = dataclasses.replace(self, **changes)
+        copy._explicit_keys = self._explicit_keys | frozenset(changes)
+        return copy
 
     @property
     def is_progress_tracking_enabled(self) -> bool:
@@ -549,7 +579,7 @@ _FIELD_HELP = {
     "log_level": "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case; also DBG, WARN) or a number",
     "skip_section_response": "one-way section messages (true/false)",
     "install_exception_hook": "hard-exit a rank on an unhandled exception (true/false)",
-    "num_warmup_iterations": "untimed 'step' sections at the start of each rank",
+    "num_warmup_iterations": "'step' sections at the start of each rank timed by the warm-up budget, not 'step'",
     "stack_dump_signal": "signal for faulthandler stack dumps, or none",
     "stack_dump_timeout": "seconds to wait for a hung rank's stack dump",
     "max_frame_bytes": "largest accepted IPC frame in bytes",
@@ -569,6 +599,10 @@ _FIELD_HELP = {
     "straggler_action": "what to do about a straggler: report, restart (the cycle) or exclude-node",
     "metrics_port": "port of the launcher's Prometheus endpoint (0: any free port, logged), or none "
                     "(needs the 'metrics' extra: prometheus-client)",
+    "io_progress_cap": "a section whose rank is moving bytes (/proc/<pid>/io) may run up to this many times its "
+                       "timeout; none: never extended",
+    "compile_timeout": "seconds one torch.compile (re)compilation may take (other deadlines pause meanwhile), "
+                       "or none (not tracked)",
 }
 
 
@@ -722,7 +756,7 @@ def _find_section(node: Any, key: str = "fault_tolerance") -> Optional[Mapping[A
 FALLBACK_FIELDS = (
     "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "rank_section_timeouts",
     "rank_out_of_section_timeout", "safety_factor", "min_calculated_timeout", "num_warmup_iterations",
-    "skip_section_response",
+    "skip_section_response", "compile_timeout",
 )
 
 

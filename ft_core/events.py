@@ -51,6 +51,7 @@ __all__ = [
     "MonitorConnectionRejected",
     "MonitorDied",
     "MonitorLate",
+    "DeadlineExtended",
     "MonitorStarted",
     "PhaseMedians",
     "Progress",
@@ -88,6 +89,7 @@ class EventName(str, enum.Enum):
     TIMEOUTS_UPDATED = "timeouts_updated"
     CONNECTION_REJECTED = "connection_rejected"
     MONITOR_LATE = "monitor_late"
+    DEADLINE_EXTENDED = "deadline_extended"
     RANKS_SNAPSHOT = "ranks_snapshot"
     PHASE_MEDIANS = "phase_medians"  # read by the launcher only (straggler detection)
     # written by the launcher
@@ -270,6 +272,21 @@ class MonitorLate(Event, frozen=True, tag=EventName.MONITOR_LATE.value):
     ranks: list[int]  # the ranks with a running deadline, which the grace moved
 
 
+class DeadlineExtended(Event, frozen=True, tag=EventName.DEADLINE_EXTENDED.value):
+    """A rank was past its section deadline but moving bytes (slow storage): the deadline is extended.
+
+    Written once per open section, at the first extension; later ones (while the bytes keep moving)
+    are not recorded. Past ``cap`` times ``timeout`` the rank is declared hung all the same.
+    """
+
+    rank: int
+    pid: int
+    section: str
+    timeout: float  # the section's timeout (seconds)
+    bytes: int  # bytes the rank read and wrote since the monitor's previous look
+    cap: float  # the section may run at most cap x timeout (io_progress_cap)
+
+
 class LauncherStarted(Event, frozen=True, tag=EventName.LAUNCHER_STARTED.value):
     run_id: str
     min_nodes: int
@@ -396,7 +413,7 @@ class Diagnosis(Event, frozen=True, tag=EventName.DIAGNOSIS.value):
 
 AnyEvent = Union[
     MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported,
-    TimeoutsUpdated, ConnectionRejected, MonitorLate, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
+    TimeoutsUpdated, ConnectionRejected, MonitorLate, DeadlineExtended, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
     WorkersSucceeded, Restart, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
     SignalReceived, LauncherExit, RanksSnapshot, Diagnosis,
 ]

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Collection
 from typing import NamedTuple, Optional
 
-__all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "listens_on_tcp_port",
-           "pid_alive", "process_group_members", "set_child_subreaper", "wait_child_exited"]
+__all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "io_bytes",
+           "listens_on_tcp_port", "pid_alive", "process_group_members", "set_child_subreaper", "wait_child_exited"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -110,6 +110,21 @@ def is_stopped(pid: int) -> bool:
         return _state(f"/proc/{pid}/stat") in (b"T", b"t")
     except (OSError, IndexError):
         return False
+
+
+def io_bytes(pid: int) -> Optional[int]:
+    """Bytes ``pid`` has read and written so far (``rchar + wchar`` of Linux ``/proc/<pid>/io``, all threads).
+
+    Counted when a ``read``/``write`` returns, whatever the file system (page cache, NFS, Lustre), so a
+    save crawling over slow storage advances it; a rank blocked in a collective or a lock does not.
+    None when the kernel does not say (no such process, no permission, no ``/proc``).
+    """
+    try:
+        with open(f"/proc/{pid}/io", "rb") as handle:
+            fields = dict(line.split(b":", 1) for line in handle.read().splitlines() if b":" in line)
+        return int(fields[b"rchar"]) + int(fields[b"wchar"])
+    except (OSError, KeyError, ValueError):
+        return None
 
 
 def cpu_sample(pid: int) -> Optional[CpuSample]:

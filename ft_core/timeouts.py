@@ -16,11 +16,18 @@ with a previously *calculated* one as NVRx does, by an exponential average
   merge never yields a deadline the run has already needed once. The floor is
   the observation itself, not scaled: with a safety factor >= 2 the average is
   always above it, so it only binds for smaller factors or for values loaded
-  after the interval was observed.
+  after the interval was observed; and
+* ``safety_factor ×`` the largest interval the *job* has observed for that
+  phase over its whole life (:class:`JobLife`, carried in the state dict), so
+  a resume that saw only short intervals cannot halve a timeout the job's
+  earlier runs needed: learned timeouts never shrink below that floor across
+  resumes, requeues and restarts.
 
 The state dict has NVRx's exact shape: ``{"current_timeouts": {}}`` until
 something was calculated, ``"heartbeat"`` once heartbeat timeouts were, and
-``"section"`` once a section or the out-of-section timeout was. Every value
+``"section"`` once a section or the out-of-section timeout was, and
+``"job_life"`` (the job-life maxima; NVRx ignores keys it does not know, and
+a state dict without it loads with no floor from history). Every value
 crossing this boundary is validated (``InvalidTimeoutsError`` names the key,
 the value and what is allowed): a string, NaN, infinity or a value <= 0 would
 otherwise crash the monitor, silently disable detection or kill at connect.
@@ -38,27 +45,40 @@ from collections.abc import Collection, Container, Iterable, Mapping
 from typing import Any, Optional
 
 __all__ = [
+    "COMPILE_SECTION",
     "CURRENT_TIMEOUTS_KEY",
     "EMA_ALPHA",
     "STEP_SECTION",
     "WARMUP_SECTION",
     "HeartbeatTimeouts",
     "InvalidTimeoutsError",
+    "JOB_LIFE_KEY",
+    "JobLife",
+    "PhaseHistory",
     "SectionTimeouts",
     "TimeoutsCalc",
     "TimeoutsNotReadyError",
     "WarmupRule",
     "apply_calculated",
+    "job_life_from_state_dict",
     "timeouts_from_state_dict",
+    "warmup_step_timeout",
     "timeouts_state_dict",
 ]
 
 #: The one key of a client state dict (NVRx's ``RankMonitorClient.CURRENT_TIMEOUTS_STATE_KEY``).
 CURRENT_TIMEOUTS_KEY = "current_timeouts"
+#: The key of ``current_timeouts`` that holds the job-life maxima (:class:`JobLife`).
+JOB_LIFE_KEY = "job_life"
 #: The training-step section that warm-up applies to.
 STEP_SECTION = "step"
 #: When configured, its timeout (and learned value) covers ``step`` sections during warm-up.
 WARMUP_SECTION = "warmup"
+#: The section the client opens while torch.compile compiles (see :mod:`ft_core.compile_phase`): timed by
+#: ``compile_timeout``; while it is open every other deadline of the rank is paused.
+COMPILE_SECTION = "compile"
+#: The start-up section: its timeout is a warm-up step's first fallback (see :func:`warmup_step_timeout`).
+SETUP_SECTION = "setup"
 #: Weight of the new value when merging with a previously calculated one (NVRx's).
 EMA_ALPHA = 0.5
 
@@ -216,21 +236,119 @@ class SectionTimeouts:
             raise exc.moved(cls.__name__, where) from None
 
 
-def timeouts_state_dict(hb: Optional[HeartbeatTimeouts], sections: Optional[SectionTimeouts]) -> dict[str, Any]:
-    """NVRx's ``{"current_timeouts": {...}}``: only the parts that were calculated; JSON-safe."""
+@dataclasses.dataclass(frozen=True)
+class PhaseHistory:
+    """One timed phase over the job's life: the largest interval observed, and how many runs observed it."""
+
+    max: float
+    runs: int
+
+
+class JobLife:
+    """Per timed phase, the largest interval the job observed over its whole life (see the module docstring).
+
+    Phases are named ``heartbeat.initial`` (start-up: connect to the first
+    heartbeat), ``heartbeat.subsequent`` (the heartbeat interval),
+    ``section.<name>`` and ``out_of_section``. Held by the rank's client,
+    updated by every calculation (:meth:`TimeoutsCalc._merged`), carried in the
+    state dict under :data:`JOB_LIFE_KEY` and merged by maximum when loaded, so
+    it only ever grows. ``runs`` counts the runs (connections) that contributed.
+
+    >>> life = JobLife()
+    >>> life.observe("section.step", 2.0, new_run=True); life.observe("section.step", 1.0, new_run=True)
+    >>> life.floor("section.step"), life.to_dict()
+    (2.0, {'section.step': {'max': 2.0, 'runs': 2}})
+    """
+
+    def __init__(self, phases: Optional[Mapping[str, PhaseHistory]] = None) -> None:
+        self.phases: dict[str, PhaseHistory] = dict(phases or {})
+
+    def __bool__(self) -> bool:
+        return bool(self.phases)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, JobLife) and other.phases == self.phases
+
+    def __repr__(self) -> str:
+        return f"JobLife({self.phases!r})"
+
+    def floor(self, phase: str) -> float:
+        """The largest interval of ``phase`` the job observed (0 when it never did)."""
+        record = self.phases.get(phase)
+        return record.max if record is not None else 0.0
+
+    def observe(self, phase: str, seconds: float, new_run: bool) -> None:
+        """``seconds`` of ``phase`` were observed; ``new_run``: the first observation of it in this run."""
+        record = self.phases.get(phase)
+        if record is None:
+            self.phases[phase] = PhaseHistory(seconds, 1)
+        else:
+            self.phases[phase] = PhaseHistory(max(record.max, seconds), record.runs + int(new_run))
+
+    def merge(self, other: JobLife) -> None:
+        """Take in ``other`` (e.g. a loaded checkpoint's) by maximum: nothing the job saw is forgotten."""
+        for phase, theirs in other.phases.items():
+            ours = self.phases.get(phase)
+            self.phases[phase] = theirs if ours is None else PhaseHistory(max(ours.max, theirs.max),
+                                                                          max(ours.runs, theirs.runs))
+
+    def to_dict(self) -> dict[str, dict[str, Any]]:
+        return {phase: {"max": record.max, "runs": record.runs} for phase, record in sorted(self.phases.items())}
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = JOB_LIFE_KEY) -> JobLife:
+        """Read :meth:`to_dict`'s form, validated; errors are keyed by ``where``."""
+        if not isinstance(data, Mapping):
+            raise InvalidTimeoutsError(where, data, "a mapping of phase name to {'max': seconds, 'runs': count}")
+        phases: dict[str, PhaseHistory] = {}
+        for phase, record in data.items():
+            key = f"{where}.{phase}"
+            if not isinstance(phase, str) or not phase:
+                raise InvalidTimeoutsError(where, phase, "phase names are non-empty strings")
+            values = _mapping(key, record, ("max", "runs"))
+            runs = values.get("runs")
+            if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+                raise InvalidTimeoutsError(f"{key}.runs", runs, "an integer >= 1")
+            seconds = _timeout(f"{key}.max", values.get("max"), calculated=True)
+            assert seconds is not None
+            phases[phase] = PhaseHistory(seconds, runs)
+        return cls(phases)
+
+
+def timeouts_state_dict(hb: Optional[HeartbeatTimeouts], sections: Optional[SectionTimeouts],
+                        job_life: Optional[JobLife] = None) -> dict[str, Any]:
+    """NVRx's ``{"current_timeouts": {...}}``: only the parts that were calculated; JSON-safe.
+
+    ``job_life`` is added under :data:`JOB_LIFE_KEY` when it holds anything.
+    """
     current: dict[str, Any] = {}
     if hb is not None and hb.were_calculated and hb.subsequent is not None:
         current["heartbeat"] = hb.to_dict()
     if sections is not None and (sections.calculated_sections or sections.is_out_of_section_calculated):
         current["section"] = sections.to_dict()
+    if job_life:
+        current[JOB_LIFE_KEY] = job_life.to_dict()
     return {CURRENT_TIMEOUTS_KEY: current}
+
+
+def job_life_from_state_dict(state: Any) -> JobLife:
+    """The job-life maxima of a state dict, validated; empty when it has none (NVRx's, older ones).
+
+    Raises :class:`InvalidTimeoutsError` for a malformed one. Call after
+    :func:`timeouts_from_state_dict`, which checks the state dict's shape.
+    """
+    current = state[CURRENT_TIMEOUTS_KEY]
+    if JOB_LIFE_KEY not in current:
+        return JobLife()
+    return JobLife.from_dict(current[JOB_LIFE_KEY], f"{CURRENT_TIMEOUTS_KEY}.{JOB_LIFE_KEY}")
 
 
 def timeouts_from_state_dict(state: Any) -> tuple[Optional[HeartbeatTimeouts], Optional[SectionTimeouts]]:
     """Parse and validate a state dict; ``None`` for a part it does not carry.
 
     Raises :class:`InvalidTimeoutsError` (a ``ValueError``). Keys of
-    ``current_timeouts`` other than ``heartbeat`` and ``section`` are ignored, as NVRx does.
+    ``current_timeouts`` other than ``heartbeat`` and ``section`` are ignored, as NVRx does
+    (:func:`job_life_from_state_dict` reads ``job_life``).
     """
     if not isinstance(state, Mapping) or CURRENT_TIMEOUTS_KEY not in state:
         shown = sorted(map(str, state)) if isinstance(state, Mapping) else type(state).__name__
@@ -277,11 +395,12 @@ class WarmupRule:
     Iterations are those the rank reports with its sections (``set_iteration``,
     Megatron's iteration counter), counted from the first one reported with a
     ``step``; a rank that reports none counts its ``step`` sections. During
-    warm-up a ``step`` is timed by the ``warmup`` section's timeout when that
-    section is configured, as in NVRx, and is otherwise untimed (a compiling
-    first step must not be killed; the heartbeat timeout still guards it).
-    The monitor times with this rule and the client learns with it, so a
-    warm-up step feeds the ``warmup`` value, never the ``step`` one.
+    warm-up a ``step`` is timed by :func:`warmup_step_timeout` (the ``warmup``
+    section's timeout when one is set, else a generous one derived from the
+    configuration: never by nothing, never by the learned ``step``). The
+    monitor times with this rule and the client learns with it, so a warm-up
+    step feeds the ``warmup`` value (when that section is tracked), never the
+    ``step`` one.
     """
 
     def __init__(self, num_warmup_iterations: int, sections: Container[str]) -> None:
@@ -310,6 +429,38 @@ class WarmupRule:
                 self._first_iteration = iteration
             index = iteration - self._first_iteration
         return self._warmup_section if self.covers(index, self.num_warmup_iterations) else name
+
+
+def warmup_step_timeout(sections: SectionTimeouts, initial_heartbeat: Optional[float],
+                        configured_step: Optional[float]) -> Optional[float]:
+    """The timeout of a ``step`` during warm-up: generous, but finite whenever anything is configured.
+
+    A warm-up step may compile, allocate and start data loaders, so the
+    (learned) ``step`` timeout would kill it; but while a section is open no
+    other section-mode timeout runs, so an untimed warm-up step that hangs
+    (the first all-reduce on a misconfigured network) would hang the job until
+    the scheduler kills it. The first of these that is set applies:
+
+    1. the ``warmup`` section's timeout (configured or learned, as in NVRx);
+    2. the larger of the ``setup`` and the out-of-section timeouts (what the
+       job allows for start-up and for untracked work; Megatron-LM's own warm-up
+       runs out of section);
+    3. ``initial_heartbeat``: the start-up budget, which warm-up is part of;
+    4. ``configured_step``: the ``step`` timeout as *configured* (a learned one
+       says nothing about compilation).
+
+    None only when none of them is set: then nothing in section mode is timed at all.
+
+    >>> warmup_step_timeout(SectionTimeouts({"step": 2.0}, 5.0), None, 2.0)
+    5.0
+    """
+    warmup = sections.section.get(WARMUP_SECTION)
+    if warmup is not None:
+        return warmup
+    budgets = [value for value in (sections.section.get(SETUP_SECTION), sections.out_of_section) if value is not None]
+    if budgets:
+        return max(budgets)
+    return initial_heartbeat if initial_heartbeat is not None else configured_step
 
 
 def _all_reduce_max(values: list[float]) -> list[float]:
@@ -355,8 +506,12 @@ class TimeoutsCalc:
         num_warmup_iterations: int = 0,
         min_timeout: float = 0.0,
         sections: Container[str] = (),
+        job_life: Optional[JobLife] = None,
     ) -> None:
         self.safety_factor = safety_factor
+        #: The job-life maxima: floors every calculation, and is updated by it (in place: the client's).
+        self.job_life = job_life if job_life is not None else JobLife()
+        self._contributed: set[str] = set()  # phases this run (this calculator) already added to job_life
         self.min_timeout = min_timeout
         self.start_time = time.monotonic() if start_time is None else start_time
         self.warmup = WarmupRule(num_warmup_iterations, sections)
@@ -388,6 +543,9 @@ class TimeoutsCalc:
     def update_on_section_end(self, name: str, now: Optional[float] = None) -> None:
         now = time.monotonic() if now is None else now
         started, learned_as = self._open.pop(name, (None, None))
+        if name == COMPILE_SECTION and started is not None:
+            # Compilation is its own phase: the sections it ran inside do not learn its time.
+            self._open = {other: (since + now - started, learned) for other, (since, learned) in self._open.items()}
         if started is not None and learned_as is not None:
             self.section_max[learned_as] = max(self.section_max.get(learned_as, 0.0), now - started)
         if not self._open:
@@ -400,12 +558,17 @@ class TimeoutsCalc:
             self.max_out_of_section = gap if self.max_out_of_section is None else max(self.max_out_of_section, gap)
 
     # -- calculation ------------------------------------------------------
-    def _merged(self, previous: Optional[float], was_calculated: bool, observed: float) -> float:
-        """The merge rule (see the module docstring): NVRx's average, floored so it cannot kill falsely."""
+    def _merged(self, phase: str, previous: Optional[float], was_calculated: bool, observed: float) -> float:
+        """The merge rule (see the module docstring): NVRx's average, floored so it cannot kill falsely.
+
+        Records ``observed`` in :attr:`job_life` under ``phase`` first, so the floor holds it too.
+        """
+        self.job_life.observe(phase, observed, new_run=phase not in self._contributed)
+        self._contributed.add(phase)
         new = max(observed * self.safety_factor, self.min_timeout)
         if was_calculated and previous is not None:
             new = EMA_ALPHA * new + (1.0 - EMA_ALPHA) * previous
-        return max(new, observed, self.min_timeout)
+        return max(new, observed, self.min_timeout, self.safety_factor * self.job_life.floor(phase))
 
     def calculate_hb_timeouts(
         self, current: HeartbeatTimeouts, skip_if_not_ready: bool = False, calc_initial: bool = True
@@ -425,9 +588,9 @@ class TimeoutsCalc:
                 "(pass skip_if_not_ready=True to skip instead)"
             )
         return HeartbeatTimeouts(
-            initial=self._merged(current.initial, current.were_calculated, initial) if calc_initial
-            else current.initial,
-            subsequent=self._merged(current.subsequent, current.were_calculated, subsequent),
+            initial=self._merged("heartbeat.initial", current.initial, current.were_calculated, initial)
+            if calc_initial else current.initial,
+            subsequent=self._merged("heartbeat.subsequent", current.subsequent, current.were_calculated, subsequent),
             were_calculated=True,
         )
 
@@ -462,11 +625,11 @@ class TimeoutsCalc:
         calculated = set(current.calculated_sections)
         for name, observed in zip(names, synced):
             if observed is not None:
-                section[name] = self._merged(section.get(name), name in calculated, observed)
+                section[name] = self._merged(f"section.{name}", section.get(name), name in calculated, observed)
                 calculated.add(name)
         out_of_section, oos_calculated = current.out_of_section, current.is_out_of_section_calculated
         if calc_out_of_section and synced[-1] is not None:
-            out_of_section = self._merged(out_of_section, oos_calculated, synced[-1])
+            out_of_section = self._merged("out_of_section", out_of_section, oos_calculated, synced[-1])
             oos_calculated = True
         if len(missing) == len(names) + int(calc_out_of_section):
             return None

@@ -79,8 +79,6 @@ def start_monitor(tmp_path):
     monitors = []
 
     def start(**cfg_kwargs):
-        # Every step is timed and learned unless a test is about warm-up (whatever the default).
-        cfg_kwargs.setdefault("num_warmup_iterations", 0)
         cfg = FaultToleranceConfig.from_kwargs(**cfg_kwargs)
         job_dir = tmp_path / f"job{len(monitors)}"
         monitor = RankMonitorServer.run_in_subprocess(cfg, str(job_dir / "monitor.sock"), token="t0ken-" + "x" * 8)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import logging
 import os
 import sys
@@ -132,7 +131,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ValueError, RuntimeError, AssertionError) as exc:
         parser.error(f"invalid arguments: {exc}")
     if options.verbose:
-        cfg = dataclasses.replace(cfg, log_level=LogLevel.DEBUG)
+        cfg = cfg.replace(log_level=LogLevel.DEBUG)
     logging.basicConfig(format="[%(asctime)s %(name)s] %(levelname)s: %(message)s", stream=sys.stderr)
     logging.getLogger("ft_core").setLevel(cfg.log_level)
     if cfg.log_level != LogLevel.DEBUG:

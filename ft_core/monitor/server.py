@@ -56,6 +56,7 @@ from ft_core.config import FaultToleranceConfig, with_fallback
 from ft_core.events import (
     CheckpointReported,
     ConnectionRejected,
+    DeadlineExtended,
     Event,
     EventWriter,
     HangReason,
@@ -102,7 +103,15 @@ from ft_core.protocol import (
 )
 from ft_core.ratelimit import LogThrottle
 from ft_core.straggler import MAX_PHASES_PER_RANK, PhaseWindows, check_phase_sample
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, WarmupRule, apply_calculated
+from ft_core.timeouts import (
+    COMPILE_SECTION,
+    STEP_SECTION,
+    HeartbeatTimeouts,
+    SectionTimeouts,
+    WarmupRule,
+    apply_calculated,
+    warmup_step_timeout,
+)
 
 __all__ = [
     "AWAKE_TICK", "HANDSHAKE_TIMEOUT", "LATE_THRESHOLD", "MAX_PENDING_HANDSHAKES", "OpenSection", "RankMonitorServer",
@@ -128,6 +137,10 @@ REFRESH_CHUNKS = 8
 #: A runnable rank past its deadline is declared hung once it has had this much CPU time since
 #: without a sign of life; until then it is waiting for a CPU, not hung (see ``_cpu_probe``).
 CPU_PROBE = 0.02
+#: Slow storage: the monitor takes a look at a section's I/O counters this fraction of its timeout before
+#: its deadline (at most IO_LOOK_MAX s), and extends a rank whose counters advanced by that much again.
+IO_LOOK_FRACTION = 0.25
+IO_LOOK_MAX = 30.0
 #: Connections still waiting for their Hello; one more closes the oldest. Far above the local ranks of
 #: any node connecting at once (each says Hello at once), far below what would strain the monitor.
 MAX_PENDING_HANDSHAKES = 256
@@ -148,7 +161,12 @@ _PEERCRED = struct.Struct("3i")
 @dataclasses.dataclass
 class OpenSection:
     started: float
-    timed_as: Optional[str]  # the section whose timeout applies (WarmupRule); None: untimed warm-up step
+    #: A ``step`` in warm-up (WarmupRule): timed by :func:`~ft_core.timeouts.warmup_step_timeout`.
+    warmup: bool = False
+    #: The deadline once extended for I/O progress (see ``RankMonitorServer._io_extension``).
+    extended_to: Optional[float] = None
+    #: The rank's I/O byte count at the monitor's last look, and when: the progress is measured from it.
+    io_look: Optional[tuple[float, int]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,14 +227,23 @@ class WatchedRank:
     def section_start(self, name: str, now: float, iteration: Optional[int] = None) -> None:
         """Open ``name``; during warm-up a ``step`` is timed as :class:`~ft_core.timeouts.WarmupRule` says."""
         self.touch(now, iteration)
-        self.open_sections[name] = OpenSection(now, self.warmup.section_opened(name, iteration))
+        timed_as = self.warmup.section_opened(name, iteration)
+        self.open_sections[name] = OpenSection(now, warmup=name == STEP_SECTION and timed_as != STEP_SECTION)
         self.out_of_section_since = None
 
     def section_end(self, name: str, now: float) -> bool:
-        """Close ``name``; False if it was not open. Out-of-section time starts when none is left open."""
+        """Close ``name``; False if it was not open. Out-of-section time starts when none is left open.
+
+        Closing ``compile`` resumes the sections it paused: their clocks skip the compilation.
+        """
         self.touch(now)
         section = self.open_sections.pop(name, None)
         was_open = section is not None
+        if section is not None and name == COMPILE_SECTION:
+            for other in self.open_sections.values():
+                other.started += now - section.started
+                if other.extended_to is not None:
+                    other.extended_to += now - section.started
         if section is not None and name == "step":
             self.steps += 1
             self.last_step_seconds = now - section.started
@@ -242,8 +269,20 @@ class WatchedRank:
             stopped=self.pid > 0 and procutil.is_stopped(self.pid),
             timeout=None if expiry is None else expiry.timeout)
 
+    def _warmup_timeout(self) -> Optional[float]:
+        return warmup_step_timeout(self.sections, self.hb.initial, self.cfg.rank_section_timeouts.get(STEP_SECTION))
+
     def next_deadline(self) -> Optional[Expiry]:
-        """The earliest deadline of this rank, or None when nothing is timed."""
+        """The earliest deadline of this rank, or None when nothing is timed.
+
+        While torch.compile compiles (``compile`` is open) only ``compile_timeout`` runs: a
+        recompile is not a slow step, nor a missing heartbeat.
+        """
+        compiling = self.open_sections.get(COMPILE_SECTION)
+        if compiling is not None:
+            limit = self.cfg.compile_timeout
+            return None if limit is None else Expiry(compiling.started + limit, HangReason.SECTION, COMPILE_SECTION,
+                                                     limit, compiling.started)
         candidates = []
         if self.first_activity is None:
             if self.hb.initial is not None:
@@ -253,10 +292,10 @@ class WatchedRank:
             candidates.append(Expiry(self.last_activity + self.hb.subsequent, HangReason.HEARTBEAT, None,
                                      self.hb.subsequent, self.last_activity))
         for name, section in self.open_sections.items():
-            timeout = self.sections.section.get(section.timed_as) if section.timed_as is not None else None
+            timeout = self._warmup_timeout() if section.warmup else self.sections.section.get(name)
             if timeout is not None:
-                candidates.append(Expiry(section.started + timeout, HangReason.SECTION, name, timeout,
-                                         section.started))
+                deadline = section.extended_to if section.extended_to is not None else section.started + timeout
+                candidates.append(Expiry(deadline, HangReason.SECTION, name, timeout, section.started))
         # Out-of-section time runs only from the end of a section (None before the first
         # one): start-up is covered by the initial heartbeat timeout (NVRx does the same).
         since = self.out_of_section_since
@@ -525,6 +564,9 @@ class RankMonitorServer:
                 now = self._now()
                 expiry = rank.next_deadline()
                 if expiry is not None and expiry.deadline <= now:
+                    if self._io_extension(rank, expiry, now):
+                        sleep = 0.0  # judged again at its new deadline
+                        continue
                     wait = self._cpu_probe(rank, expiry, now)
                     if wait is None:
                         self._on_hang(rank, expiry, now)
@@ -533,7 +575,51 @@ class RankMonitorServer:
                     continue
             if expiry is not None:
                 sleep = min(sleep, AWAKE_TICK, expiry.deadline - now)
+                self._io_look(rank, expiry, now)
         return max(sleep, 0.0)
+
+    # -- slow storage: I/O progress extends a section's deadline --------------
+    def _io_look(self, rank: WatchedRank, expiry: Expiry, now: float) -> None:
+        """Shortly before a section's deadline, note the rank's I/O byte count: the baseline of its progress."""
+        if self.cfg.io_progress_cap is None or expiry.reason is not HangReason.SECTION or rank.pid <= 0:
+            return
+        section = rank.open_sections.get(expiry.section or "")
+        if section is None or section.io_look is not None or now < expiry.deadline - _io_interval(expiry.timeout):
+            return
+        count = procutil.io_bytes(rank.pid)
+        if count is not None:
+            section.io_look = (now, count)
+
+    def _io_extension(self, rank: WatchedRank, expiry: Expiry, now: float) -> bool:
+        """Extend a section past its deadline while its rank moves bytes (slow storage), up to the cap.
+
+        Evidence the monitor reads without the rank's help: the rank's read and written bytes
+        (``/proc/<pid>/io``) advanced since the last look. Then the deadline moves one look
+        interval on, to at most ``io_progress_cap`` times the timeout from the section's start;
+        the first extension of a section is recorded (``deadline_extended``) and logged. Without
+        progress, or past the cap, the rank is judged as before (returns False).
+        """
+        cap = self.cfg.io_progress_cap
+        if cap is None or expiry.reason is not HangReason.SECTION or rank.pid <= 0:
+            return False
+        section = rank.open_sections.get(expiry.section or "")
+        limit = expiry.since + cap * expiry.timeout
+        if section is None or section.io_look is None or now >= limit:
+            return False
+        count = procutil.io_bytes(rank.pid)
+        if count is None or count <= section.io_look[1]:
+            return False
+        moved = count - section.io_look[1]
+        first = section.extended_to is None
+        section.io_look = (now, count)
+        section.extended_to = min(now + _io_interval(expiry.timeout), limit)
+        if first:
+            log.warning("rank %d (pid %d) is past its %.3g s deadline in section %r but moving bytes (%d since the "
+                        "last look; slow storage?): its deadline is extended while they keep moving, up to %.3g s",
+                        rank.rank, rank.pid, expiry.timeout, expiry.section, moved, cap * expiry.timeout)
+            self._record(DeadlineExtended(rank=rank.rank, pid=rank.pid, section=expiry.section or "",
+                                          timeout=expiry.timeout, bytes=moved, cap=cap))
+        return True
 
     def _cpu_probe(self, rank: WatchedRank, expiry: Expiry, now: float) -> Optional[float]:
         """Seconds to wait before judging ``rank`` past ``expiry``, or None to judge it now.
@@ -765,7 +851,7 @@ class RankMonitorServer:
             cfg = (with_fallback(self.cfg, msg.fallback_config, self.cfg.explicit_keys)
                    if msg.fallback_config else self.cfg)
             if msg.num_warmup_iters is not None:  # NVRx: the rank's value wins (validated by the config)
-                cfg = dataclasses.replace(cfg, num_warmup_iterations=msg.num_warmup_iters)
+                cfg = cfg.replace(num_warmup_iterations=msg.num_warmup_iters)
         except ValueError as exc:
             self._refuse(conn, f"invalid config request from rank {msg.rank}: {exc}")
         hb = HeartbeatTimeouts(cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout)
@@ -904,6 +990,11 @@ class RankMonitorServer:
     ) -> MonitorProcess:
         """Start a monitor in a new process; see :func:`ft_core.monitor.process.run_in_subprocess`."""
         return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir, wait)
+
+
+def _io_interval(timeout: float) -> float:
+    """How long before a deadline the I/O baseline is taken, and how far one extension reaches."""
+    return min(IO_LOOK_FRACTION * timeout, IO_LOOK_MAX)
 
 
 def _timeouts_text(hb: dict[str, Any], sections: dict[str, Any]) -> str:

@@ -78,9 +78,12 @@ class FaultToleranceCallback(Callback):
     (``setup``, ``step``, ``validation``, ``checkpointing``). A rank that misses its
     deadline is killed by the monitor and ``ft_launcher`` restarts all workers, which resume
     from the last checkpoint. Timeouts are learned in the first run from observed step,
-    validation and checkpoint times and are saved in the Lightning checkpoint. The callback
-    maps Lightning's hooks onto a :class:`~ft_integrations.session.FaultToleranceSession`,
-    which it shares with the Megatron integration.
+    validation and checkpoint times and are saved in the Lightning checkpoint; they never fall
+    below what the job has already needed (job-life maxima). A ``torch.compile`` (re)compilation
+    is its own ``compile`` phase (the rank's client marks it from TorchDynamo's callbacks), timed
+    by ``compile_timeout`` while the step deadline pauses. The callback maps Lightning's hooks
+    onto a :class:`~ft_integrations.session.FaultToleranceSession`, which it shares with the
+    Megatron integration.
 
     Args:
         mode: a :class:`~ft_integrations.session.MonitoringMode` or its value: ``"heartbeats"``

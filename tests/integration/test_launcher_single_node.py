@@ -84,9 +84,10 @@ def test_hang_is_detected_and_restarted(launchers):
 def test_explicit_flag_equal_to_the_default_wins_over_the_workers_fallback(launchers):
     # --ft-rank-heartbeat-timeout=2700 is the default value, given on purpose (it overrides FAST_FLAGS' 3 s).
     # The workers' training config asks for 0.5 s and their steps take 1 s: healthy under the launch's
-    # value, so nothing may be killed. safety_factor was not set at launch: the workers' value applies.
+    # value, so nothing may be killed. safety_factor was not set at launch: the workers' value applies,
+    # also with -v (which used to mark every key as set at launch).
     fallback = {"rank_heartbeat_timeout": 0.5, "safety_factor": 2.5}
-    node = launchers.start("--ft-rank-heartbeat-timeout=2700", FT_TEST_FALLBACK=json.dumps(fallback),
+    node = launchers.start("-v", "--ft-rank-heartbeat-timeout=2700", FT_TEST_FALLBACK=json.dumps(fallback),
                            FT_TEST_STEPS="2", FT_TEST_STEP_TIME="1.0")
     assert node.wait(180) == 0, node.output()[-3000:]
     configs = [record["config"] for record in launchers.worker_records("monitor_config")]

@@ -84,9 +84,9 @@ def test_heartbeat_gap_kills_after_stack_dump_naming_the_function(start_monitor,
 
 
 def test_step_section_timeout_kills_while_another_section_is_open(start_monitor, ranks):
-    # The rank hangs in its fourth step: no warm-up, so that step is timed.
-    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="outer:none,step:1.0",
-                            num_warmup_iterations=0)
+    # The rank hangs in its fourth step, a warm-up step: nothing but the configured step timeout is set.
+    monitor = start_monitor(initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
+                            rank_section_timeouts="outer:none,step:1.0")
     proc = ranks(monitor, "step_in_other_section")
     assert _killed(proc)
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
@@ -109,13 +109,13 @@ def test_warmup_steps_are_not_timed(start_monitor, ranks):
 # -- the default warm-up (5 steps, as NVRx): later detection in those steps, never an extra kill ----------
 
 
-#: The config default (NVRx's); the start_monitor fixture pins 0 unless a test asks.
+#: The config default (NVRx's), which the start_monitor fixture leaves alone.
 DEFAULT_WARMUP = FaultToleranceConfig().num_warmup_iterations
 
 
 def test_default_warmup_does_not_kill_slow_first_steps(start_monitor, ranks):
     # Five steps longer than the step timeout (compilation, data-loader start), then fast ones: healthy.
-    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5", num_warmup_iterations=DEFAULT_WARMUP)
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5")
     proc = ranks(monitor, "steps", extra=["--step-times", "0.8,0.8,0.8,0.8,0.8,0.05,0.05,0.05"])
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -124,7 +124,7 @@ def test_default_warmup_does_not_kill_slow_first_steps(start_monitor, ranks):
 
 
 def test_default_warmup_still_catches_a_hang_in_the_first_timed_step(start_monitor, ranks):
-    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5", num_warmup_iterations=DEFAULT_WARMUP)
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5")
     proc = ranks(monitor, "steps", extra=["--step-times", "0.05,0.05,0.05,0.05,0.05", "--then", "hang"])
     assert _killed(proc)
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
@@ -132,13 +132,69 @@ def test_default_warmup_still_catches_a_hang_in_the_first_timed_step(start_monit
 
 
 def test_a_hang_in_a_warmup_step_is_caught_by_the_heartbeat_timeout(start_monitor, ranks):
-    # The step timeout does not apply in warm-up; the heartbeat timeout still does: later, not never.
-    monitor = start_monitor(rank_heartbeat_timeout=2.0, rank_section_timeouts="step:0.5", num_warmup_iterations=DEFAULT_WARMUP)
+    # The step timeout does not apply in warm-up (its fallback, the 3600 s start-up budget, does); the
+    # heartbeat timeout still does: later, not never.
+    monitor = start_monitor(rank_heartbeat_timeout=2.0, rank_section_timeouts="step:0.5")
     proc = ranks(monitor, "steps", extra=["--then", "hang"])
     assert _killed(proc)
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
     assert (hang["reason"], hang["open_sections"]) == ("heartbeat", ["step"])
     assert hang["elapsed"] >= 2.0
+
+
+# -- every warm-up step is timed: sections mode, heartbeats off (the demo's recipe, the Megatron path) --------
+
+
+def test_a_hang_in_any_warmup_step_of_a_fresh_or_restarted_cycle_is_caught(start_monitor, ranks):
+    # Default warm-up (5 steps). Before the fix a step that hangs in warm-up was never timed.
+    monitor = start_monitor(initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
+                            rank_section_timeouts="step:0.5", rank_out_of_section_timeout=1.5)
+    for cycle in range(2):  # a fresh cycle, then a restarted one (the monitor's warm-up starts over)
+        procs = [ranks(monitor, "steps", rank=k, restart_count=cycle,
+                       extra=["--beats", "0", "--step-times", ",".join(["0.05"] * k), "--then", "hang"])
+                 for k in range(DEFAULT_WARMUP)]  # rank k hangs in warm-up step k
+        for proc in procs:
+            assert _killed(proc)
+    hangs = [e for e in monitor.events() if e["event"] == "hang_detected"]
+    assert sorted((h["rank"], h["iteration"]) for h in hangs) == sorted(
+        (k, k) for k in range(DEFAULT_WARMUP) for _cycle in range(2))
+    # Timed by the out-of-section timeout (the larger budget), not by the 0.5 s step timeout.
+    assert {(h["reason"], h["section"], h["timeout"]) for h in hangs} == {("section", "step", 1.5)}
+
+
+def test_a_slow_healthy_warmup_step_is_not_killed_in_sections_mode(start_monitor, ranks):
+    # The twin: a first step three times the step timeout (a compile), then fast steps: healthy.
+    monitor = start_monitor(initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
+                            rank_section_timeouts="step:0.5", rank_out_of_section_timeout=3.0)
+    proc = ranks(monitor, "steps", extra=["--beats", "0", "--step-times", "1.5,0.05,0.05,0.05,0.05,0.05,0.05"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert not [e for e in monitor.events() if e["event"] == "hang_detected"]
+
+
+# -- slow storage: a section whose rank moves bytes is extended, up to a cap -------------------------------
+
+
+def test_slow_storage_extends_a_save_up_to_the_cap_and_hangs_are_still_caught(start_monitor, ranks, tmp_path):
+    # checkpointing 1 s, the default cap (3x). Three saves at once: a slow writer that ends after 2 s
+    # (past its timeout, under the cap), a save hung with no I/O, and a writer that never ends.
+    monitor = start_monitor(initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
+                            rank_section_timeouts="checkpointing:1.0")
+    slow, hung, endless = (
+        ranks(monitor, "save", rank=rank, extra=["--beats", "0", "--write-to", str(tmp_path / f"ckpt{rank}"),
+                                                 "--write-seconds", seconds])
+        for rank, seconds in ((0, "2.0"), (1, "0"), (2, "-1")))
+    assert slow.wait(timeout=60) == 0, slow.stderr.read()
+    assert _killed(hung) and _killed(endless)
+    events = monitor.events()
+    hangs = {e["rank"]: e for e in events if e["event"] == "hang_detected"}
+    assert sorted(hangs) == [1, 2]
+    assert hangs[1]["elapsed"] < 2.0  # no I/O: at its timeout, as before
+    assert 3.0 <= hangs[2]["elapsed"] < 4.5  # moving bytes: at the cap, 3 x 1 s
+    assert all((h["reason"], h["section"], h["timeout"]) == ("section", "checkpointing", 1.0) for h in hangs.values())
+    extended = [e for e in events if e["event"] == "deadline_extended"]
+    assert sorted(e["rank"] for e in extended) == [0, 2]  # one event per save, none for the hung one
+    assert all(e["section"] == "checkpointing" and e["bytes"] > 0 and e["cap"] == 3.0 for e in extended)
 
 
 def test_out_of_section_timeout_kills(start_monitor, ranks):

@@ -257,3 +257,18 @@ def test_fallback_keys_and_values_are_checked():
         with_fallback(FaultToleranceConfig(safety_factor=5), {"safety_factor": -1}, {"safety_factor"})
     with pytest.raises(ConfigError, match=r"fault_tolerance.rank_section_timeouts.step: invalid value 'x'"):
         with_fallback(FaultToleranceConfig(), {"rank_section_timeouts": {"step": "x"}}, frozenset())
+
+
+def test_verbose_launch_keeps_only_the_keys_set_at_launch(monkeypatch):
+    # ft_launcher -v used to rebuild the config with dataclasses.replace, which re-ran the constructor and
+    # marked every key as set at launch: every fallback value a rank sent was then ignored (issue 20).
+    from ft_core.launcher import cli
+
+    launched = {}
+    monkeypatch.setattr(cli, "launch", lambda config, entrypoint, cmd_args, cfg, options: launched.update(cfg=cfg))
+    assert cli.main(["-v", "--ft-rank-heartbeat-timeout=2700", "train.py"]) is None
+    cfg = launched["cfg"]
+    assert cfg.log_level == logging.DEBUG
+    assert cfg.explicit_keys == {"rank_heartbeat_timeout", "log_level"}  # -v sets the log level at launch
+    merged = with_fallback(cfg, {"rank_heartbeat_timeout": 0.5, "safety_factor": 2.5}, cfg.explicit_keys)
+    assert (merged.rank_heartbeat_timeout, merged.safety_factor) == (2700.0, 2.5)
