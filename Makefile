@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev,lightning,megatron,recipes,etcd,report,metrics]'
+	$(PY) -m pip install -q -e '.[lightning,megatron,etcd,report,metrics]' --group dev
 	touch $(STAMP)
 
 # The etcd tests need a real etcd server (Debian's etcd-server, v3.4: it serves the v2 API).

@@ -39,6 +39,7 @@ from ft_core.events import (
     WorkersStopped,
 )
 from ft_core.monitor.status import read_status
+from ft_core.version import python_version, torch_version, version
 
 if TYPE_CHECKING:
     from ft_core.launcher.events import EventLog
@@ -162,6 +163,10 @@ class LauncherMetrics:
 
         now = time.time()
         node = self.node
+        build = GaugeMetricFamily("ft_build_info", "Always 1: the ft-suite, torch and Python versions of this launcher",
+                                  labels=["node", "version", "torch", "python"])
+        build.add_metric([node, version(), torch_version(), python_version()], 1)
+        yield build
         with self._lock:
             restarts = CounterMetricFamily("ft_restarts", "Cycles ended by a restart, by kind", labels=["node", "kind"])
             for kind, count in sorted(self._restarts.items()):
