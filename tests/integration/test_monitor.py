@@ -83,6 +83,16 @@ def test_heartbeat_gap_kills_after_stack_dump_naming_the_function(start_monitor,
         assert "hang_without_heartbeat" in handle.read()
 
 
+def test_nvrx_termination_signal_sigusr2_still_dumps_the_stack_before_it_ends_the_rank(start_monitor, ranks):
+    # NVRx's --ft-rank-termination-signal SIGUSR2: the dump moves to SIGUSR1 (the default was SIGUSR2).
+    monitor = start_monitor(rank_heartbeat_timeout=1.0, rank_termination_signal="SIGUSR2")
+    proc = ranks(monitor, "heartbeat_gap")
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGUSR2
+    hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
+    assert "hang_without_heartbeat" in hang["stack"]
+
+
 def test_step_section_timeout_kills_while_another_section_is_open(start_monitor, ranks):
     # The rank hangs in its fourth step: no warm-up, so that step is timed.
     monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="outer:none,step:1.0",
