@@ -421,7 +421,7 @@ def test_heartbeats_learn_the_same_gaps_as_timeouts_calc(start_monitor, monkeypa
         for gap in (4.0, 1.0, 3.0, 0.5, 3.0, 2.0, 7.0, 0.1):
             clock[0] += gap
             client.send_heartbeat()
-            reference.update_on_heartbeat(now=clock[0])
+            reference.update_on_heartbeat(hb_time=clock[0])
         assert (client._session.calc.first_hb_delay, client._session.calc.max_hb_interval) == (4.0, 7.0)
         assert client.calculate_and_set_hb_timeouts()
         expected = reference.calculate_hb_timeouts(client_module.HeartbeatTimeouts(60.0, 60.0))

@@ -26,14 +26,14 @@ def _calc(**kwargs) -> TimeoutsCalc:
 def test_heartbeat_formula_initial_and_subsequent():
     calc = _calc()
     for t in (5.0, 6.0, 9.0, 10.0):
-        calc.update_on_heartbeat(now=t)
+        calc.update_on_heartbeat(hb_time=t)
     hb = calc.calculate_hb_timeouts(HeartbeatTimeouts(3600.0, 2700.0))
     assert hb == HeartbeatTimeouts(initial=10.0, subsequent=6.0, were_calculated=True)
 
 
 def test_heartbeat_not_ready_raises_or_skips():
     calc = _calc()
-    calc.update_on_heartbeat(now=1.0)
+    calc.update_on_heartbeat(hb_time=1.0)
     with pytest.raises(TimeoutsNotReadyError):
         calc.calculate_hb_timeouts(HeartbeatTimeouts(1.0, 1.0))
     assert calc.calculate_hb_timeouts(HeartbeatTimeouts(1.0, 1.0), skip_if_not_ready=True) is None
@@ -41,8 +41,8 @@ def test_heartbeat_not_ready_raises_or_skips():
 
 def test_recalculation_averages_calculated_values_but_replaces_config_values():
     calc = _calc()
-    calc.update_on_heartbeat(now=1.0)
-    calc.update_on_heartbeat(now=2.0)
+    calc.update_on_heartbeat(hb_time=1.0)
+    calc.update_on_heartbeat(hb_time=2.0)
     # Config values (not calculated) are replaced, even by smaller learned values.
     first = calc.calculate_hb_timeouts(HeartbeatTimeouts(3600.0, 2700.0))
     assert (first.initial, first.subsequent) == (2.0, 2.0)
@@ -70,8 +70,8 @@ def test_section_formula_and_selected_sections():
 
 def test_calculated_timeouts_never_go_below_the_floor():
     calc = TimeoutsCalc(safety_factor=2.0, start_time=0.0, min_timeout=1.5)
-    calc.update_on_heartbeat(now=0.1)
-    calc.update_on_heartbeat(now=0.2)
+    calc.update_on_heartbeat(hb_time=0.1)
+    calc.update_on_heartbeat(hb_time=0.2)
     calc.update_on_section_start("step", now=0.3)
     calc.update_on_section_end("step", now=0.4)
     hb = calc.calculate_hb_timeouts(HeartbeatTimeouts())
