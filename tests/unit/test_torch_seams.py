@@ -48,7 +48,7 @@ def test_every_seam_is_there_on_this_torch():
 
 
 def _assert_the_one_error(text: str, missing: str) -> None:
-    assert text.startswith("ft_launcher: error: ft_launcher cannot run on torch "), text
+    assert "\nft_launcher: error: ft_launcher cannot run on torch " in f"\n{text}", text
     assert torch.__version__ in text
     assert missing in text
     assert f"tested with torch {', '.join(TESTED_TORCH)}" in text
