@@ -27,9 +27,10 @@ away -- so a section end is never stuck behind a full buffer.
 The per-call paths (``send_heartbeat``, ``start_section``, ``end_section``)
 are kept at about one ``send`` syscall: frames are encoded once and re-encoded
 only when the reported iteration changes, the socket's ``send`` is bound once,
-the Megatron iteration source is resolved at init, timeout learning sees a
-heartbeat only when its gap is a new largest one, and nothing is allocated
-when the socket takes the whole frame.
+the Megatron iteration source is resolved once (at init, or at the first call
+after Megatron-LM set its args), timeout learning sees a heartbeat only when its
+gap is a new largest one, and nothing is allocated when the socket takes the
+whole frame.
 """
 
 from __future__ import annotations
@@ -193,7 +194,8 @@ class RankMonitorClient:
         #: Section events wait for the monitor's Ack (``skip_section_response=False``).
         self._section_replies = False
         self._iteration: Optional[int] = None
-        #: Megatron's global args, read for the iteration when set_iteration() was never called.
+        #: Megatron's global args, read for the iteration when set_iteration() was never called; a
+        #: _PendingMegatronArgs until Megatron-LM sets them; None without Megatron-LM (the hot paths' check).
         self._megatron_args: Any = None
         self._hb_frame = encode(Heartbeat())
         self._hb_frame_iteration: Optional[int] = None
@@ -577,9 +579,18 @@ class RankMonitorClient:
         return session
 
     def _current_iteration(self) -> Optional[int]:
+        """The iteration: ``set_iteration``'s, else Megatron-LM's ``curr_iteration`` (or ``iteration``, as NVRx)."""
         if self._iteration is not None or self._megatron_args is None:
             return self._iteration
-        iteration = getattr(self._megatron_args, "curr_iteration", None)
+        args = self._megatron_args
+        if args.__class__ is _PendingMegatronArgs:
+            args = args.lookup()
+            if args is None:
+                return None
+            self._megatron_args = args  # found once: later calls read it directly
+        iteration = getattr(args, "curr_iteration", None)
+        if not isinstance(iteration, int):
+            iteration = getattr(args, "iteration", None)
         return iteration if isinstance(iteration, int) else None
 
     def _learn_heartbeat_gap(self, calc: TimeoutsCalc, now: float) -> None:
@@ -762,10 +773,28 @@ class RankMonitorClient:
             self._dump_file = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _PendingMegatronArgs:
+    """Megatron-LM is imported but has not set its global args yet.
+
+    Megatron-LM's ``ft_integration.setup()`` connects the client before
+    ``initialize_megatron()`` sets the args, so they are looked up again, on
+    each call that reports an iteration, until they exist (as NVRx does).
+    """
+
+    global_vars: Any
+
+    def lookup(self) -> Any:
+        return getattr(self.global_vars, "_GLOBAL_ARGS", None)
+
+
 def _megatron_args() -> Any:
-    """Megatron's global args (they carry ``curr_iteration``) if Megatron-LM set them up in this process."""
+    """Megatron's global args (they carry ``curr_iteration``), a pending lookup, or None without Megatron-LM."""
     global_vars = sys.modules.get("megatron.training.global_vars")
-    return getattr(global_vars, "_GLOBAL_ARGS", None)
+    if global_vars is None:
+        return None
+    args = getattr(global_vars, "_GLOBAL_ARGS", None)
+    return _PendingMegatronArgs(global_vars) if args is None else args
 
 
 def _env_rank() -> int:

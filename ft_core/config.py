@@ -14,11 +14,13 @@ Values are checked and converted by :mod:`ft_core.validation`; a bad one
 raises :class:`ConfigError` naming the key, the value and what is allowed.
 
 NVRx compatibility: a YAML file or keyword arguments written for
-nvidia-resiliency-ext load here. Keys of NVRx's ``FaultToleranceConfig`` that
-this project does not implement (:data:`NVRX_ONLY_KEYS`) are skipped with one
-warning listing them (``ignore_not_recognized=True``, NVRx's default); a key
-that neither knows is an error with a "did you mean" suggestion, where NVRx
-silently ignores it.
+nvidia-resiliency-ext load here. With ``ignore_not_recognized=True`` (NVRx's
+default) keys that are not ours are skipped, as NVRx does: keys of NVRx's
+``FaultToleranceConfig`` that this project does not implement
+(:data:`NVRX_ONLY_KEYS`) with one warning listing them, and any other unknown
+key with one warning that suggests the known key it resembles ("did you
+mean"), since a misspelt timeout would silently not be set. With
+``ignore_not_recognized=False`` both are an error.
 """
 
 from __future__ import annotations
@@ -150,6 +152,8 @@ _NOT_FOR_DUMPS: dict[signal.Signals, str] = {
     signal.SIGCHLD: "is delivered whenever a child process (e.g. a data-loader worker) exits",
 }
 _DUMP_ALLOWED = "a signal a rank can catch and does not otherwise use, e.g. SIGUSR2 or SIGUSR1, or none"
+#: The dump signal when none was chosen: the first of these that is not the termination signal.
+_AUTO_DUMP_SIGNALS = (signal.SIGUSR2, signal.SIGUSR1)
 
 
 def _signal_for(name: str, value: Any, unsuitable: Mapping[signal.Signals, str], allowed: str,
@@ -339,7 +343,8 @@ class FaultToleranceConfig:
     #: budget instead of ``step`` (:func:`ft_core.timeouts.warmup_step_timeout`), and not used to
     #: learn ``step`` (compilation, allocator and data-loader warm-up).
     num_warmup_iterations: int = 5
-    #: Signal on which each rank's faulthandler dumps all stacks; None disables.
+    #: Signal on which each rank's faulthandler dumps all stacks; None disables. When it is not set and
+    #: rank_termination_signal is SIGUSR2 (valid in NVRx), SIGUSR1 is used, with one warning.
     stack_dump_signal: Optional[signal.Signals] = signal.SIGUSR2
     #: How long the monitor waits for a stack dump before terminating the rank.
     stack_dump_timeout: float = 2.0
@@ -390,6 +395,13 @@ class FaultToleranceConfig:
                 setattr(self, name, _CHECKS[name](f"fault_tolerance.{name}", getattr(self, name)))
         except ValidationError as exc:
             raise _config_error(exc) from None
+        if (self.stack_dump_signal is not None and self.stack_dump_signal == self.rank_termination_signal
+                and "stack_dump_signal" not in self._explicit_keys):
+            # NVRx users may terminate with SIGUSR2, our default dump signal: move the dump, as it was not chosen.
+            self.stack_dump_signal = next(sig for sig in _AUTO_DUMP_SIGNALS if sig != self.rank_termination_signal)
+            log.warning("fault_tolerance: rank_termination_signal is %s, the default stack_dump_signal: stack dumps "
+                        "use %s instead (set stack_dump_signal to choose another, or none)",
+                        self.rank_termination_signal.name, self.stack_dump_signal.name)
         if self.stack_dump_signal is not None and self.stack_dump_signal == self.rank_termination_signal:
             # The rank's dump handler would catch the termination signal too: the hung rank would survive.
             raise ConfigError(
@@ -433,21 +445,25 @@ class FaultToleranceConfig:
     def from_dict(cls, mapping: Mapping[str, Any], ignore_not_recognized: bool = True) -> FaultToleranceConfig:
         """Build from a mapping of field names to values. The keys given become :attr:`explicit_keys`.
 
-        With ``ignore_not_recognized`` (the default, as in NVRx), keys of NVRx's
-        config that this project does not implement (:data:`NVRX_ONLY_KEYS`)
-        are skipped with one warning; without it they are an error. Any other
-        unknown key is always an error, with a "did you mean" suggestion.
+        With ``ignore_not_recognized`` (the default, as in NVRx) keys that are
+        not ours are skipped: keys of NVRx's config that this project does not
+        implement (:data:`NVRX_ONLY_KEYS`) with one warning, any other with one
+        warning naming the known key it resembles. Without it, either is an
+        error with a "did you mean" suggestion.
         """
         if not isinstance(mapping, Mapping):
             raise ConfigError("fault_tolerance", mapping, "a mapping of config keys to values")
         unknown = [key for key in mapping if key not in _FIELD_NAMES]
         nvrx_only = sorted(key for key in unknown if key in NVRX_ONLY_KEYS)
-        typos = [key for key in unknown if key not in NVRX_ONLY_KEYS]
-        if typos or (nvrx_only and not ignore_not_recognized):
-            raise _unknown_keys_error(typos, nvrx_only if not ignore_not_recognized else [])
+        others = [key for key in unknown if key not in NVRX_ONLY_KEYS]
+        if unknown and not ignore_not_recognized:
+            raise _unknown_keys_error(others, nvrx_only)
         if nvrx_only:
             log.warning("fault_tolerance: ignoring %d key(s) of NVRx's FaultToleranceConfig that ft-suite does "
                         "not implement: %s", len(nvrx_only), ", ".join(nvrx_only))
+        if others:
+            log.warning("fault_tolerance: ignoring unknown key(s) %s (ignore_not_recognized=False makes them an "
+                        "error)", _described_unknown_keys(others))
         return cls(**{key: value for key, value in mapping.items() if key in _FIELD_NAMES})
 
     @classmethod
@@ -619,14 +635,19 @@ def _default_text(field: dataclasses.Field[Any]) -> str:
     return default.name if isinstance(default, enum.Enum) else str(default)
 
 
+def _described_unknown_keys(keys: Sequence[Any]) -> str:
+    """``'rank_heartbeat_timout' (did you mean 'rank_heartbeat_timeout'?), 'zzz'``."""
+    described = []
+    for key in keys:
+        close = difflib.get_close_matches(str(key), [*_FIELD_NAMES, *NVRX_ONLY_KEYS], n=1)
+        described.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return ", ".join(described)
+
+
 def _unknown_keys_error(typos: Sequence[Any], nvrx_only: Sequence[str]) -> ConfigError:
     problems = []
     if typos:
-        described = []
-        for key in typos:
-            close = difflib.get_close_matches(str(key), [*_FIELD_NAMES, *NVRX_ONLY_KEYS], n=1)
-            described.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        problems.append("unknown key(s) " + ", ".join(described))
+        problems.append("unknown key(s) " + _described_unknown_keys(typos))
     if nvrx_only:
         problems.append("key(s) of NVRx's FaultToleranceConfig that ft-suite does not implement: "
                         + ", ".join(map(repr, nvrx_only)) + " (ignore_not_recognized=True skips them with a warning)")

@@ -32,12 +32,18 @@ crossing this boundary is validated (``InvalidTimeoutsError`` names the key,
 the value and what is allowed): a string, NaN, infinity or a value <= 0 would
 otherwise crash the monitor, silently disable detection or kill at connect.
 
+NVRx's own ``TimeoutsCalc`` API (``update_on_section_event`` with a
+:class:`SectionAction`, ``can_get_*``, ``get_*`` with an optional ``current``,
+``synchronize_all``, ``maybe_bump_oos_time``) is a thin layer over the same
+observations and the same merge rule, for code written against NVRx.
+
 This module imports torch lazily, only for the all-reduce.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import numbers
 import time
@@ -55,8 +61,10 @@ __all__ = [
     "JOB_LIFE_KEY",
     "JobLife",
     "PhaseHistory",
+    "SectionAction",
     "SectionTimeouts",
     "TimeoutsCalc",
+    "TimeoutsCalcError",
     "TimeoutsNotReadyError",
     "WarmupRule",
     "apply_calculated",
@@ -89,8 +97,20 @@ _HEARTBEAT_KEYS = ("initial", "subsequent", "were_calculated")
 _SECTION_KEYS = ("section", "out_of_section", "calculated_sections", "is_out_of_section_calculated")
 
 
-class TimeoutsNotReadyError(RuntimeError):
+class TimeoutsCalcError(Exception):
+    """Misuse of :class:`TimeoutsCalc`, or not enough data for the timeouts asked for (NVRx's exception)."""
+
+
+class TimeoutsNotReadyError(TimeoutsCalcError, RuntimeError):
     """No rank has observed enough intervals to calculate the requested timeouts."""
+
+
+class SectionAction(enum.Enum):
+    """A section event for :meth:`TimeoutsCalc.update_on_section_event` (NVRx's names)."""
+
+    OPEN = enum.auto()
+    CLOSE = enum.auto()
+    CLOSE_ALL = enum.auto()
 
 
 class InvalidTimeoutsError(ValueError):
@@ -463,13 +483,20 @@ def warmup_step_timeout(sections: SectionTimeouts, initial_heartbeat: Optional[f
     return initial_heartbeat if initial_heartbeat is not None else configured_step
 
 
+def _process_group_exists() -> bool:
+    import sys
+
+    dist_module = sys.modules.get("torch.distributed")
+    return dist_module is not None and dist_module.is_available() and dist_module.is_initialized()
+
+
 def _all_reduce_max(values: list[float]) -> list[float]:
     """MAX over all ranks if a default process group exists; identity otherwise."""
     import sys
 
-    dist_module = sys.modules.get("torch.distributed")
-    if dist_module is None or not dist_module.is_available() or not dist_module.is_initialized():
+    if not _process_group_exists():
         return values
+    dist_module = sys.modules["torch.distributed"]
     import torch
 
     device = torch.device("cpu")
@@ -486,17 +513,38 @@ def _synchronized(local: list[Optional[float]]) -> list[Optional[float]]:
     return [None if value < 0 else value for value in reduced]
 
 
+def _ema_merge(new: float, previous: Optional[float], previous_calculated: bool) -> float:
+    """NVRx's merge of a new timeout with the one in force: their average if that one was calculated too."""
+    if previous_calculated and previous is not None:
+        return EMA_ALPHA * new + (1.0 - EMA_ALPHA) * previous
+    return new
+
+
+def _measured(value: Optional[float]) -> bool:
+    return value is not None and value > 0
+
+
 class TimeoutsCalc:
     """Observes one rank's intervals and turns them into timeouts agreed by all ranks.
 
-    ``now`` arguments exist so tests can feed synthetic times. ``sections``
-    are the tracked section names (they decide whether warm-up steps are
-    learned as ``warmup``, see :class:`WarmupRule`).
+    ``now`` and NVRx's ``hb_time``/``event_time``/``curr_time`` arguments exist
+    so tests can feed synthetic times. ``sections`` are the tracked section
+    names (they decide whether warm-up steps are learned as ``warmup``, see
+    :class:`WarmupRule`, and are the sections NVRx's API accepts).
 
     >>> calc = TimeoutsCalc(safety_factor=2.0, start_time=0.0)
-    >>> calc.update_on_heartbeat(now=3.0); calc.update_on_heartbeat(now=4.0)
+    >>> calc.update_on_heartbeat(hb_time=3.0); calc.update_on_heartbeat(hb_time=4.0)
     >>> calc.calculate_hb_timeouts(HeartbeatTimeouts(60.0, 30.0))
     HeartbeatTimeouts(initial=6.0, subsequent=2.0, were_calculated=True)
+
+    NVRx's API reads the observations of this rank, or of all ranks after
+    :meth:`synchronize_all`, and merges with ``current`` by the same rule:
+
+    >>> calc = TimeoutsCalc(sections=["step"], start_time=0.0, safety_factor=2.0)
+    >>> calc.update_on_section_event("step", SectionAction.OPEN, event_time=1.0)
+    >>> calc.update_on_section_event("step", SectionAction.CLOSE, event_time=4.0)
+    >>> calc.get_section_timeouts().section, calc.get_section_timeouts().out_of_section
+    ({'step': 6.0}, 2.0)
     """
 
     def __init__(
@@ -505,7 +553,7 @@ class TimeoutsCalc:
         start_time: Optional[float] = None,
         num_warmup_iterations: int = 0,
         min_timeout: float = 0.0,
-        sections: Container[str] = (),
+        sections: Optional[Iterable[str]] = (),
         job_life: Optional[JobLife] = None,
     ) -> None:
         self.safety_factor = safety_factor
@@ -514,7 +562,12 @@ class TimeoutsCalc:
         self._contributed: set[str] = set()  # phases this run (this calculator) already added to job_life
         self.min_timeout = min_timeout
         self.start_time = time.monotonic() if start_time is None else start_time
-        self.warmup = WarmupRule(num_warmup_iterations, sections)
+        #: The sections NVRx's API accepts, in a rank-independent order (the all-reduce's): as given in a
+        #: list or tuple, sorted from a set (whose order varies from process to process).
+        given = sections or ()
+        self.sections: tuple[str, ...] = tuple(dict.fromkeys(given if isinstance(given, (list, tuple))
+                                                             else sorted(given)))
+        self.warmup = WarmupRule(num_warmup_iterations, self.sections)
         self.first_hb_delay: Optional[float] = None
         self.max_hb_interval: Optional[float] = None
         self.last_hb_time: Optional[float] = None
@@ -524,8 +577,8 @@ class TimeoutsCalc:
         self._out_of_section_since: Optional[float] = self.start_time
 
     # -- observations -----------------------------------------------------
-    def update_on_heartbeat(self, now: Optional[float] = None) -> None:
-        now = time.monotonic() if now is None else now
+    def update_on_heartbeat(self, hb_time: Optional[float] = None) -> None:
+        now = time.monotonic() if hb_time is None else hb_time
         if self.last_hb_time is None:
             self.first_hb_delay = now - self.start_time
         else:
@@ -565,9 +618,7 @@ class TimeoutsCalc:
         """
         self.job_life.observe(phase, observed, new_run=phase not in self._contributed)
         self._contributed.add(phase)
-        new = max(observed * self.safety_factor, self.min_timeout)
-        if was_calculated and previous is not None:
-            new = EMA_ALPHA * new + (1.0 - EMA_ALPHA) * previous
+        new = _ema_merge(max(observed * self.safety_factor, self.min_timeout), previous, was_calculated)
         return max(new, observed, self.min_timeout, self.safety_factor * self.job_life.floor(phase))
 
     def calculate_hb_timeouts(
@@ -634,3 +685,140 @@ class TimeoutsCalc:
         if len(missing) == len(names) + int(calc_out_of_section):
             return None
         return SectionTimeouts(section, out_of_section, calculated, oos_calculated)
+
+    # -- NVRx's API -----------------------------------------------------------
+    def update_on_section_event(self, section: Optional[str], action: SectionAction,
+                                event_time: Optional[float] = None) -> None:
+        """Record that ``section`` opened or closed, or (``CLOSE_ALL``, ``section`` None) every open one closed.
+
+        Raises:
+            TimeoutsCalcError: for a section not given to the constructor, opening an open
+                section or closing one that is not open (as NVRx).
+        """
+        if section is not None and section not in self.sections:
+            raise TimeoutsCalcError(f"unknown section {section!r}: the sections are {list(self.sections)} "
+                                    "(the keys of rank_section_timeouts)")
+        now = time.monotonic() if event_time is None else event_time
+        if action is SectionAction.OPEN:
+            if section is None or section in self._open:
+                raise TimeoutsCalcError(f"section {section!r} is already open; close it before opening it again")
+            self.update_on_section_start(section, now)
+        elif action is SectionAction.CLOSE:
+            if section is None or section not in self._open:
+                raise TimeoutsCalcError(f"section {section!r} is not open")
+            self.update_on_section_end(section, now)
+        else:
+            for name in list(self._open):
+                self.update_on_section_end(name, now)
+
+    @property
+    def is_out_of_section(self) -> bool:
+        return not self._open
+
+    def maybe_bump_oos_time(self, curr_time: Optional[float] = None) -> None:
+        """Count the out-of-section stretch still running up to ``curr_time`` (NVRx's name)."""
+        self._observe_out_of_section(time.monotonic() if curr_time is None else curr_time)
+
+    def reset_start_time(self) -> None:
+        """Measure the delay to the first heartbeat from now."""
+        self.start_time = time.monotonic()
+
+    def synchronize_all(self) -> None:
+        """Replace this rank's observations by the maximum over all ranks (a collective, as NVRx's).
+
+        A phase no rank observed stays unobserved. Raises :class:`TimeoutsCalcError`
+        without an initialized default process group.
+        """
+        if not _process_group_exists():
+            raise TimeoutsCalcError("synchronize_all() needs an initialized torch.distributed process group")
+        synced = _synchronized([self.first_hb_delay, self.max_hb_interval, self.max_out_of_section,
+                                *(self.section_max.get(name) for name in self.sections)])
+        self.first_hb_delay, self.max_hb_interval, self.max_out_of_section = synced[:3]
+        for name, value in zip(self.sections, synced[3:]):
+            if value is not None:
+                self.section_max[name] = value
+
+    def can_get_hb_timeouts(self) -> bool:
+        """Whether the first heartbeat and a gap between two were observed."""
+        return _measured(self.first_hb_delay) and _measured(self.max_hb_interval)
+
+    def get_hb_timeouts(self, current: Optional[HeartbeatTimeouts] = None) -> HeartbeatTimeouts:
+        """Heartbeat timeouts from the observations, merged with ``current`` if it was calculated.
+
+        Raises:
+            TimeoutsCalcError: not enough data (:meth:`can_get_hb_timeouts` is False).
+        """
+        if not self.can_get_hb_timeouts():
+            raise TimeoutsNotReadyError("not enough data for heartbeat timeouts: the first heartbeat and a "
+                                        "second one are needed")
+        assert self.first_hb_delay is not None and self.max_hb_interval is not None
+        current = current if current is not None else HeartbeatTimeouts()
+        return HeartbeatTimeouts(
+            initial=self._merged("heartbeat.initial", current.initial, current.were_calculated, self.first_hb_delay),
+            subsequent=self._merged("heartbeat.subsequent", current.subsequent, current.were_calculated,
+                                    self.max_hb_interval),
+            were_calculated=True)
+
+    def _selected(self, selected_sections: Optional[Collection[str]]) -> Collection[str]:
+        unknown = sorted(set(selected_sections or ()) - set(self.sections))
+        if unknown:
+            raise TimeoutsCalcError(f"unknown section(s) {unknown}: the sections are {list(self.sections)}")
+        return self.sections if selected_sections is None else selected_sections
+
+    def can_get_section_timeouts(self, selected_sections: Optional[Collection[str]] = None,
+                                 calc_out_of_section: bool = True) -> bool:
+        """Whether every selected section (all if none or empty are given, as NVRx) and, if asked, the
+        time out of sections were observed."""
+        selected = self._selected(selected_sections or None)
+        return (all(_measured(self.section_max.get(name)) for name in selected)
+                and (not calc_out_of_section or _measured(self.max_out_of_section)))
+
+    def get_section_timeouts(self, selected_sections: Optional[Collection[str]] = None,
+                             calc_out_of_section: bool = True,
+                             current: Optional[SectionTimeouts] = None) -> SectionTimeouts:
+        """Timeouts of the selected sections (all by default) and out of sections, merged with ``current``.
+
+        Every section given to the constructor is in the result: one not selected keeps
+        its value in ``current`` (None without one). Unlike :meth:`calculate_section_timeouts`,
+        the out-of-section stretch still running is not counted (see :meth:`maybe_bump_oos_time`).
+
+        Raises:
+            TimeoutsCalcError: not enough data (:meth:`can_get_section_timeouts` is False).
+        """
+        if not self.can_get_section_timeouts(selected_sections, calc_out_of_section):
+            raise TimeoutsNotReadyError("not enough data for the section timeouts asked for")
+        selected = self._selected(selected_sections)
+        current = current if current is not None else SectionTimeouts(dict.fromkeys(self.sections))
+        section = {name: current.section.get(name) for name in self.sections}
+        calculated = set(current.calculated_sections) | set(selected)
+        for name in selected:
+            section[name] = self._merged(f"section.{name}", section[name], name in current.calculated_sections,
+                                         self.section_max[name])
+        out_of_section, oos_calculated = current.out_of_section, current.is_out_of_section_calculated
+        if calc_out_of_section:
+            assert self.max_out_of_section is not None
+            out_of_section = self._merged("out_of_section", out_of_section, oos_calculated, self.max_out_of_section)
+            oos_calculated = True
+        return SectionTimeouts(section, out_of_section, calculated, oos_calculated)
+
+    @staticmethod
+    def _get_merged_section_timeouts(new: SectionTimeouts, current: Optional[SectionTimeouts]) -> SectionTimeouts:
+        """NVRx's merge of two section timeouts: a value calculated in both is averaged, one calculated in
+        only one of them wins, else ``current``'s stays."""
+        if current is None:
+            return new
+
+        def merge(new_value: Optional[float], new_calculated: bool, value: Optional[float],
+                  calculated: bool) -> Optional[float]:
+            if not new_calculated or new_value is None:
+                return value
+            return _ema_merge(new_value, value, calculated)
+
+        section = {name: merge(value, name in new.calculated_sections, current.section.get(name),
+                               name in current.calculated_sections) for name, value in new.section.items()}
+        return SectionTimeouts(
+            section,
+            merge(new.out_of_section, new.is_out_of_section_calculated, current.out_of_section,
+                  current.is_out_of_section_calculated),
+            set(current.calculated_sections) | set(new.calculated_sections),
+            current.is_out_of_section_calculated or new.is_out_of_section_calculated)

@@ -45,6 +45,7 @@ from ft_core.events import (
 )
 from ft_core.fileutil import atomic_write_text
 from ft_core.monitor.status import read_status
+from ft_core.version import python_version, torch_version, version
 
 if TYPE_CHECKING:
     from ft_core.launcher.events import EventLog
@@ -207,6 +208,10 @@ class LauncherMetrics:
 
         now = time.time()
         base = self.base
+        build = GaugeMetricFamily("ft_build_info", "Always 1: the ft-suite, torch and Python versions of this launcher",
+                                  labels=[*BASE_LABELS, "version", "torch", "python"])
+        build.add_metric([*base, version(), torch_version(), python_version()], 1)
+        yield build
         with self._lock:
             restarts = CounterMetricFamily("ft_restarts", "Cycles ended by a restart, by kind", labels=[*BASE_LABELS, "kind"])
             for kind, count in sorted(self._restarts.items()):

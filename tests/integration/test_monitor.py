@@ -83,6 +83,16 @@ def test_heartbeat_gap_kills_after_stack_dump_naming_the_function(start_monitor,
         assert "hang_without_heartbeat" in handle.read()
 
 
+def test_nvrx_termination_signal_sigusr2_still_dumps_the_stack_before_it_ends_the_rank(start_monitor, ranks):
+    # NVRx's --ft-rank-termination-signal SIGUSR2: the dump moves to SIGUSR1 (the default was SIGUSR2).
+    monitor = start_monitor(rank_heartbeat_timeout=1.0, rank_termination_signal="SIGUSR2")
+    proc = ranks(monitor, "heartbeat_gap")
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGUSR2
+    hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
+    assert "hang_without_heartbeat" in hang["stack"]
+
+
 def test_step_section_timeout_kills_while_another_section_is_open(start_monitor, ranks):
     # The rank hangs in its fourth step, a warm-up step: nothing but the configured step timeout is set.
     monitor = start_monitor(initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
@@ -467,7 +477,7 @@ def test_heartbeats_learn_the_same_gaps_as_timeouts_calc(start_monitor, monkeypa
         for gap in (4.0, 1.0, 3.0, 0.5, 3.0, 2.0, 7.0, 0.1):
             clock[0] += gap
             client.send_heartbeat()
-            reference.update_on_heartbeat(now=clock[0])
+            reference.update_on_heartbeat(hb_time=clock[0])
         assert (client._session.calc.first_hb_delay, client._session.calc.max_hb_interval) == (4.0, 7.0)
         assert client.calculate_and_set_hb_timeouts()
         expected = reference.calculate_hb_timeouts(client_module.HeartbeatTimeouts(60.0, 60.0))

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
+import types
 
 import pytest
 from helpers import REPO_ROOT, free_port, kill_group, python_env, spawn_python, wait_for, wait_for_event
@@ -166,6 +168,27 @@ def test_untracked_sections_are_ignored_tracked_misuse_raises(attach_monitor, cl
     c.start_section("data")
     hang = wait_for_event(monitor.events_path, 30, event="hang_detected")
     assert hang["reason"] == "out_of_section" and hang["open_sections"] == []
+
+
+# -- Megatron-LM's unmodified ft_integration: its args appear after the client's init ---
+def test_megatron_args_set_after_init_give_the_iteration_of_sections_and_hangs(attach_monitor, client,
+                                                                               monkeypatch):
+    monitor = attach_monitor(_cfg(rank_section_timeouts={"step": 0.5}, rank_heartbeat_timeout=600.0))
+    # Megatron-LM imported its global_vars; ft_integration.setup() connects before initialize_megatron().
+    global_vars = types.ModuleType("megatron.training.global_vars")
+    global_vars._GLOBAL_ARGS = None
+    monkeypatch.setitem(sys.modules, "megatron.training.global_vars", global_vars)
+    c = client()
+    c.init_workload_monitoring()
+    c.send_heartbeat()  # no args yet: no iteration, no error
+    global_vars._GLOBAL_ARGS = types.SimpleNamespace(iteration=40)  # after a checkpoint load (NVRx's fallback)
+    assert c._current_iteration() == 40
+    global_vars._GLOBAL_ARGS.curr_iteration = 41  # the training loop's counter
+    c.send_heartbeat()
+    global_vars._GLOBAL_ARGS.curr_iteration = 42
+    c.start_section("step")
+    hang = wait_for_event(monitor.events_path, 30, event="hang_detected")
+    assert (hang["section"], hang["iteration"]) == ("step", 42)
 
 
 # -- 4. warm-up: num_warmup_iters, the "warmup" section timeout -------------

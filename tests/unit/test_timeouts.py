@@ -29,14 +29,14 @@ def _calc(**kwargs) -> TimeoutsCalc:
 def test_heartbeat_formula_initial_and_subsequent():
     calc = _calc()
     for t in (5.0, 6.0, 9.0, 10.0):
-        calc.update_on_heartbeat(now=t)
+        calc.update_on_heartbeat(hb_time=t)
     hb = calc.calculate_hb_timeouts(HeartbeatTimeouts(3600.0, 2700.0))
     assert hb == HeartbeatTimeouts(initial=10.0, subsequent=6.0, were_calculated=True)
 
 
 def test_heartbeat_not_ready_raises_or_skips():
     calc = _calc()
-    calc.update_on_heartbeat(now=1.0)
+    calc.update_on_heartbeat(hb_time=1.0)
     with pytest.raises(TimeoutsNotReadyError):
         calc.calculate_hb_timeouts(HeartbeatTimeouts(1.0, 1.0))
     assert calc.calculate_hb_timeouts(HeartbeatTimeouts(1.0, 1.0), skip_if_not_ready=True) is None
@@ -44,8 +44,8 @@ def test_heartbeat_not_ready_raises_or_skips():
 
 def test_recalculation_averages_calculated_values_but_replaces_config_values():
     calc = _calc()
-    calc.update_on_heartbeat(now=1.0)
-    calc.update_on_heartbeat(now=2.0)
+    calc.update_on_heartbeat(hb_time=1.0)
+    calc.update_on_heartbeat(hb_time=2.0)
     # Config values (not calculated) are replaced, even by smaller learned values.
     first = calc.calculate_hb_timeouts(HeartbeatTimeouts(3600.0, 2700.0))
     assert (first.initial, first.subsequent) == (2.0, 2.0)
@@ -73,8 +73,8 @@ def test_section_formula_and_selected_sections():
 
 def test_calculated_timeouts_never_go_below_the_floor():
     calc = TimeoutsCalc(safety_factor=2.0, start_time=0.0, min_timeout=1.5)
-    calc.update_on_heartbeat(now=0.1)
-    calc.update_on_heartbeat(now=0.2)
+    calc.update_on_heartbeat(hb_time=0.1)
+    calc.update_on_heartbeat(hb_time=0.2)
     calc.update_on_section_start("step", now=0.3)
     calc.update_on_section_end("step", now=0.4)
     hb = calc.calculate_hb_timeouts(HeartbeatTimeouts())
@@ -208,7 +208,7 @@ def test_ten_resumes_that_see_only_short_gaps_never_shrink_a_timeout_below_the_j
         t = 0.0
         for gap in ([0.5, 3.0, 0.5] if run == 0 else [0.5, 0.5]):
             t += gap
-            calc.update_on_heartbeat(now=t)
+            calc.update_on_heartbeat(hb_time=t)
             calc.update_on_section_start("step", now=t)
             calc.update_on_section_end("step", now=t + (2.0 if run == 0 else 0.2))
         hb = calc.calculate_hb_timeouts(hb, calc_initial=False)
@@ -236,8 +236,8 @@ def test_a_state_dict_without_job_life_loads_with_no_floor_from_history():
     nvrx = {"current_timeouts": {"heartbeat": {"initial": 60.0, "subsequent": 8.0, "were_calculated": True}}}
     assert not job_life_from_state_dict(nvrx)
     calc, hb, _ = _resume(nvrx)
-    calc.update_on_heartbeat(now=1.0)
-    calc.update_on_heartbeat(now=1.5)
+    calc.update_on_heartbeat(hb_time=1.0)
+    calc.update_on_heartbeat(hb_time=1.5)
     assert calc.calculate_hb_timeouts(hb, calc_initial=False).subsequent == 0.5 * 8.0 + 0.5 * 2.5
 
 
