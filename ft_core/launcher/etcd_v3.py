@@ -34,6 +34,7 @@ import base64
 import dataclasses
 import datetime
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -188,11 +189,9 @@ class EtcdV3Client:
         from etcd3gw.client import Etcd3Client
 
         self.settings = settings
-        self._clients = [
-            Etcd3Client(host=host, port=port, protocol=settings.protocol, ca_cert=settings.ca_cert,
-                        cert_cert=settings.ssl_cert, cert_key=settings.ssl_cert_key,
-                        timeout=settings.read_timeout, api_path=API_PATH)
-            for host, port in settings.endpoints]
+        self._clients = [Etcd3Client(host=host, port=port, protocol=settings.protocol, timeout=settings.read_timeout,
+                                     api_path=API_PATH, session=_session(settings))
+                         for host, port in settings.endpoints]
         self._current = 0
         self._authenticated: set[int] = set()
         self._lock = threading.Lock()  # guards _current and _authenticated (the keep-alive threads call too)
@@ -214,6 +213,9 @@ class EtcdV3Client:
                 self._ensure_authenticated(index, client)
                 return operation(client)
             except unavailable as exc:
+                if "SSLError" in _describe(exc):  # etcd3gw reports a failed TLS handshake as a connection failure
+                    raise EtcdError(f"TLS with etcd at {client.host}:{client.port} failed (--rdzv-conf ca_cert, "
+                                    f"ssl_cert, ssl_cert_key): {_describe(exc)}") from None
                 failures += 1
                 last = _describe(exc)
                 with self._lock:
@@ -495,6 +497,25 @@ def register() -> None:
     from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
 
     rendezvous_handler_registry.register(BACKEND_NAME, create_etcd_v3_handler)
+
+
+def _session(settings: EtcdV3Settings) -> Any:
+    """A requests session with the TLS settings, one per endpoint (each holds its own auth token).
+
+    The environment is not trusted: requests lets ``REQUESTS_CA_BUNDLE`` override a
+    session's CA (requests issue 3829), which would silently replace ``ca_cert``, and
+    etcd members are reached directly, never through an ``HTTP(S)_PROXY``. Without
+    ``ca_cert`` the CA bundle of the environment still applies, as in requests.
+    """
+    import requests
+
+    session = requests.Session()
+    session.trust_env = False
+    session.verify = (settings.ca_cert or os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")
+                      or True)
+    if settings.ssl_cert and settings.ssl_cert_key:
+        session.cert = (settings.ssl_cert, settings.ssl_cert_key)
+    return session
 
 
 def _b64(data: bytes) -> str:
