@@ -209,6 +209,8 @@ class EtcdV3Client:
             with self._lock:
                 index = self._current
             client = self._clients[index]
+            # A member without quorum holds a request until its own timeout: never past the retry window.
+            client.timeout = max(0.2, min(self.settings.read_timeout, deadline - time.monotonic()))
             try:
                 self._ensure_authenticated(index, client)
                 return operation(client)

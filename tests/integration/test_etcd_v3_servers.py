@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import base64
 import shutil
+from typing import Optional
 
 import pytest
-from etcd_cluster import EtcdCluster, TlsFiles, etcd35_binary, etcd_missing
+from etcd_cluster import EtcdCluster, EtcdMember, TlsFiles, etcd35_binary, etcd_missing
+from helpers import wait_for
 from launcher_helpers import LauncherGroup, Rendezvous, exit_event
 
 from ft_core.launcher.etcd_v3 import EtcdError
@@ -120,3 +122,65 @@ def test_torch_etcd_v2_cannot_run_on_etcd_35_where_etcd_v3_completes_the_job(lau
                               FT_TEST_FAULT="exit3")
     assert current.wait(120) == 0, current.output()[-3000:]
     assert [e["restarts"] for e in current.events("cycle_start")] == [0, 1]
+
+
+# -- a 3-member etcd cluster losing members ---------------------------------------------------
+def leader(cluster: EtcdCluster) -> EtcdMember:
+    """The member that says it leads (asked of each live member in turn; waits out an election)."""
+
+    def find() -> Optional[EtcdMember]:
+        for index, member in enumerate(cluster.members):
+            if member.proc is not None and member.proc.poll() is None:
+                status = cluster.v3_client([index], unavailable_timeout="5").call(lambda c: c.status(), "status")
+                if status["header"]["member_id"] == status.get("leader"):
+                    return member
+        return None
+
+    return wait_for(find, 30, "an etcd leader", interval=0.2)
+
+
+@pytest.fixture
+def etcd3v3(etcd_cluster3):
+    _need_v3()
+    return etcd_cluster3
+
+
+def test_the_job_rides_out_the_leader_lost_in_its_rendezvous_and_a_member_lost_mid_training(
+        launchers, tmp_path, etcd3v3):
+    cluster = etcd3v3
+    rdzv = Rendezvous("etcd-v3", cluster)  # every member in --rdzv-endpoint
+    trigger = tmp_path / "fire"
+    env = {"FT_TEST_FAULT_AFTER": str(trigger), "FT_TEST_FAULT": "exit3", "FT_TEST_FAULT_RANK": "1"}
+    a = launchers.start(*rdzv.flags("2"), name="A", nproc=1, **env)
+    wait_for(lambda: rdzv.state() is not None, 120, "A to open the rendezvous", interval=0.2)
+    first_leader = leader(cluster)
+    first_leader.kill()  # A waits in the round; B joins through the members left, while they elect a leader
+    b = launchers.start(*rdzv.flags("2"), name="B", nproc=1, **env)
+    for node in (a, b):
+        node.wait_event("rank_connected", 180)
+    cluster.restart(first_leader)  # back to 3 members, then lose another one (the leader again) mid-training
+    leader(cluster).kill()
+    trigger.touch()  # a crash now: the restart's decision and rendezvous go through the 2 members left
+
+    for node in (a, b):
+        assert node.wait(180) == 0, node.output()[-3000:]
+        assert [e["restarts"] for e in node.events("cycle_start")] == [0, 1]  # the injected fault only
+    # One decision for the job, taken while the 2 members left elect a leader: by B (its rank exited 3) or
+    # by A, if A's rank, which lost its peer, exited first.
+    (restart_a,), (restart_b,) = a.events("restart"), b.events("restart")
+    assert restart_a["cause"] == restart_b["cause"] and " exited with code " in restart_a["cause"], restart_a
+    assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(0, 1), (1, 1)}
+
+
+def test_a_lost_majority_is_a_clear_error_naming_etcd_not_a_hang(launchers, tmp_path, etcd3v3):
+    cluster = etcd3v3
+    rdzv = Rendezvous("etcd-v3", cluster, conf=["unavailable_timeout=5"])
+    nodes = [launchers.start(*rdzv.flags("2"), name=name, nproc=1, FT_TEST_STEPS="forever") for name in "AB"]
+    for node in nodes:
+        node.wait_event("rank_connected", 180)
+    for member in cluster.members[:2]:
+        member.kill()
+    for node in nodes:
+        assert node.wait(120) == 1, node.output()[-3000:]
+        reason = exit_event(node)["reason"]
+        assert "etcd did not answer for 5 s" in reason and "majority of the etcd cluster" in reason, reason
