@@ -180,9 +180,10 @@ class EtcdV3Client:
     :meth:`call` runs one request on the current member; when that member does
     not answer (connection refused, timeout, "no leader", a leader change) it
     moves on to the next one, and after ``unavailable_timeout`` seconds without
-    an answer raises :class:`~ft_core.launcher.job_store.JobStoreUnavailable`.
-    An authentication token that expired is renewed once and the request
-    repeated; any other refusal raises :class:`EtcdError`.
+    an answer raises :class:`~ft_core.launcher.job_store.JobStoreUnavailable`
+    (no request is held past that window). An authentication token that expired
+    is renewed once and the request repeated; any other refusal (and a failed
+    TLS handshake) raises :class:`EtcdError` at once.
     """
 
     def __init__(self, settings: EtcdV3Settings) -> None:
@@ -229,7 +230,7 @@ class EtcdV3Client:
                                 self.settings.unavailable_timeout)
             except exceptions.Etcd3Exception as exc:
                 if self.settings.user is not None and _is_auth_expired(exc) and not renewed:
-                    renewed = True  # a simple token expires after etcd's --auth-token-ttl of disuse
+                    renewed = True  # a token expires after etcd's --auth-token-ttl of disuse, or with its member
                     with self._lock:
                         self._authenticated.discard(index)
                     continue
@@ -249,14 +250,13 @@ class EtcdV3Client:
             return
         from etcd3gw import exceptions
 
+        client.session.headers.pop("Authorization", None)  # etcd checks a token sent along, even a stale one
         try:
             reply = client.post(client.get_url("/auth/authenticate"),
                                 json={"name": self.settings.user, "password": self.settings.password})
-        except exceptions.ConnectionFailedError:
-            raise
+        except (exceptions.ConnectionFailedError, exceptions.ConnectionTimeoutError, exceptions.InternalServerError):
+            raise  # not an answer: call() moves on to the next member
         except exceptions.Etcd3Exception as exc:
-            if isinstance(exc, (exceptions.ConnectionTimeoutError, exceptions.InternalServerError)):
-                raise
             raise EtcdError(f"etcd at {client.host}:{client.port} refused user {self.settings.user!r} "
                             f"(--rdzv-conf user/password): {_describe(exc)}") from None
         client.session.headers["Authorization"] = reply["token"]

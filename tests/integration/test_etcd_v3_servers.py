@@ -70,6 +70,10 @@ def test_tls_and_auth_refusals_name_what_is_wrong(secured_etcd):
     client = secured_etcd.v3_client(user=USER, password=PASSWORD)
     client.put("/ft_launcher/probe", b"ok", 0)
     assert client.get("/ft_launcher/probe")[0] == b"ok"
+    # A token etcd no longer knows (expired after --auth-token-ttl, or the member restarted) is renewed.
+    (session,) = {c.session for c in client._clients}
+    session.headers["Authorization"] = "expired.token"
+    assert client.get("/ft_launcher/probe")[0] == b"ok" and session.headers["Authorization"] != "expired.token"
     refusals = [
         ({}, "user name is empty"),  # auth is on: no anonymous access
         ({"user": USER, "password": "wrong"}, f"refused user '{USER}' .*invalid user ID or password"),
