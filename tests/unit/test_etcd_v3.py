@@ -8,6 +8,7 @@ pieces is tested in tests/integration (test_launcher_multi_node.py, test_node_lo
 from __future__ import annotations
 
 import datetime
+import threading
 import time
 import uuid
 
@@ -136,3 +137,31 @@ def test_endpoints():
     for bad in ("", "a:b", "a:70000"):
         with pytest.raises(ValidationError, match="--rdzv-endpoint"):
             EtcdV3Settings.from_params(RendezvousParameters("etcd-v3", bad, "job", 1, 1))
+
+
+def test_an_outage_shorter_than_the_retry_window_is_ridden_out(tmp_path, caplog):
+    """No false failure: a write issued while etcd is down completes once it is back, within the window."""
+    from etcd_cluster import EtcdCluster
+
+    from ft_core.launcher.job_store import EtcdV3JobStore
+
+    cluster = EtcdCluster(str(tmp_path), size=1, enable_v2=False).start()
+    client = cluster.v3_client(unavailable_timeout="60")
+    lease = JobLease(client, "/ft_launcher/outage/lease", 60)
+    try:
+        store = EtcdV3JobStore(client, "/ft_launcher/outage/job", lease)
+        store.set("k", "before")
+        (member,) = cluster.members
+        member.kill()
+        result: list = []
+        writer = threading.Thread(target=lambda: result.append(store.compare_set("k", "before", "after")))
+        writer.start()
+        wait_for(lambda: any("did not answer" in r.getMessage() and "retrying" in r.getMessage()
+                             for r in caplog.records), 30, "the write to fail once and be retried")
+        # Restarted from this thread: an etcd started from a thread would die with it (PR_SET_PDEATHSIG).
+        cluster.restart(member)
+        writer.join(60)
+        assert result == ["after"] and store.get("k") == "after"
+    finally:
+        lease.close()
+        cluster.stop()
