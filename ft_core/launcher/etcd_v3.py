@@ -63,6 +63,8 @@ __all__ = [
     "EtcdV3Store",
     "JobLease",
     "create_etcd_v3_handler",
+    "job_prefix",
+    "parse_endpoints",
     "register",
 ]
 
