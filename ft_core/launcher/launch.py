@@ -24,6 +24,7 @@ from ft_core.events import LauncherExit, LauncherStarted
 from ft_core.jobdir import claim_job_dir, saved_stacks_dir
 from ft_core.launcher.agent import FtElasticAgent, Outcome, Services, signal_outcome
 from ft_core.launcher.control import WorkloadControlServer
+from ft_core.launcher.etcd_v3 import register as register_etcd_v3
 from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
 from ft_core.launcher.metrics import SCRAPE_TARGETS_DIR, LauncherMetrics
 from ft_core.launcher.node_monitor import NodeMonitor
@@ -131,6 +132,7 @@ def _worker_spec(config: LaunchConfig, entrypoint: Union[Callable, str], args: l
         min_nodes=config.min_nodes, max_nodes=config.max_nodes, local_addr=config.local_addr,
         **config.rdzv_configs)
     master_addr, master_port = _get_addr_and_port(rdzv_parameters)
+    register_etcd_v3()  # --rdzv-backend=etcd-v3 beside torch's own backends
     return WorkerSpec(
         role=config.role, local_world_size=config.nproc_per_node, entrypoint=entrypoint, args=tuple(args),
         rdzv_handler=rdzv_registry.get_rendezvous_handler(rdzv_parameters), max_restarts=config.max_restarts,

@@ -1,8 +1,8 @@
 """Several ft_launcher processes on loopback acting as nodes of one job, on each rendezvous backend.
 
-Every test runs on c10d (the first launcher hosts the rendezvous store) and on
-etcd-v2 (a real etcd server, the session's ``etcd_server`` fixture; skipped
-with the reason when etcd is not installed). One worker per node keeps these
+Every test runs on c10d (the first launcher hosts the rendezvous store), on
+etcd-v2 and on etcd-v3 (a real etcd server, the session's ``etcd_server``
+fixture; skipped with the reason when etcd is not installed). One worker per node keeps these
 tests affordable: every worker imports torch.
 """
 
@@ -25,11 +25,11 @@ def launchers(tmp_path):
         yield group
 
 
-@pytest.fixture(params=["c10d", "etcd-v2"])
+@pytest.fixture(params=["c10d", "etcd-v2", "etcd-v3"])
 def rdzv(request) -> Rendezvous:
     if request.param == "c10d":
         return Rendezvous("c10d")
-    return Rendezvous("etcd-v2", request.getfixturevalue("etcd_server"))
+    return Rendezvous(request.param, request.getfixturevalue("etcd_server"))
 
 
 def start_job_with_spare(launchers, tmp_path, rdzv, **fault_env):

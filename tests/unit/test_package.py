@@ -25,7 +25,7 @@ PROJECT = PYPROJECT["project"]
 #: distribution -> the top-level module the code imports from it
 IMPORT_NAMES = {"lightning": "lightning", "typing-extensions": "typing_extensions", "matplotlib": "matplotlib",
                 "prometheus-client": "prometheus_client", "python-etcd": "etcd", "msgspec": "msgspec",
-                "pyyaml": "yaml", "torch": "torch"}
+                "pyyaml": "yaml", "torch": "torch", "etcd3gw": "etcd3gw"}
 #: requirements for a dependency's sake, not imported by us: python-etcd needs urllib3 2.x or 1.26; Lightning's
 #: LightningCLI needs jsonargparse's signatures extra to build FaultToleranceCallback from a YAML file
 PINNED_FOR_A_DEPENDENCY = {"urllib3", "jsonargparse"}

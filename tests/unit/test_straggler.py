@@ -143,11 +143,13 @@ def test_config_defaults_and_validation():
 
 
 # -- launchers through the job store --------------------------------------------------------
-@pytest.fixture(params=["c10d", "etcd"])
+@pytest.fixture(params=["c10d", "etcd", "etcd-v3"])
 def job_store(request):
     """One job store the test's launchers share: c10d (a HashStore) or a real etcd server (v2 keys are a tree)."""
     if request.param == "c10d":
         return C10dJobStore(dist.HashStore())
+    if request.param == "etcd-v3":
+        return request.getfixturevalue("etcd_v3_job_store")(uuid.uuid4().hex)
     from ft_core.launcher.job_store import EtcdJobStore
 
     return EtcdJobStore(request.getfixturevalue("etcd_server").client(), f"/ft_launcher/{uuid.uuid4().hex}")
