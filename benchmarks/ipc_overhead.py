@@ -18,9 +18,14 @@ second client on a second monitor with detection off
 (``straggler_report_interval: none``) is timed in the same interleaved blocks
 (``detection_off``).
 
+``--megatron``: the clients read the iteration from Megatron-LM's global args
+(a stand-in ``megatron.training.global_vars`` whose ``_GLOBAL_ARGS`` is set
+after the clients' init, as Megatron-LM's ``initialize_megatron`` does after
+``ft_integration.setup()``), the path of Megatron-LM's unmodified ``ft_integration``.
+
 Also reports the monitor process's RSS. Prints JSON.
 
-    python benchmarks/ipc_overhead.py [--calls 20000] [--paced] [--interval-ms 1 --interval-ms 20]
+    python benchmarks/ipc_overhead.py [--calls 20000] [--paced] [--interval-ms 1 --interval-ms 20] [--megatron]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +113,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=20000, help="tight loop: calls of each kind")
     parser.add_argument("--paced", action="store_true", help="also measure one call per simulated step")
     parser.add_argument("--interval-ms", type=float, action="append", help="paced step interval (repeatable)")
+    parser.add_argument("--megatron", action="store_true",
+                        help="iterations from Megatron-LM's global args, set after the clients' init")
     args = parser.parse_args()
     intervals = args.interval_ms or sorted(PACED_STEPS)
 
@@ -114,7 +122,12 @@ def main() -> None:
                                straggler_report_interval=1.0)
     cfg_off = FaultToleranceConfig(rank_section_timeouts={"step": 3600.0}, log_level="WARNING",
                                    straggler_report_interval=None)
-    result: dict[str, Any] = {"benchmark": "ipc_overhead", "unit": "microseconds per call"}
+    result: dict[str, Any] = {"benchmark": "ipc_overhead", "unit": "microseconds per call",
+                              "iteration_source": "megatron_args" if args.megatron else "none"}
+    megatron_vars = types.ModuleType("megatron.training.global_vars")
+    megatron_vars._GLOBAL_ARGS = None  # type: ignore[attr-defined]
+    if args.megatron:
+        sys.modules["megatron.training.global_vars"] = megatron_vars
     with tempfile.TemporaryDirectory() as tmp:
         monitor_off = RankMonitorServer.run_in_subprocess(cfg_off, os.path.join(tmp, "off", "monitor.sock"))
         os.environ["FT_RANK_MONITOR_IPC_SOCKET"] = monitor_off.socket_path
@@ -124,6 +137,8 @@ def main() -> None:
         os.environ["FT_RANK_MONITOR_IPC_SOCKET"] = monitor.socket_path
         client = RankMonitorClient()
         client.init_workload_monitoring()
+        # initialize_megatron() sets the args after ft_integration.setup() connected the client.
+        megatron_vars._GLOBAL_ARGS = types.SimpleNamespace(curr_iteration=100)  # type: ignore[attr-defined]
         try:
             raw_frame = client._hb_frame
             session = client._session

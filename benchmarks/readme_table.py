@@ -129,6 +129,13 @@ def false_kills_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]
     caught = "missed" if delay is None else f"caught {delay['median']:.2f} s after its timeout (median)"
     yield (f"false kills, monitor stopped 3 s ({stall['clients']} ranks)", str(stall["false_kills"]), "",
            f"0; the hang is {caught}: the stop is granted as grace")
+    life = data.get("job_life")
+    if life:
+        names = list(life)
+        when = data.get("job_life_host", {}).get("date", "")
+        yield (f"false kills over a job's life ({' / '.join(names)}; `false_kills.py`{', ' + when if when else ''})",
+               " / ".join(str(life[n]["false_kills"]) for n in names), "",
+               "0; real hangs caught: " + " / ".join(f"{life[n]['hangs_caught']} of {life[n]['hangs']}" for n in names))
 
 
 def lightning_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:

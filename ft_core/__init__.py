@@ -9,7 +9,7 @@ Example::
 The names are resolved on first use (PEP 562), so ``import ft_core.client`` in
 a rank does not import the monitor server, and the monitor does not import the
 client. The submodule paths (``ft_core.client``, ``ft_core.config``, ...) stay
-valid.
+valid. ``ft_core.__version__`` is the installed ft-suite's version.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ _EXPORTS = {
     "WorkloadControlRequest": "ft_core.data",
     "HeartbeatTimeouts": "ft_core.timeouts",
     "SectionTimeouts": "ft_core.timeouts",
+    "__version__": "ft_core.version",
 }
 
 __all__ = [
@@ -48,6 +49,7 @@ __all__ = [
     "SectionTimeouts",
     "WorkloadAction",
     "WorkloadControlRequest",
+    "__version__",
 ]
 assert sorted(_EXPORTS) == __all__, "every export has one owning module"
 

@@ -27,9 +27,10 @@ away -- so a section end is never stuck behind a full buffer.
 The per-call paths (``send_heartbeat``, ``start_section``, ``end_section``)
 are kept at about one ``send`` syscall: frames are encoded once and re-encoded
 only when the reported iteration changes, the socket's ``send`` is bound once,
-the Megatron iteration source is resolved at init, timeout learning sees a
-heartbeat only when its gap is a new largest one, and nothing is allocated
-when the socket takes the whole frame.
+the Megatron iteration source is resolved once (at init, or at the first call
+after Megatron-LM set its args), timeout learning sees a heartbeat only when its
+gap is a new largest one, and nothing is allocated when the socket takes the
+whole frame.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO, Any, Optional
 
+from ft_core.compile_phase import CompileWatch
 from ft_core.config import FaultToleranceConfig
 from ft_core.data import WorkloadAction, WorkloadControlRequest
 from ft_core.jobdir import (
@@ -85,13 +87,16 @@ from ft_core.protocol import (
 )
 from ft_core.straggler import check_phase_sample
 from ft_core.timeouts import (
+    COMPILE_SECTION,
     CURRENT_TIMEOUTS_KEY,
     HeartbeatTimeouts,
     InvalidTimeoutsError,
+    JobLife,
     SectionTimeouts,
     TimeoutsCalc,
     TimeoutsNotReadyError,
     apply_calculated,
+    job_life_from_state_dict,
     timeouts_from_state_dict,
     timeouts_state_dict,
 )
@@ -161,6 +166,8 @@ class RankMonitorClient:
         self.cfg: Optional[FaultToleranceConfig] = None
         self.hb_timeouts: Optional[HeartbeatTimeouts] = None
         self.section_timeouts: Optional[SectionTimeouts] = None
+        #: The job-life maxima (loaded, then updated by every calculation): no calculation goes below them.
+        self.job_life = JobLife()
         self.is_initialized = False
         self.rank: Optional[int] = None
         self._loaded_state: Optional[dict[str, Any]] = None
@@ -178,6 +185,8 @@ class RankMonitorClient:
         self._closing = False
         self._open: set[str] = set()
         self._tracked: frozenset[str] = frozenset()
+        #: Opens COMPILE_SECTION while torch.compile compiles (installed at init when compile_timeout is set).
+        self._compile_watch = CompileWatch(lambda: self._mark_compile(True), lambda: self._mark_compile(False))
         #: The last heartbeat's time, and the largest gap TimeoutsCalc has seen (-1 until it has one):
         #: a heartbeat consults TimeoutsCalc only when its gap is a new largest one (see send_heartbeat).
         self._hb_last = 0.0
@@ -185,7 +194,8 @@ class RankMonitorClient:
         #: Section events wait for the monitor's Ack (``skip_section_response=False``).
         self._section_replies = False
         self._iteration: Optional[int] = None
-        #: Megatron's global args, read for the iteration when set_iteration() was never called.
+        #: Megatron's global args, read for the iteration when set_iteration() was never called; a
+        #: _PendingMegatronArgs until Megatron-LM sets them; None without Megatron-LM (the hot paths' check).
         self._megatron_args: Any = None
         self._hb_frame = encode(Heartbeat())
         self._hb_frame_iteration: Optional[int] = None
@@ -271,9 +281,10 @@ class RankMonitorClient:
         if carried is not None:
             self.hb_timeouts, self.section_timeouts = apply_calculated(self.hb_timeouts, self.section_timeouts, carried)
         self._loaded_state = None
-        self._tracked = frozenset(self.section_timeouts.section)
+        self._tracked = self._tracked_sections()
         calc = TimeoutsCalc(self.cfg.safety_factor, num_warmup_iterations=self.cfg.num_warmup_iterations,
-                            min_timeout=self.cfg.min_calculated_timeout, sections=self._tracked)
+                            min_timeout=self.cfg.min_calculated_timeout, sections=self._tracked,
+                            job_life=self.job_life)
         self._hb_last, self._hb_max_gap = calc.start_time, -1.0
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
         sock.setblocking(False)
@@ -287,6 +298,8 @@ class RankMonitorClient:
             _install_exception_hook()
         self._session = _Session(sock, sock.send, calc)  # set with is_initialized: the hot paths check this one
         self.is_initialized = True
+        if COMPILE_SECTION in self._tracked:
+            self._compile_watch.install()
         log.debug("rank %d connected to the rank monitor at %s", self.rank, socket_path)
 
     def shutdown_workload_monitoring(self) -> None:
@@ -312,6 +325,7 @@ class RankMonitorClient:
             self._open.clear()
             sock.close()
             self._unregister_stack_dump()
+            self._compile_watch.remove()
 
     # -- liveness ---------------------------------------------------------
     def send_heartbeat(self) -> None:
@@ -360,6 +374,18 @@ class RankMonitorClient:
         if cached is None or cached[0] != iteration:
             cached = self._start_frames[section] = (iteration, encode(SectionStart(section, iteration)))
         self._send_state(cached[1])
+
+    def _tracked_sections(self) -> frozenset[str]:
+        """The configured sections, and ``compile`` when ``compile_timeout`` times it."""
+        assert self.cfg is not None and self.section_timeouts is not None
+        compiling = {COMPILE_SECTION} if self.cfg.compile_timeout is not None else set()
+        return frozenset(self.section_timeouts.section) | compiling
+
+    def _mark_compile(self, started: bool) -> None:
+        """From torch.compile's callbacks (see :mod:`ft_core.compile_phase`)."""
+        if not self.is_initialized or (COMPILE_SECTION in self._open) == started:
+            return
+        (self.start_section if started else self.end_section)(COMPILE_SECTION)
 
     def end_section(self, section: str) -> None:
         """Close ``section``; a tracked section must be open, an untracked one is ignored."""
@@ -453,12 +479,13 @@ class RankMonitorClient:
         """
         session = self._require_init("calculate_and_set_section_timeouts")
         assert self.section_timeouts is not None
-        names = self._tracked if selected_sections is None else selected_sections
-        unknown = sorted(set(names) - self._tracked)
+        learnable = frozenset(self.section_timeouts.section)  # "compile" has its own timeout: not learned
+        names = learnable if selected_sections is None else selected_sections
+        unknown = sorted(set(names) - learnable)
         if unknown:
             raise RankMonitorClientError(
                 f"selected_sections: {unknown} are not tracked; tracked sections come from "
-                f"rank_section_timeouts: {sorted(self._tracked)}"
+                f"rank_section_timeouts: {sorted(learnable)}"
             )
         try:
             new = session.calc.calculate_section_timeouts(
@@ -475,15 +502,16 @@ class RankMonitorClient:
         """NVRx's ``{"current_timeouts": {...}}``: JSON-safe, identical on all ranks after a calculation.
 
         Holds only what was calculated: ``{"current_timeouts": {}}`` until then,
-        ``"heartbeat"`` and ``"section"`` once they were. Before init, what
-        :meth:`load_state_dict` loaded.
+        ``"heartbeat"`` and ``"section"`` once they were, with ``"job_life"``: the largest
+        interval of each phase the job observed over its life (:class:`~ft_core.timeouts.JobLife`),
+        which no later calculation goes below. Before init, what :meth:`load_state_dict` loaded.
         """
         if not self.is_initialized and self._loaded_state is not None:
             return copy.deepcopy(self._loaded_state)
-        return timeouts_state_dict(self.hb_timeouts, self.section_timeouts)
+        return timeouts_state_dict(self.hb_timeouts, self.section_timeouts, self.job_life)
 
     def _calculated_state(self) -> Optional[dict[str, Any]]:
-        state = timeouts_state_dict(self.hb_timeouts, self.section_timeouts)
+        state = timeouts_state_dict(self.hb_timeouts, self.section_timeouts, self.job_life)
         return state if state[CURRENT_TIMEOUTS_KEY] else None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -502,9 +530,12 @@ class RankMonitorClient:
             return
         try:
             hb, sections = timeouts_from_state_dict(state)
+            job_life = job_life_from_state_dict(state)
         except InvalidTimeoutsError as exc:
             raise RankMonitorClientError(f"load_state_dict: {exc}; nothing was loaded") from None
-        loaded = timeouts_state_dict(hb, sections)
+        # By maximum, in place (a live TimeoutsCalc holds it): what the job has seen is never forgotten.
+        self.job_life.merge(job_life)
+        loaded = timeouts_state_dict(hb, sections, self.job_life)
         if not self.is_initialized:
             # Partial states accumulate until init, as NVRx's loaded heartbeat/section timeouts do.
             previous = self._loaded_state[CURRENT_TIMEOUTS_KEY] if self._loaded_state else {}
@@ -512,7 +543,7 @@ class RankMonitorClient:
             return
         assert self.hb_timeouts is not None and self.section_timeouts is not None
         self.hb_timeouts, self.section_timeouts = apply_calculated(self.hb_timeouts, self.section_timeouts, loaded)
-        self._tracked = frozenset(self.section_timeouts.section)
+        self._tracked = self._tracked_sections()
         self._send_timeouts()
 
     # -- workload control -------------------------------------------------
@@ -548,9 +579,18 @@ class RankMonitorClient:
         return session
 
     def _current_iteration(self) -> Optional[int]:
+        """The iteration: ``set_iteration``'s, else Megatron-LM's ``curr_iteration`` (or ``iteration``, as NVRx)."""
         if self._iteration is not None or self._megatron_args is None:
             return self._iteration
-        iteration = getattr(self._megatron_args, "curr_iteration", None)
+        args = self._megatron_args
+        if args.__class__ is _PendingMegatronArgs:
+            args = args.lookup()
+            if args is None:
+                return None
+            self._megatron_args = args  # found once: later calls read it directly
+        iteration = getattr(args, "curr_iteration", None)
+        if not isinstance(iteration, int):
+            iteration = getattr(args, "iteration", None)
         return iteration if isinstance(iteration, int) else None
 
     def _learn_heartbeat_gap(self, calc: TimeoutsCalc, now: float) -> None:
@@ -733,10 +773,28 @@ class RankMonitorClient:
             self._dump_file = None
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _PendingMegatronArgs:
+    """Megatron-LM is imported but has not set its global args yet.
+
+    Megatron-LM's ``ft_integration.setup()`` connects the client before
+    ``initialize_megatron()`` sets the args, so they are looked up again, on
+    each call that reports an iteration, until they exist (as NVRx does).
+    """
+
+    global_vars: Any
+
+    def lookup(self) -> Any:
+        return getattr(self.global_vars, "_GLOBAL_ARGS", None)
+
+
 def _megatron_args() -> Any:
-    """Megatron's global args (they carry ``curr_iteration``) if Megatron-LM set them up in this process."""
+    """Megatron's global args (they carry ``curr_iteration``), a pending lookup, or None without Megatron-LM."""
     global_vars = sys.modules.get("megatron.training.global_vars")
-    return getattr(global_vars, "_GLOBAL_ARGS", None)
+    if global_vars is None:
+        return None
+    args = getattr(global_vars, "_GLOBAL_ARGS", None)
+    return _PendingMegatronArgs(global_vars) if args is None else args
 
 
 def _env_rank() -> int:

@@ -14,11 +14,13 @@ Values are checked and converted by :mod:`ft_core.validation`; a bad one
 raises :class:`ConfigError` naming the key, the value and what is allowed.
 
 NVRx compatibility: a YAML file or keyword arguments written for
-nvidia-resiliency-ext load here. Keys of NVRx's ``FaultToleranceConfig`` that
-this project does not implement (:data:`NVRX_ONLY_KEYS`) are skipped with one
-warning listing them (``ignore_not_recognized=True``, NVRx's default); a key
-that neither knows is an error with a "did you mean" suggestion, where NVRx
-silently ignores it.
+nvidia-resiliency-ext load here. With ``ignore_not_recognized=True`` (NVRx's
+default) keys that are not ours are skipped, as NVRx does: keys of NVRx's
+``FaultToleranceConfig`` that this project does not implement
+(:data:`NVRX_ONLY_KEYS`) with one warning listing them, and any other unknown
+key with one warning that suggests the known key it resembles ("did you
+mean"), since a misspelt timeout would silently not be set. With
+``ignore_not_recognized=False`` both are an error.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import msgspec
 
 from ft_core.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES_LIMIT
-from ft_core.straggler import DEFAULT_WINDOW, StragglerAction
+from ft_core.straggler import DEFAULT_MIN_PHASE_SECONDS, DEFAULT_WINDOW, StragglerAction
 from ft_core.validation import (
     ValidationError,
     boolean,
@@ -150,6 +152,8 @@ _NOT_FOR_DUMPS: dict[signal.Signals, str] = {
     signal.SIGCHLD: "is delivered whenever a child process (e.g. a data-loader worker) exits",
 }
 _DUMP_ALLOWED = "a signal a rank can catch and does not otherwise use, e.g. SIGUSR2 or SIGUSR1, or none"
+#: The dump signal when none was chosen: the first of these that is not the termination signal.
+_AUTO_DUMP_SIGNALS = (signal.SIGUSR2, signal.SIGUSR1)
 
 
 def _signal_for(name: str, value: Any, unsuitable: Mapping[signal.Signals, str], allowed: str,
@@ -225,6 +229,21 @@ def _score_threshold(name: str, value: Any) -> float:
     return threshold
 
 
+def _min_phase_seconds(name: str, value: Any) -> float:
+    seconds: float = convert(name, value, Annotated[float, msgspec.Meta(ge=0, le=3600)],
+                             "a number of seconds from 0 to 3600 (0 scores every phase)", coerce=True)
+    return seconds
+
+
+def _cap_or_none(name: str, value: Any) -> Optional[float]:
+    """A factor >= 1 (how many times its timeout a section may run while its rank moves bytes), or none."""
+    if is_none_word(value):
+        return None
+    cap: float = convert(name, value, Annotated[float, msgspec.Meta(ge=1, le=1e6)],
+                         "a factor from 1 to 1e6 (times the section's timeout), or none", coerce=True)
+    return cap
+
+
 def _port_or_none(name: str, value: Any) -> Optional[int]:
     """A TCP port (0: any free one), or None/"none" for no endpoint."""
     if is_none_word(value):
@@ -258,8 +277,11 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "straggler_threshold": _score_threshold,
     "straggler_consecutive_reports": _count(1),
     "straggler_window": _count(1, 100_000),
+    "straggler_min_phase_seconds": _min_phase_seconds,
     "straggler_action": functools.partial(enum_member, enum_type=StragglerAction, coerce=True),
     "metrics_port": _port_or_none,
+    "io_progress_cap": _cap_or_none,
+    "compile_timeout": _seconds(allow_none=True),
 }
 
 #: Keys of NVRx's ``FaultToleranceConfig`` (releases 0.3 to 0.6 and its main branch) that this
@@ -317,10 +339,12 @@ class FaultToleranceConfig:
     #: Install a ``sys.excepthook`` that logs and hard-exits the rank, so an
     #: unhandled exception cannot hang interpreter shutdown on live threads.
     install_exception_hook: bool = False
-    #: The first N ``step`` sections of each rank connection are not timed, and
-    #: not used to learn timeouts (compilation, allocator and data-loader warm-up).
+    #: The first N ``step`` sections of each rank connection are timed by a generous warm-up
+    #: budget instead of ``step`` (:func:`ft_core.timeouts.warmup_step_timeout`), and not used to
+    #: learn ``step`` (compilation, allocator and data-loader warm-up).
     num_warmup_iterations: int = 5
-    #: Signal on which each rank's faulthandler dumps all stacks; None disables.
+    #: Signal on which each rank's faulthandler dumps all stacks; None disables. When it is not set and
+    #: rank_termination_signal is SIGUSR2 (valid in NVRx), SIGUSR1 is used, with one warning.
     stack_dump_signal: Optional[signal.Signals] = signal.SIGUSR2
     #: How long the monitor waits for a stack dump before terminating the rank.
     stack_dump_timeout: float = 2.0
@@ -342,10 +366,21 @@ class FaultToleranceConfig:
     straggler_consecutive_reports: int = 3
     #: Phase durations kept per rank and phase (the rolling window the medians are taken over).
     straggler_window: int = DEFAULT_WINDOW
+    #: Phases whose job-wide median is shorter are never scored: at that scale a rank's own work (a
+    #: progress bar, a log line) outweighs any difference in speed.
+    straggler_min_phase_seconds: float = DEFAULT_MIN_PHASE_SECONDS
     #: What the launchers do about a straggler: report, restart (the cycle) or exclude-node.
     straggler_action: StragglerAction = StragglerAction.REPORT
     #: Port of the launcher's Prometheus endpoint (0: a free port, logged); None: no endpoint.
     metrics_port: Optional[int] = None
+    #: A rank past a section deadline whose I/O counters (``/proc/<pid>/io``) advance is moving bytes
+    #: (a save on slow storage), not hung: its deadline is extended while they advance, up to this many
+    #: times the section's timeout in total. None: no extension.
+    io_progress_cap: Optional[float] = 3.0
+    #: Seconds one torch.compile (re)compilation may take on a rank. Ranks open a ``compile`` section
+    #: while dynamo compiles (:mod:`ft_core.compile_phase`); meanwhile every other deadline of the rank
+    #: is paused, so a recompile after learning is not a hung step. None: compilation is not tracked.
+    compile_timeout: Optional[float] = 1800.0
 
     def __new__(cls, *args: Any, **kwargs: Any) -> FaultToleranceConfig:
         # The generated __init__ cannot tell a value that was given from a default that equals
@@ -360,6 +395,13 @@ class FaultToleranceConfig:
                 setattr(self, name, _CHECKS[name](f"fault_tolerance.{name}", getattr(self, name)))
         except ValidationError as exc:
             raise _config_error(exc) from None
+        if (self.stack_dump_signal is not None and self.stack_dump_signal == self.rank_termination_signal
+                and "stack_dump_signal" not in self._explicit_keys):
+            # NVRx users may terminate with SIGUSR2, our default dump signal: move the dump, as it was not chosen.
+            self.stack_dump_signal = next(sig for sig in _AUTO_DUMP_SIGNALS if sig != self.rank_termination_signal)
+            log.warning("fault_tolerance: rank_termination_signal is %s, the default stack_dump_signal: stack dumps "
+                        "use %s instead (set stack_dump_signal to choose another, or none)",
+                        self.rank_termination_signal.name, self.stack_dump_signal.name)
         if self.stack_dump_signal is not None and self.stack_dump_signal == self.rank_termination_signal:
             # The rank's dump handler would catch the termination signal too: the hung rank would survive.
             raise ConfigError(
@@ -373,6 +415,16 @@ class FaultToleranceConfig:
     def explicit_keys(self) -> frozenset[str]:
         """The fields that were set (given to the constructor or a loader), not left at their defaults."""
         return self._explicit_keys
+
+    def replace(self, **changes: Any) -> FaultToleranceConfig:
+        """A copy with ``changes`` (validated), which become explicit; the other keys keep their status.
+
+        Use it instead of ``dataclasses.replace``: that re-runs the constructor with every field,
+        which would mark every key as set at launch, so every rank's fallback value would be ignored.
+        """
+        copy = dataclasses.replace(self, **changes)
+        copy._explicit_keys = self._explicit_keys | frozenset(changes)
+        return copy
 
     @property
     def is_progress_tracking_enabled(self) -> bool:
@@ -393,21 +445,25 @@ class FaultToleranceConfig:
     def from_dict(cls, mapping: Mapping[str, Any], ignore_not_recognized: bool = True) -> FaultToleranceConfig:
         """Build from a mapping of field names to values. The keys given become :attr:`explicit_keys`.
 
-        With ``ignore_not_recognized`` (the default, as in NVRx), keys of NVRx's
-        config that this project does not implement (:data:`NVRX_ONLY_KEYS`)
-        are skipped with one warning; without it they are an error. Any other
-        unknown key is always an error, with a "did you mean" suggestion.
+        With ``ignore_not_recognized`` (the default, as in NVRx) keys that are
+        not ours are skipped: keys of NVRx's config that this project does not
+        implement (:data:`NVRX_ONLY_KEYS`) with one warning, any other with one
+        warning naming the known key it resembles. Without it, either is an
+        error with a "did you mean" suggestion.
         """
         if not isinstance(mapping, Mapping):
             raise ConfigError("fault_tolerance", mapping, "a mapping of config keys to values")
         unknown = [key for key in mapping if key not in _FIELD_NAMES]
         nvrx_only = sorted(key for key in unknown if key in NVRX_ONLY_KEYS)
-        typos = [key for key in unknown if key not in NVRX_ONLY_KEYS]
-        if typos or (nvrx_only and not ignore_not_recognized):
-            raise _unknown_keys_error(typos, nvrx_only if not ignore_not_recognized else [])
+        others = [key for key in unknown if key not in NVRX_ONLY_KEYS]
+        if unknown and not ignore_not_recognized:
+            raise _unknown_keys_error(others, nvrx_only)
         if nvrx_only:
             log.warning("fault_tolerance: ignoring %d key(s) of NVRx's FaultToleranceConfig that ft-suite does "
                         "not implement: %s", len(nvrx_only), ", ".join(nvrx_only))
+        if others:
+            log.warning("fault_tolerance: ignoring unknown key(s) %s (ignore_not_recognized=False makes them an "
+                        "error)", _described_unknown_keys(others))
         return cls(**{key: value for key, value in mapping.items() if key in _FIELD_NAMES})
 
     @classmethod
@@ -539,7 +595,7 @@ _FIELD_HELP = {
     "log_level": "DEBUG, INFO, WARNING, ERROR or CRITICAL (any case; also DBG, WARN) or a number",
     "skip_section_response": "one-way section messages (true/false)",
     "install_exception_hook": "hard-exit a rank on an unhandled exception (true/false)",
-    "num_warmup_iterations": "untimed 'step' sections at the start of each rank",
+    "num_warmup_iterations": "'step' sections at the start of each rank timed by the warm-up budget, not 'step'",
     "stack_dump_signal": "signal for faulthandler stack dumps, or none",
     "stack_dump_timeout": "seconds to wait for a hung rank's stack dump",
     "max_frame_bytes": "largest accepted IPC frame in bytes",
@@ -554,9 +610,15 @@ _FIELD_HELP = {
                            "straggler",
     "straggler_consecutive_reports": "... for this many consecutive reports",
     "straggler_window": "phase durations kept per rank and phase (the window the medians are taken over)",
+    "straggler_min_phase_seconds": "a phase whose job-wide median is shorter is never scored (0: score every "
+                                   "phase)",
     "straggler_action": "what to do about a straggler: report, restart (the cycle) or exclude-node",
     "metrics_port": "port of the launcher's Prometheus endpoint (0: any free port, logged), or none "
                     "(needs the 'metrics' extra: prometheus-client)",
+    "io_progress_cap": "a section whose rank is moving bytes (/proc/<pid>/io) may run up to this many times its "
+                       "timeout; none: never extended",
+    "compile_timeout": "seconds one torch.compile (re)compilation may take (other deadlines pause meanwhile), "
+                       "or none (not tracked)",
 }
 
 
@@ -573,14 +635,19 @@ def _default_text(field: dataclasses.Field[Any]) -> str:
     return default.name if isinstance(default, enum.Enum) else str(default)
 
 
+def _described_unknown_keys(keys: Sequence[Any]) -> str:
+    """``'rank_heartbeat_timout' (did you mean 'rank_heartbeat_timeout'?), 'zzz'``."""
+    described = []
+    for key in keys:
+        close = difflib.get_close_matches(str(key), [*_FIELD_NAMES, *NVRX_ONLY_KEYS], n=1)
+        described.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return ", ".join(described)
+
+
 def _unknown_keys_error(typos: Sequence[Any], nvrx_only: Sequence[str]) -> ConfigError:
     problems = []
     if typos:
-        described = []
-        for key in typos:
-            close = difflib.get_close_matches(str(key), [*_FIELD_NAMES, *NVRX_ONLY_KEYS], n=1)
-            described.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-        problems.append("unknown key(s) " + ", ".join(described))
+        problems.append("unknown key(s) " + _described_unknown_keys(typos))
     if nvrx_only:
         problems.append("key(s) of NVRx's FaultToleranceConfig that ft-suite does not implement: "
                         + ", ".join(map(repr, nvrx_only)) + " (ignore_not_recognized=True skips them with a warning)")
@@ -710,7 +777,7 @@ def _find_section(node: Any, key: str = "fault_tolerance") -> Optional[Mapping[A
 FALLBACK_FIELDS = (
     "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "rank_section_timeouts",
     "rank_out_of_section_timeout", "safety_factor", "min_calculated_timeout", "num_warmup_iterations",
-    "skip_section_response",
+    "skip_section_response", "compile_timeout",
 )
 
 

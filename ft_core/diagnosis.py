@@ -3,9 +3,11 @@
 When one rank hangs, its peers block in the next collective waiting for it and
 miss their own deadlines too; the first rank to expire is often an innocent
 waiter. :func:`diagnose` ranks the evidence each monitor has about its ranks
-(:class:`~ft_core.events.RankEvidence`) with four rules, strongest first, each
+(:class:`~ft_core.events.RankEvidence`) with these rules, strongest first, each
 applied only while it can tell ranks apart:
 
+* **Absent.** Given the job's world size, a rank no monitor ever saw (it never
+  connected) or one that never sent a sign of life is where the job stands still.
 0. **Stopped.** A rank the kernel showed stopped (SIGSTOP, a debugger) cannot
    be making progress; running ranks wait for it.
 1. **Stacks.** A rank whose stack dump shows it blocked inside a
@@ -15,13 +17,25 @@ applied only while it can tell ranks apart:
    could not even run the dump's signal handler (stopped, or stuck in native
    code), or never finished its dump: that is where the hang is, not in the
    collective its peers wait in.
+1b. **Recently alive.** A rank that did not hang itself and whose last sign
+   of life is younger than the timeout of its running deadline (by more than
+   :data:`STOPPED_FIRST_MARGIN`) is no culprit while another suspect remains:
+   it was active moments ago. After the stacks: a stack in a collective is
+   the stronger evidence of waiting.
 2. **Lowest iteration.** Ranks that reported a higher iteration than the lowest
    one got further: they wait. A rank that never reported an iteration cannot be
    compared and stays a suspect.
-3. **Who stopped first.** Only when no remaining suspect has a stack: ranks whose
-   last sign of life is more than :data:`STOPPED_FIRST_MARGIN` later than the
-   earliest one were still alive after it stopped. (A waiter may well stop first
-   when the culprit kept heartbeating before it hung, so stacks take precedence.)
+3. **Who stopped first.** Only when the stacks did not tell the suspects apart
+   (no stack, or every one in a collective, or none): ranks whose last sign of
+   life is more than :data:`STOPPED_FIRST_MARGIN` later than the earliest one
+   were still alive after it stopped. (A waiter may well stop first when the
+   culprit kept heartbeating before it hung, so stacks take precedence.)
+
+Stacks show waiting only where a collective blocks the host. With NCCL a
+collective returns at once and a waiter blocks at its next host sync
+(``.item()``, a copy to the CPU), outside ``torch.distributed``; when stacks were
+taken and none is in a collective, the headline says that they cannot show who
+waits.
 
 What is left are the culprits (all of them when nothing tells them apart: an
 honest tie); the other ranks were waiting. The diagnosis only *names*: nothing
@@ -52,7 +66,7 @@ from typing import Optional
 
 from ft_core.events import Diagnosis, HangDetected, RankEvidence
 
-__all__ = ["STOPPED_FIRST_MARGIN", "Verdict", "diagnose", "evidence_of_hang", "stack_in_collective"]
+__all__ = ["STACKS_BLIND", "STOPPED_FIRST_MARGIN", "Verdict", "diagnose", "evidence_of_hang", "stack_in_collective"]
 
 #: A rank whose last sign of life is this much later than the earliest suspect's was still running after
 #: that one stopped. Generous: ranks of one job step in lock-step, so a real gap is the length of a hang.
@@ -103,7 +117,13 @@ def evidence_of_hang(hang: HangDetected, node: Optional[str]) -> RankEvidence:
         rank=hang.rank, pid=hang.pid, node=node, iteration=hang.iteration,
         section=hang.section or (hang.open_sections[-1] if hang.open_sections else None),
         last_activity=hang.deadline_time - hang.timeout, stalled_for=hang.elapsed, hung=True,
-        in_collective=stack_in_collective(hang.stack), stack_dump_file=hang.stack_dump_file, stopped=hang.stopped)
+        in_collective=stack_in_collective(hang.stack), stack_dump_file=hang.stack_dump_file, stopped=hang.stopped,
+        timeout=hang.timeout)
+
+
+#: Said in the headline when stacks were taken but none shows a rank waiting in a collective.
+STACKS_BLIND = ("the stacks cannot show who waits (no rank is in a collective: with NCCL a collective returns "
+                "at once and a waiter blocks at its next host sync)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +133,8 @@ class Verdict:
     culprits: list[RankEvidence]
     waiting: list[RankEvidence]
     evidence: str
+    #: A caveat for the headline (e.g. :data:`STACKS_BLIND`), or None.
+    note: Optional[str] = None
 
     def headline(self) -> str:
         """The one line a human reads first: what each culprit did, and who waited for it."""
@@ -122,6 +144,8 @@ class Verdict:
             parts.append(f"ranks {_ranks(self.waiting)} were waiting for {them}")
         else:
             parts.append("no rank was only waiting")
+        if self.note:
+            parts.append(self.note)
         return "; ".join(parts)
 
     def to_event(self, cycle: int, decided_by: Optional[str]) -> Diagnosis:
@@ -130,20 +154,33 @@ class Verdict:
                          culprit_nodes=sorted({e.node for e in self.culprits if e.node}), decided_by=decided_by)
 
 
-def diagnose(evidence: Sequence[RankEvidence]) -> Optional[Verdict]:
+def diagnose(evidence: Sequence[RankEvidence], world_size: Optional[int] = None) -> Optional[Verdict]:
     """Name the culprit(s) of a hang from the ``evidence`` of every rank (see the module docstring).
 
     A rank given twice (e.g. a hang record and a snapshot) counts once: the
-    hang record wins. None when there is no evidence at all.
+    hang record wins. With ``world_size`` (only when the evidence of every node
+    is in), ranks of the job without any evidence are added as never connected.
+    None when there is no evidence at all.
     """
     by_rank: dict[int, RankEvidence] = {}
     for e in sorted(evidence, key=lambda e: not e.hung):  # hang records first: they win
         by_rank.setdefault(e.rank, e)
     if not by_rank:
         return None
+    for rank in range(world_size or 0):
+        by_rank.setdefault(rank, RankEvidence(rank=rank, pid=-1, connected=False))
     everyone = [by_rank[rank] for rank in sorted(by_rank)]
     suspects = everyone
     why: list[str] = []
+
+    absent = [e for e in suspects if not e.connected or _never_alive(e)]
+    if absent and len(absent) < len(suspects):
+        never = [e for e in absent if not e.connected]
+        silent = [e for e in absent if e.connected]
+        parts = ([f"ranks {_ranks(never)} never connected"] if never else []) + (
+            [f"ranks {_ranks(silent)} never sent a sign of life"] if silent else [])
+        why.append(", ".join(parts))
+        suspects = absent
 
     frozen = [e for e in suspects if e.stopped]
     if frozen and len(frozen) < len(suspects):
@@ -152,12 +189,18 @@ def diagnose(evidence: Sequence[RankEvidence]) -> Optional[Verdict]:
 
     outside = [e for e in suspects if not e.in_collective]
     inside = [e for e in suspects if e.in_collective]
-    if outside and inside:
+    stacks_told = bool(outside and inside)
+    if stacks_told:
         suspects = outside
         stackless = [e for e in outside if e.in_collective is None]
         elsewhere = f"ranks {_ranks(outside)} elsewhere" if not stackless else (
             f"ranks {_ranks(outside)} elsewhere or without a stack ({_ranks(stackless)})")
         why.append(f"ranks {_ranks(inside)} blocked in a collective, {elsewhere}")
+
+    recent = [e for e in suspects if _recently_alive(e)]
+    if recent and len(recent) < len(suspects):
+        suspects = [e for e in suspects if e not in recent]
+        why.append(f"ranks {_ranks(recent)} alive within their timeouts")
 
     iterations = [e.iteration for e in suspects if e.iteration is not None]
     if iterations and min(iterations) != max(iterations):
@@ -167,7 +210,7 @@ def diagnose(evidence: Sequence[RankEvidence]) -> Optional[Verdict]:
         why.append(f"lowest iteration {lowest} (ranks {_ranks(suspects)}; ranks {_ranks(ahead)} further)")
 
     stopped = [e.last_activity for e in suspects if e.last_activity is not None]
-    if stopped and all(e.in_collective is None for e in suspects):
+    if stopped and not stacks_told:
         first = min(stopped)
         later = [e for e in suspects if e.last_activity is not None and e.last_activity > first + STOPPED_FIRST_MARGIN]
         if later:
@@ -178,15 +221,35 @@ def diagnose(evidence: Sequence[RankEvidence]) -> Optional[Verdict]:
     if not why:
         why.append("nothing tells the ranks apart (same iteration, no stack shows a rank waiting in a collective)")
     waiting = [e for e in everyone if e not in suspects]
-    return Verdict(culprits=suspects, waiting=waiting, evidence="; ".join(why))
+    stacks = [e.in_collective for e in everyone if e.in_collective is not None]
+    note = STACKS_BLIND if stacks and not any(stacks) else None
+    return Verdict(culprits=suspects, waiting=waiting, evidence="; ".join(why), note=note)
+
+
+def _never_alive(e: RankEvidence) -> bool:
+    """A connected rank that never sent a sign of life (no heartbeat, no section, nothing)."""
+    return not e.hung and e.last_activity is None and e.stalled_for is None
+
+
+def _recently_alive(e: RankEvidence) -> bool:
+    """A rank that did not hang and whose last sign of life is younger than its running timeout (by more
+    than :data:`STOPPED_FIRST_MARGIN`: ranks in lock-step expire within it, and the first to expire may be
+    a waiter)."""
+    return (not e.hung and e.connected and e.stalled_for is not None and e.timeout is not None
+            and e.stalled_for + STOPPED_FIRST_MARGIN < e.timeout)
 
 
 def _story(e: RankEvidence) -> str:
+    if not e.connected:
+        return f"rank {e.rank} never connected to its node's monitor"
     where = f"in section {e.section}" if e.section else "outside any section"
     at = f"at iteration {e.iteration}" if e.iteration is not None else "(no iteration reported)"
     node = f"node {e.node}, " if e.node else ""
+    if _never_alive(e):
+        return f"rank {e.rank} ({node}pid {e.pid}) never sent a sign of life"
     length = f" for {e.stalled_for:.1f} s" if e.stalled_for is not None else ""
-    return f"rank {e.rank} ({node}pid {e.pid}) hung {where} {at}{length}"
+    # Only a rank whose own deadline passed "hung"; another was silent (its timeout not yet spent).
+    return f"rank {e.rank} ({node}pid {e.pid}) {'hung' if e.hung else 'silent'} {where} {at}{length}"
 
 
 def _ranks(evidence: Sequence[RankEvidence]) -> str:

@@ -51,6 +51,7 @@ __all__ = [
     "MonitorConnectionRejected",
     "MonitorDied",
     "MonitorLate",
+    "DeadlineExtended",
     "MonitorStarted",
     "PhaseMedians",
     "Progress",
@@ -88,6 +89,7 @@ class EventName(str, enum.Enum):
     TIMEOUTS_UPDATED = "timeouts_updated"
     CONNECTION_REJECTED = "connection_rejected"
     MONITOR_LATE = "monitor_late"
+    DEADLINE_EXTENDED = "deadline_extended"
     RANKS_SNAPSHOT = "ranks_snapshot"
     PHASE_MEDIANS = "phase_medians"  # read by the launcher only (straggler detection)
     # written by the launcher
@@ -135,9 +137,9 @@ class RestartKind(str, enum.Enum):
         return self in _FAULTS
 
 
-#: A straggler restart spends the budget too: a rank that is slow on every restart must not restart forever.
-_FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY,
-                     RestartKind.STRAGGLER})
+#: A straggler restart is not a fault: the job was healthy, only slow. It neither spends the budget nor
+#: counts for no-progress; straggler detection restarts at most once per node (see ft_core.launcher.stragglers).
+_FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY})
 
 
 class Event(msgspec.Struct, kw_only=True, frozen=True, tag_field="event", omit_defaults=True):
@@ -243,6 +245,10 @@ class RankEvidence(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True
     #: The kernel showed the process stopped (SIGSTOP, a debugger): it cannot be making progress.
     stopped: bool = False
     stack_dump_file: Optional[str] = None
+    #: The timeout of the rank's running deadline (None: nothing timed, or not known).
+    timeout: Optional[float] = None
+    #: False for a rank of the job no monitor ever saw (``diagnose`` with the world size adds those).
+    connected: bool = True
 
 
 class RanksSnapshot(Event, frozen=True, tag=EventName.RANKS_SNAPSHOT.value):
@@ -264,6 +270,21 @@ class MonitorLate(Event, frozen=True, tag=EventName.MONITOR_LATE.value):
     late: float
     grace: float
     ranks: list[int]  # the ranks with a running deadline, which the grace moved
+
+
+class DeadlineExtended(Event, frozen=True, tag=EventName.DEADLINE_EXTENDED.value):
+    """A rank was past its section deadline but moving bytes (slow storage): the deadline is extended.
+
+    Written once per open section, at the first extension; later ones (while the bytes keep moving)
+    are not recorded. Past ``cap`` times ``timeout`` the rank is declared hung all the same.
+    """
+
+    rank: int
+    pid: int
+    section: str
+    timeout: float  # the section's timeout (seconds)
+    bytes: int  # bytes the rank read and wrote since the monitor's previous look
+    cap: float  # the section may run at most cap x timeout (io_progress_cap)
 
 
 class LauncherStarted(Event, frozen=True, tag=EventName.LAUNCHER_STARTED.value):
@@ -392,7 +413,7 @@ class Diagnosis(Event, frozen=True, tag=EventName.DIAGNOSIS.value):
 
 AnyEvent = Union[
     MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported,
-    TimeoutsUpdated, ConnectionRejected, MonitorLate, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
+    TimeoutsUpdated, ConnectionRejected, MonitorLate, DeadlineExtended, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
     WorkersSucceeded, Restart, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
     SignalReceived, LauncherExit, RanksSnapshot, Diagnosis,
 ]

@@ -7,11 +7,11 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import NamedTuple, Optional
 
-__all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "set_child_subreaper",
-           "wait_child_exited"]
+__all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "io_bytes",
+           "listens_on_tcp_port", "pid_alive", "process_group_members", "set_child_subreaper", "wait_child_exited"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -112,6 +112,21 @@ def is_stopped(pid: int) -> bool:
         return False
 
 
+def io_bytes(pid: int) -> Optional[int]:
+    """Bytes ``pid`` has read and written so far (``rchar + wchar`` of Linux ``/proc/<pid>/io``, all threads).
+
+    Counted when a ``read``/``write`` returns, whatever the file system (page cache, NFS, Lustre), so a
+    save crawling over slow storage advances it; a rank blocked in a collective or a lock does not.
+    None when the kernel does not say (no such process, no permission, no ``/proc``).
+    """
+    try:
+        with open(f"/proc/{pid}/io", "rb") as handle:
+            fields = dict(line.split(b":", 1) for line in handle.read().splitlines() if b":" in line)
+        return int(fields[b"rchar"]) + int(fields[b"wchar"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def cpu_sample(pid: int) -> Optional[CpuSample]:
     """CPU time and run state of ``pid``'s threads (Linux ``/proc``); None when the kernel does not say."""
     cpu_ns = 0
@@ -125,3 +140,73 @@ def cpu_sample(pid: int) -> Optional[CpuSample]:
         return None
     return CpuSample(cpu_ns / 1e9, runnable)
 
+
+
+#: ``st`` of a listening socket in ``/proc/net/tcp``.
+_TCP_LISTEN = "0A"
+
+
+def listens_on_tcp_port(port: int) -> bool:
+    """Whether this process holds a TCP socket listening on ``port`` (Linux ``/proc``; False when it cannot tell).
+
+    The c10d rendezvous store is served by whichever launcher bound the endpoint's port first; torch
+    does not say which, the kernel does.
+    """
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table, encoding="ascii") as handle:
+                next(handle, None)  # header
+                for line in handle:
+                    fields = line.split()
+                    if len(fields) > 9 and fields[3] == _TCP_LISTEN and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                        inodes.add(f"socket:[{fields[9]}]")
+        except (OSError, ValueError, IndexError):
+            continue
+    if not inodes:
+        return False
+    try:
+        descriptors = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for fd in descriptors:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def _stat_fields(pid: str) -> Optional[list[bytes]]:
+    """The fields of ``/proc/<pid>/stat`` after the comm: state, ppid, pgrp, ... (None if it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rpartition(b")")[2].split()
+    except OSError:
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs: it exists and is not a zombie (a zombie is dead, only not yet reaped)."""
+    fields = _stat_fields(str(pid))
+    return fields is not None and bool(fields) and fields[0] != b"Z"
+
+
+def process_group_members(pgids: Collection[int]) -> dict[int, list[int]]:
+    """The live (not zombie) processes of each process group in ``pgids`` that has any (Linux ``/proc``).
+
+    A group outlives its leader: the children a worker started (data loader workers, a
+    forked checkpoint writer, a user subprocess) stay in it after the worker died.
+    """
+    wanted = {str(pgid).encode(): pgid for pgid in pgids}
+    members: dict[int, list[int]] = {}
+    if not wanted:
+        return members
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(entry)
+        if fields is not None and len(fields) > 2 and fields[0] != b"Z" and fields[2] in wanted:
+            members.setdefault(wanted[fields[2]], []).append(int(entry))
+    return members

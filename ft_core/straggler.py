@@ -52,6 +52,7 @@ from collections.abc import Iterable
 from typing import Optional
 
 __all__ = [
+    "DEFAULT_MIN_PHASE_SECONDS",
     "DEFAULT_WINDOW",
     "MAX_PHASE_NAME",
     "MAX_PHASES_PER_RANK",
@@ -68,6 +69,8 @@ __all__ = [
 
 #: Samples kept per rank and phase.
 DEFAULT_WINDOW = 64
+#: Phases whose job-wide median is below this are not scored (``straggler_min_phase_seconds``).
+DEFAULT_MIN_PHASE_SECONDS = 0.001
 #: Distinct phases the monitor keeps per rank; more are ignored (a hostile or buggy client cannot grow
 #: the monitor without bound).
 MAX_PHASES_PER_RANK = 16
@@ -228,18 +231,28 @@ class StragglerJudge:
     threshold broke its run. One judge per cycle: a restart starts afresh.
     """
 
-    def __init__(self, threshold: float, consecutive: int) -> None:
+    def __init__(self, threshold: float, consecutive: int,
+                 min_phase_seconds: float = DEFAULT_MIN_PHASE_SECONDS) -> None:
         if not 0 < threshold <= 1:
             raise ValueError(f"threshold: {threshold!r}; allowed: a number in (0, 1]")
         if consecutive < 1:
             raise ValueError(f"consecutive: {consecutive!r}; allowed: an integer >= 1")
+        if not min_phase_seconds >= 0:
+            raise ValueError(f"min_phase_seconds: {min_phase_seconds!r}; allowed: a number of seconds >= 0")
         self.threshold = threshold
         self.consecutive = consecutive
+        #: A phase whose job-wide median is below this is not scored: no score, never a straggler.
+        self.min_phase_seconds = min_phase_seconds
         self._best: dict[tuple[int, str], float] = {}
         self._below: dict[tuple[int, str], int] = {}
 
     def judge(self, medians: Iterable[PhaseMedian]) -> StragglerReport:
-        scores = score_phases(medians, self._best)
+        medians = list(medians)
+        by_phase: dict[str, list[float]] = collections.defaultdict(list)
+        for m in medians:
+            by_phase[m.phase].append(m.median)
+        scored = {phase for phase, values in by_phase.items() if statistics.median(values) >= self.min_phase_seconds}
+        scores = score_phases([m for m in medians if m.phase in scored], self._best)
         stragglers = []
         for score in scores:
             key = (score.rank, score.phase)

@@ -40,7 +40,7 @@ from ft_core import autoresume
 from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.fileutil import atomic_write_json, read_json
 from ft_core.jobdir import FINISHED_FLAG_ENV  # re-exported: the integrations' name for it
-from ft_core.timeouts import CURRENT_TIMEOUTS_KEY, STEP_SECTION, WarmupRule
+from ft_core.timeouts import CURRENT_TIMEOUTS_KEY, JOB_LIFE_KEY, STEP_SECTION, WarmupRule
 from ft_integrations.strenum import StrEnum
 
 __all__ = [
@@ -190,7 +190,8 @@ class FaultToleranceSession:
 
         Args:
             step: the integration's own step number (Lightning's global step, which a resumed
-                run starts past 0): learn when it reaches ``after_steps``. ``None``: learn after
+                run starts past 0): learn when it reaches ``after_steps`` and this run completed
+                ``after_steps`` steps of its own. ``None``: learn after
                 ``after_steps`` timed steps of this run, counted by the session.
         """
         self.steps_completed += 1
@@ -201,7 +202,9 @@ class FaultToleranceSession:
             first = self.schedule.after_steps + self.schedule.warmup_steps + self._monitor_warmup()
         else:
             first = self.schedule.after_steps
-        if step >= first:
+        # A resumed run starts past ``after_steps`` (Lightning's global step): it must still see
+        # ``after_steps`` steps of its own, not learn from one gap at its first batch.
+        if step >= first and self.steps_completed >= self.schedule.after_steps:
             self._learned_after_steps = True
             self._learn(f"after {step} steps")
 
@@ -252,9 +255,8 @@ class FaultToleranceSession:
             self._warn(f"{self.name}: ignoring the timeouts in {source}: {exc}")
             return False
         self._restored = True
-        current = self.client.state_dict()["current_timeouts"]
-        self._reported = current
-        self._info(f"{self.name}: timeouts restored from {source}: {current}")
+        self._reported = self._current_timeouts()
+        self._info(f"{self.name}: timeouts restored from {source}: {self.client.state_dict()[CURRENT_TIMEOUTS_KEY]}")
         return True
 
     def load_state_file(self) -> bool:
@@ -322,12 +324,17 @@ class FaultToleranceSession:
         if not changed:
             self._log.debug("%s: timeouts not calculated %s: not enough data yet", self.name, when)
             return
-        current = self.client.state_dict()["current_timeouts"]
+        current = self._current_timeouts()
         if current != self._reported:
             self._reported = current
             part = "heartbeat" if self.schedule.learns is MonitoringMode.HEARTBEATS else "section"
             self._info(f"{self.name}: learned timeouts {when}: {current[part]}")
         self._write_state_file()
+
+    def _current_timeouts(self) -> dict[str, Any]:
+        """The timeouts in force as the state dict holds them, without the job-life maxima (logged per change)."""
+        current = self.client.state_dict()[CURRENT_TIMEOUTS_KEY]
+        return {part: value for part, value in current.items() if part != JOB_LIFE_KEY}
 
     def _learns_startup(self) -> bool:
         """Whether this run may learn the phases a resume lengthens (``setup``, the initial heartbeat)."""

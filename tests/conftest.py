@@ -79,8 +79,6 @@ def start_monitor(tmp_path):
     monitors = []
 
     def start(**cfg_kwargs):
-        # Every step is timed and learned unless a test is about warm-up (whatever the default).
-        cfg_kwargs.setdefault("num_warmup_iterations", 0)
         cfg = FaultToleranceConfig.from_kwargs(**cfg_kwargs)
         job_dir = tmp_path / f"job{len(monitors)}"
         monitor = RankMonitorServer.run_in_subprocess(cfg, str(job_dir / "monitor.sock"), token="t0ken-" + "x" * 8)
@@ -106,6 +104,26 @@ def _etcd_cluster(tmp_path_factory, size: int):
 def etcd_server(tmp_path_factory):
     """One etcd server (v2 API on) for the whole test session; tests use their own run ids."""
     yield from _etcd_cluster(tmp_path_factory, 1)
+
+
+@pytest.fixture
+def etcd_v3_job_store(etcd_server):
+    """``etcd_v3_job_store(run_id)``: one more launcher's ``EtcdV3JobStore`` of job ``run_id`` on the session's
+    etcd (its own client and lease handle, as another node has); lease threads end with the test."""
+    pytest.importorskip("etcd3gw", reason="etcd-v3 tests need etcd3gw (pip install -e '.[etcd]')")
+    from ft_core.launcher.etcd_v3 import JobLease, job_prefix
+    from ft_core.launcher.job_store import EtcdV3JobStore
+
+    leases: list[JobLease] = []
+
+    def new(run_id: str) -> EtcdV3JobStore:
+        client = etcd_server.v3_client()
+        leases.append(JobLease(client, f"{job_prefix(run_id)}/lease", ttl=60))
+        return EtcdV3JobStore(client, f"{job_prefix(run_id)}/job", leases[-1])
+
+    yield new
+    for lease in leases:
+        lease.close()
 
 
 @pytest.fixture

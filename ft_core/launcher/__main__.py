@@ -2,6 +2,6 @@
 
 import sys
 
-from ft_core.launcher.cli import main
+from ft_core.launcher import main
 
 sys.exit(main())

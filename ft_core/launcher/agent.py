@@ -74,13 +74,14 @@ from ft_core.launcher.job_store import open_job_store
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.prewarm import WorkerFactory
-from ft_core.launcher.process import workers_die_with_agent
+from ft_core.launcher.process import kill_process_groups, signal_process_groups, workers_die_with_agent
 from ft_core.launcher.progress import ProgressTracker
 from ft_core.launcher.rendezvous_wait import reporting_rendezvous_wait
-from ft_core.launcher.stragglers import StragglerDetector, StragglerRound
+from ft_core.launcher.stragglers import StragglerDetector, StragglerRound, exclusion_blocker
+from ft_core.procutil import listens_on_tcp_port
 from ft_core.straggler import StragglerAction
 
-__all__ = ["FtElasticAgent", "Outcome", "Services", "signal_outcome"]
+__all__ = ["LEFT_UNFINISHED_EXIT_CODE", "FtElasticAgent", "Outcome", "Services", "left_job_outcome", "signal_outcome"]
 
 log = logging.getLogger("ft_core.launcher")
 
@@ -88,6 +89,10 @@ log = logging.getLogger("ft_core.launcher")
 SNAPSHOT_MARGIN = 2.0
 #: How long a node that ends the job keeps the rendezvous store up for hot spares to see the end.
 SPARE_RELEASE_TIMEOUT = 10.0
+#: Exit code of a launcher whose node left an unfinished job (excluded): requeue, as for 128+N (EX_TEMPFAIL).
+LEFT_UNFINISHED_EXIT_CODE = 75
+#: ``worker_exit.cause`` of a worker that failed once training was finished (not a fault: no restart).
+FINISHED_EXIT_CAUSE = "exit after training finished"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,7 +145,7 @@ class FtElasticAgent(LocalElasticAgent):
         self._stragglers = None if options.straggler_report_interval is None else StragglerDetector(
             options.straggler_report_interval, options.straggler_threshold, options.straggler_consecutive_reports,
             options.straggler_action, services.events.node, lambda: self._coord.job_store,
-            services.on_straggler_round)
+            services.on_straggler_round, options.straggler_min_phase_seconds)
         self._cycle: Optional[CycleInfo] = None
         #: hang_detected records of this cycle's workers, by pid.
         self._hangs: dict[int, HangDetected] = {}
@@ -150,6 +155,8 @@ class FtElasticAgent(LocalElasticAgent):
         #: The evidence of this node's ranks for the diagnosis of this cycle's hang, once taken.
         self._evidence: Optional[list[RankEvidence]] = None
         self._snapshot: Optional[RanksSnapshot] = None
+        #: Why exclude-node fell back to report, each said once.
+        self._exclusion_warned: set[str] = set()
         self.outcome = Outcome(1, "the launcher stopped before the job ended")
 
     # -- seams: rendezvous, environment, start, stop, monitor ---------------
@@ -200,8 +207,26 @@ class FtElasticAgent(LocalElasticAgent):
                  len(pids), [w.global_rank for w in worker_group.workers], self._cycle.restarts)
         return pids
 
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: Optional[float] = None) -> None:
+        """Torch's shutdown, extended to each worker's whole process group, its leader alive or not.
+
+        ``timeout`` defaults to ``--workers-stop-timeout`` (torch's own final call passes none: 30 s).
+
+        Torch signals only the groups of workers still running: the groups of workers that
+        died (see :func:`.kill_process_groups`) get ``death_sig`` here first; whatever is left
+        of any group once ``timeout`` has passed gets SIGKILL.
+        """
+        timeout = self._opts.workers_stop_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        handlers = list((getattr(self._pcontext, "subprocess_handlers", None) or {}).values())
+        signal_process_groups([h.proc.pid for h in handlers if h.proc.poll() is not None], death_sig)
+        super()._shutdown(death_sig, timeout)  # type: ignore[arg-type]  # torch's int is only its default's type
+        stuck = kill_process_groups([h.proc.pid for h in handlers], deadline)
+        if stuck:
+            log.error("processes of the workers' groups survived SIGKILL (uninterruptible sleep?): %s", stuck)
+
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
-        self._shutdown(timeout=self._opts.workers_stop_timeout)  # type: ignore[arg-type]
+        self._shutdown()
         self._svc.events.write(WorkersStopped(cycle=self._cycle_number()))
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
@@ -212,6 +237,10 @@ class FtElasticAgent(LocalElasticAgent):
         if failed and not self._failed:
             self._failed = failed
             self._failed_at = time.time()
+            if training_finished():
+                # Training is done: the others may still be saving or exiting; let them end on their own.
+                wait_until(lambda: all(h.proc.poll() is not None for h in handlers.values()),
+                           self._opts.workers_stop_timeout)
             self._read_monitor_events()
             if any(pid in self._hangs for pid, _code in failed.values()):
                 self._take_evidence()  # before the survivors are stopped: what were they doing?
@@ -253,6 +282,8 @@ class FtElasticAgent(LocalElasticAgent):
             self._svc.events.write(WorkersSucceeded(cycle=self._cycle.cycle if self._cycle else None))
             self._exit_barrier()
             return self._finish(Outcome(0, "all workers finished successfully"), result)
+        if result.state == WorkerState.FAILED and training_finished():
+            return self._finished_anyway(result)
 
         # A rank's request goes first: when the rank exits right after asking (an exception policy
         # does), its exit and its peers' failures are the effect of the request, not a fault to restart.
@@ -284,7 +315,7 @@ class FtElasticAgent(LocalElasticAgent):
         self._svc.events.interrupted(trigger.time)
         if trigger.kind is RestartKind.EXCLUDED:
             self._stop_workers(self._worker_group)
-            return self._finish(Outcome(0, trigger.reason, "leave"), result)
+            return self._finish(left_job_outcome(trigger.reason), result)
         if decision is not None and decision.action == "stop":
             log.error("stopping the job: %s", decision.reason)
             self._stop_workers(self._worker_group)
@@ -301,6 +332,26 @@ class FtElasticAgent(LocalElasticAgent):
                     self._worker_group.spec.max_restarts)
         self._restart_workers(self._worker_group)
         return None
+
+    def _finished_anyway(self, result: RunResult) -> RunResult:
+        """Workers failed after training finished (the flag exists): warn, never restart, exit 0.
+
+        A worker may die at interpreter exit after its last step and its final save (a C++
+        destructor's ``terminate called without an active exception``: SIGABRT); restarting
+        a finished job would redo it, or fail it once the budget is spent.
+        """
+        workers = {w.local_rank: w.global_rank for w in self._worker_group.workers}
+        for local_rank, (pid, code) in sorted(self._failed.items()):
+            exit_code, sig = _exit_status(code)
+            self._svc.events.write(WorkerExit(
+                time=self._failed_at, cycle=self._cycle_number(), rank=workers.get(local_rank), local_rank=local_rank,
+                pid=pid, cause=FINISHED_EXIT_CAUSE, exit_code=exit_code, signal=sig))
+            log.warning("rank %s (pid %d) %s after training finished (%s exists): not restarted",
+                        workers.get(local_rank), pid, f"exited with code {code}" if sig is None else f"was killed by {sig}",
+                        finished_flag_path())
+        self._exit_barrier()
+        return self._finish(Outcome(0, f"training is finished ({finished_flag_path()} exists); "
+                                       f"{len(self._failed)} worker(s) failed at exit"), result)
 
     # -- who hung, who waited (diagnosis) -------------------------------------
     def _take_evidence(self) -> list[RankEvidence]:
@@ -338,7 +389,9 @@ class FtElasticAgent(LocalElasticAgent):
             exchange.request(cycle)
             evidence = self._take_evidence()
             exchange.share(cycle, group_rank, evidence)
-            diagnosis = exchange.decide(cycle, self._worker_group.group_world_size or 1, evidence)
+            workers = self._worker_group.workers
+            diagnosis = exchange.decide(cycle, self._worker_group.group_world_size or 1, evidence,
+                                        workers[0].world_size if workers else None)
         else:
             if trigger.kind not in (RestartKind.HANG, RestartKind.PEER):
                 return None
@@ -403,8 +456,27 @@ class FtElasticAgent(LocalElasticAgent):
             if straggler.action is StragglerAction.RESTART:
                 trigger = _Trigger(RestartKind.STRAGGLER, straggler.describe(), time.time())
             elif straggler.action is StragglerAction.EXCLUDE_NODE and straggler.rank_node == self._svc.events.node:
-                trigger = _Trigger(RestartKind.EXCLUDED, straggler.describe(), time.time())
+                blocker = self._exclusion_blocker()
+                if blocker is None:
+                    trigger = _Trigger(RestartKind.EXCLUDED, straggler.describe(), time.time())
+                elif blocker not in self._exclusion_warned:
+                    self._exclusion_warned.add(blocker)
+                    log.warning("straggler_action exclude-node falls back to report for this node: %s", blocker)
         return trigger
+
+    def _exclusion_blocker(self) -> Optional[str]:
+        """Why this node cannot leave without ending the job (None: it can); see :func:`.exclusion_blocker`."""
+        wg = self._worker_group
+        handler = wg.spec.rdzv_handler
+        settings = getattr(handler, "settings", None)
+        store = self._coord.job_store
+        rdzv_store = getattr(handler, "_store", None)
+        hosts_store = (store is not None and not store.survives_node_loss
+                       and isinstance(getattr(rdzv_store, "port", None), int)
+                       and listens_on_tcp_port(rdzv_store.port))  # type: ignore[union-attr]
+        return exclusion_blocker(dynamic=settings is not None, hosts_store=hosts_store,
+                                 nodes=wg.group_world_size or 1,
+                                 min_nodes=getattr(settings, "min_nodes", 1), spares=spares_waiting(handler))
 
     def _control_trigger(self) -> Optional[_Trigger]:
         request = self._svc.control.pop()
@@ -472,7 +544,7 @@ class FtElasticAgent(LocalElasticAgent):
         self._svc.events.write(SignalReceived(signal=sig.name, running_workers=len(running)))
         log.warning("received %s: forwarding it to %d worker(s), SIGKILL after %.1f s", sig.name, len(running),
                     self._opts.term_timeout)
-        self._shutdown(sig, timeout=self._opts.term_timeout)  # type: ignore[arg-type]
+        self._shutdown(sig, timeout=self._opts.term_timeout)
         codes = [h.proc.returncode for h in handlers]
         for handler in running:
             exit_code, killed_by = _exit_status(handler.proc.returncode)
@@ -518,6 +590,18 @@ class FtElasticAgent(LocalElasticAgent):
 def _exit_status(returncode: int) -> tuple[Optional[int], Optional[str]]:
     """(exit code, None) for a process that exited, (None, signal name) for one a signal killed."""
     return (returncode, None) if returncode >= 0 else (None, signal.Signals(-returncode).name)
+
+
+def left_job_outcome(reason: str) -> Outcome:
+    """How a launcher whose node left the job (excluded) exits: 0 only if training is finished.
+
+    The job goes on without this node, but this launcher did not see it finish: it exits
+    :data:`LEFT_UNFINISHED_EXIT_CODE`, which a requeue loop requeues (anything but 0 and the
+    no-restart code), never 0, which SLURM would read as a finished job.
+    """
+    if training_finished():
+        return Outcome(0, f"{reason}; training is finished ({finished_flag_path()} exists)", "leave")
+    return Outcome(LEFT_UNFINISHED_EXIT_CODE, f"{reason}; this node left an unfinished job", "leave")
 
 
 def signal_outcome(sig: signal.Signals, detail: str, workers_finished: bool = False) -> Outcome:

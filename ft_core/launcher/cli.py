@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import logging
 import os
 import sys
@@ -22,6 +21,7 @@ from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
 from ft_core.launcher.slurm import apply_slurm_defaults, derive_nnodes
 from ft_core.validation import ValidationError
+from ft_core.version import version_line
 
 __all__ = ["build_parser", "main"]
 
@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
         parser.set_defaults(monitor_interval=0.1)  # older torch defaults to 5 s: far too slow to restart
     if "PET_NNODES" not in os.environ:
         parser.set_defaults(nnodes=None)  # not given: derive_nnodes (the srun step's nodes, else torchrun's 1:1)
+    parser.add_argument("--version", action="version", version=version_line(parser.prog),
+                        help="print ft-suite's, Python's and torch's versions and exit")
     FaultToleranceConfig.add_argparse_args(parser)
     add_launcher_args(parser)
     return parser
@@ -132,7 +134,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ValueError, RuntimeError, AssertionError) as exc:
         parser.error(f"invalid arguments: {exc}")
     if options.verbose:
-        cfg = dataclasses.replace(cfg, log_level=LogLevel.DEBUG)
+        cfg = cfg.replace(log_level=LogLevel.DEBUG)
     logging.basicConfig(format="[%(asctime)s %(name)s] %(levelname)s: %(message)s", stream=sys.stderr)
     logging.getLogger("ft_core").setLevel(cfg.log_level)
     if cfg.log_level != LogLevel.DEBUG:

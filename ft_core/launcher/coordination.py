@@ -3,7 +3,7 @@
 Torch's elastic agent keeps its restart budget per node and hands workers a
 store that outlives a restart. This module adds what fault tolerance needs on
 top, in the job store (:mod:`.job_store`: the c10d rendezvous store, or the
-etcd cluster with ``--rdzv-backend=etcd-v2``):
+etcd cluster with ``--rdzv-backend=etcd-v3`` or ``etcd-v2``):
 
 * **Cycles.** After each rendezvous the node with group rank 0 takes the next
   job-wide cycle number (``TORCHELASTIC_RESTART_COUNT`` for the workers) and
@@ -171,7 +171,7 @@ class JobCoordinator:
     """The launcher's view of the job-wide state; see the module docstring.
 
     ``store`` is the job store when the rendezvous handler has one from the
-    start (c10d, etcd-v2: see :func:`~ft_core.launcher.job_store.open_job_store`);
+    start (c10d, etcd-v3, etcd-v2: see :func:`~ft_core.launcher.job_store.open_job_store`);
     otherwise (static) the first rendezvous round provides it.
     """
 
@@ -226,7 +226,7 @@ class JobCoordinator:
     def begin_cycle(self, rdzv_store: dist.Store, group_rank: int, master_addr: str, static: bool) -> CycleInfo:
         """Agree on the cycle number and the workers' fresh store (call right after each rendezvous).
 
-        ``rdzv_store`` is the store the rendezvous returned: for c10d/etcd-v2 it
+        ``rdzv_store`` is the store the rendezvous returned: for c10d/etcd it
         is already private to the rendezvous round; the static backend reuses
         one key space, so a per-rendezvous prefix is added (static nodes always
         rendezvous together, so their counts agree).

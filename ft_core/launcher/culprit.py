@@ -73,8 +73,13 @@ class CulpritExchange:
     def share(self, cycle: int, group_rank: int, evidence: Sequence[RankEvidence]) -> None:
         self._store.set(f"diagnosis/{cycle}/evidence/{group_rank}", msgspec.json.encode(list(evidence)).decode())
 
-    def decide(self, cycle: int, nodes: int, evidence: Sequence[RankEvidence]) -> Optional[Diagnosis]:
-        """As the deciding node: gather the evidence of ``nodes`` nodes, diagnose, publish the result."""
+    def decide(self, cycle: int, nodes: int, evidence: Sequence[RankEvidence],
+               world_size: Optional[int] = None) -> Optional[Diagnosis]:
+        """As the deciding node: gather the evidence of ``nodes`` nodes, diagnose, publish the result.
+
+        With every node's evidence in, ranks of the job's ``world_size`` that none of them saw never
+        connected (see :func:`~ft_core.diagnosis.diagnose`); without it, nothing is inferred.
+        """
         keys = [f"diagnosis/{cycle}/evidence/{rank}" for rank in range(nodes)]
         wait_until(lambda: all(self._store.get(key) is not None for key in keys), self.evidence_timeout)
         everything = list(evidence)
@@ -91,7 +96,7 @@ class CulpritExchange:
         if missing:
             log.warning("diagnosis of cycle %d without the evidence of node(s) %s (none within %.0f s)", cycle,
                         missing, self.evidence_timeout)
-        verdict = diagnose(everything)
+        verdict = diagnose(everything, None if missing else world_size)
         result = verdict.to_event(cycle, self.node) if verdict is not None else None
         self.publish(cycle, result)
         return result

@@ -9,9 +9,12 @@ that contract; two implementations exist:
   rendezvous' ``TCPStore``, the static backend's store, or a ``HashStore`` in
   tests). With the c10d backend the store is served by **one launcher** (the
   one named in ``--rdzv-endpoint``): the job's shared state dies with it.
-* :class:`EtcdJobStore` over python-etcd, with etcd's own atomic operations
-  (``prevExist`` / ``prevValue`` / ``prevIndex`` writes). The state lives in
-  the etcd cluster and survives the loss of any node.
+* :class:`EtcdJobStore` over python-etcd (``--rdzv-backend=etcd-v2``), with
+  etcd's own atomic operations (``prevExist`` / ``prevValue`` / ``prevIndex``
+  writes). The state lives in the etcd cluster and survives the loss of any node.
+* :class:`EtcdV3JobStore` on etcd's v3 API (``--rdzv-backend=etcd-v3``, see
+  :mod:`.etcd_v3`): transactions comparing a key's value, creation or mod
+  revision; every key is attached to the job's lease.
 
 :func:`open_job_store` picks the implementation from the rendezvous handler,
 so the job store always lives wherever torch's rendezvous state lives.
@@ -30,9 +33,12 @@ from ft_core.deadline import wait_until
 if TYPE_CHECKING:
     from torch.distributed.elastic.rendezvous import RendezvousHandler
 
+    from ft_core.launcher.etcd_v3 import EtcdV3Client, JobLease
+
 __all__ = [
     "C10dJobStore",
     "EtcdJobStore",
+    "EtcdV3JobStore",
     "JobStore",
     "JobStoreUnavailable",
     "job_store_on",
@@ -218,10 +224,52 @@ class EtcdJobStore:
                 return value
 
 
+class EtcdV3JobStore:
+    """:class:`JobStore` on etcd's v3 API (:class:`~ft_core.launcher.etcd_v3.EtcdV3Client`).
+
+    Keys live under ``prefix``, attached to the job's lease (they expire once no
+    launcher of the job is left). Compare-and-set is a transaction comparing the
+    value (or, for "absent", the creation revision); ``add`` compares the mod
+    revision it read. The client retries on the other members while none
+    answers, then raises :class:`JobStoreUnavailable`; as with
+    :class:`EtcdJobStore`, a conditional write whose reply was lost is checked
+    against the value in force, and an ``add`` retried that way may count twice.
+    """
+
+    survives_node_loss = True
+
+    def __init__(self, client: EtcdV3Client, prefix: str, lease: JobLease) -> None:
+        self._client = client
+        self._prefix = prefix.rstrip("/")
+        self._lease = lease
+
+    def _path(self, key: str) -> str:
+        return f"{self._prefix}/{key}"
+
+    def get(self, key: str) -> Optional[str]:
+        found = self._client.get(self._path(key))
+        return None if found is None else found[0].decode()
+
+    def set(self, key: str, value: str) -> None:
+        self._client.put(self._path(key), value.encode(), self._lease.id)
+
+    def compare_set(self, key: str, expected: Optional[str], desired: str) -> Optional[str]:
+        _, current = self._client.put_if(self._path(key), desired.encode(), self._lease.id,
+                                         expected=None if expected is None else expected.encode())
+        return None if current is None else current[0].decode()
+
+    def add(self, key: str, amount: int) -> int:
+        return self._client.add(self._path(key), amount, self._lease.id)
+
+
 def job_store_on(store: dist.Store, run_id: str) -> JobStore:
-    """The job store on a rendezvous store: etcd's own operations for torch's ``EtcdStore``."""
+    """The job store on a rendezvous store: etcd's own operations for torch's ``EtcdStore`` and for etcd-v3."""
     from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
 
+    from ft_core.launcher.etcd_v3 import EtcdV3Store, job_prefix
+
+    if isinstance(store, EtcdV3Store):
+        return EtcdV3JobStore(store.client, f"{job_prefix(run_id)}/job", store.lease)
     if isinstance(store, EtcdStore):
         # The same client (and thus the same endpoint, TLS settings and member list) as torch's.
         return EtcdJobStore(store.client, f"/{NAMESPACE}/{run_id}")
@@ -231,7 +279,7 @@ def job_store_on(store: dist.Store, run_id: str) -> JobStore:
 def open_job_store(handler: RendezvousHandler) -> Optional[JobStore]:
     """The job store of a rendezvous handler, or None until its first round (static backend).
 
-    Torch's dynamic rendezvous (c10d, etcd-v2) keeps one store for all rounds in
+    Torch's dynamic rendezvous (c10d, etcd-v2, etcd-v3) keeps one store for all rounds in
     the handler; the static backend has one only once it rendezvoused.
     """
     base = getattr(handler, "_store", None)

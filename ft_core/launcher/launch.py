@@ -16,6 +16,7 @@ from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import registry as rdzv_registry
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
 
 from ft_core.config import FaultToleranceConfig
@@ -23,12 +24,20 @@ from ft_core.events import LauncherExit, LauncherStarted
 from ft_core.jobdir import claim_job_dir, saved_stacks_dir
 from ft_core.launcher.agent import FtElasticAgent, Outcome, Services, signal_outcome
 from ft_core.launcher.control import WorkloadControlServer
+from ft_core.launcher.etcd_v3 import register as register_etcd_v3
 from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
 from ft_core.launcher.metrics import SCRAPE_TARGETS_DIR, LauncherMetrics
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.prewarm import WorkerFactory
 from ft_core.launcher.rendezvous_records import use_cheap_method_names
+from ft_core.launcher.seams import (
+    AGENT_INSTANCE_ATTRIBUTES,
+    RENDEZVOUS_INSTANCE_ATTRIBUTES,
+    TorchSeamsError,
+    require_instance_attributes,
+)
+from ft_core.launcher.slurm import job_id
 from ft_core.monitor.status import status_path
 
 __all__ = ["launch"]
@@ -67,7 +76,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         if factory is not None:
             factory.start()
         if options.metrics_port is not None:
-            prometheus = LauncherMetrics(events, status_path(job_dir), config.run_id)
+            prometheus = LauncherMetrics(events, status_path(job_dir), job_id(config.run_id))
             events.observers.append(prometheus.observe)
             prometheus.start(options.metrics_port, options.metrics_targets_dir
                              or os.path.join(os.path.dirname(events.path), SCRAPE_TARGETS_DIR))
@@ -79,15 +88,22 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
             rdzv_backend=config.rdzv_backend, monitor_pid=monitor.pid, config=cfg.to_dict()))
         services = Services(monitor, control, events, token, factory=factory,
                             on_straggler_round=prometheus.observe_round if prometheus is not None else None)
+        spec = _worker_spec(config, entrypoint, args)
+        if isinstance(spec.rdzv_handler, DynamicRendezvousHandler):
+            require_instance_attributes(spec.rdzv_handler, RENDEZVOUS_INSTANCE_ATTRIBUTES)
         agent = FtElasticAgent(
-            _worker_spec(config, entrypoint, args), config.logs_specs, services=services, options=options,
+            spec, config.logs_specs, services=services, options=options,
             start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,
             shutdown_timeout=config.shutdown_timeout)
+        require_instance_attributes(agent, AGENT_INSTANCE_ATTRIBUTES)
         metrics.initialize_metrics(metrics.MetricsConfig(config.metrics_cfg))
         agent.run()
         outcome = agent.outcome
     except SignalException as exc:
         outcome = signal_outcome(exc.sigval, "before any worker started")
+    except TorchSeamsError as exc:  # the one clear message, no traceback: the torch in use is the problem
+        log.error("%s", exc)
+        outcome = Outcome(1, f"torch {exc.torch_version} lacks torch elastic seams: {'; '.join(exc.problems)}")
     except Exception as exc:  # noqa: BLE001 - every failure must still tear down and report
         log.exception("ft_launcher failed: %s", exc)
         outcome = Outcome(1, f"launcher error: {type(exc).__name__}: {exc}")
@@ -116,6 +132,7 @@ def _worker_spec(config: LaunchConfig, entrypoint: Union[Callable, str], args: l
         min_nodes=config.min_nodes, max_nodes=config.max_nodes, local_addr=config.local_addr,
         **config.rdzv_configs)
     master_addr, master_port = _get_addr_and_port(rdzv_parameters)
+    register_etcd_v3()  # --rdzv-backend=etcd-v3 beside torch's own backends
     return WorkerSpec(
         role=config.role, local_world_size=config.nproc_per_node, entrypoint=entrypoint, args=tuple(args),
         rdzv_handler=rdzv_registry.get_rendezvous_handler(rdzv_parameters), max_restarts=config.max_restarts,

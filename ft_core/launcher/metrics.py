@@ -11,8 +11,8 @@ Everything exported is derived from two sources, at scrape time:
 So the endpoint adds no work to the monitoring loop beyond a few counter
 updates, and a scrape never waits for the loop. Names follow Prometheus
 conventions (``ft_`` prefix, ``_total`` counters, ``_seconds`` units); every
-series carries ``run_id`` (the rendezvous id: the same on every node, and
-across the requeues of a SLURM job) and ``node`` (the launcher's host, without
+series carries ``run_id`` (the job: ``$SLURM_JOB_ID`` under SLURM, kept across
+requeues, else the rendezvous id) and ``node`` (the launcher's host, without
 its pid, so a requeue or a restarted launcher continues the same series), and
 per-rank series ``rank``. ``docs/events.md`` ("Metrics") describes each one.
 
@@ -45,6 +45,7 @@ from ft_core.events import (
 )
 from ft_core.fileutil import atomic_write_text
 from ft_core.monitor.status import read_status
+from ft_core.version import python_version, torch_version, version
 
 if TYPE_CHECKING:
     from ft_core.launcher.events import EventLog
@@ -55,7 +56,7 @@ __all__ = ["SCRAPE_TARGETS_DIR", "LauncherMetrics", "MetricsUnavailableError"]
 log = logging.getLogger("ft_core.launcher")
 
 #: Faults named by a record that says which rank was at fault; the others are counted from the restart.
-_FAULTS_WITH_RANK = frozenset({RestartKind.HANG, RestartKind.CRASH, RestartKind.STRAGGLER})
+_FAULTS_WITH_RANK = frozenset({RestartKind.HANG, RestartKind.CRASH})
 
 
 #: Default directory of the Prometheus ``file_sd`` target files, beside the event log.
@@ -81,7 +82,7 @@ class LauncherMetrics:
     Args:
         events: the launcher's event log (time lost and run time for the fault-free ratio).
         status_path: the node monitor's status file.
-        run_id: the job's rendezvous id (``--rdzv-id``), the ``run_id`` label.
+        run_id: the ``run_id`` label: the job's id across requeues (:func:`ft_core.launcher.slurm.job_id`).
     """
 
     def __init__(self, events: EventLog, status_path: str, run_id: str) -> None:
@@ -136,10 +137,8 @@ class LauncherMetrics:
                     self._hung.clear()
                 case WorkerExit() if record.cause == "crash":
                     self._faults[(RestartKind.CRASH.value, "" if record.rank is None else str(record.rank))] += 1
-                case Straggler():
+                case Straggler():  # slow, not broken: not a fault (ft_restarts_total counts its restart)
                     self._stragglers[(str(record.rank), record.phase)] += 1
-                    if record.action.value == "restart":
-                        self._faults[(RestartKind.STRAGGLER.value, str(record.rank))] += 1
                 case MonitorLate():
                     self._late_count += 1
                     self._late_seconds += record.late
@@ -209,6 +208,10 @@ class LauncherMetrics:
 
         now = time.time()
         base = self.base
+        build = GaugeMetricFamily("ft_build_info", "Always 1: the ft-suite, torch and Python versions of this launcher",
+                                  labels=[*BASE_LABELS, "version", "torch", "python"])
+        build.add_metric([*base, version(), torch_version(), python_version()], 1)
+        yield build
         with self._lock:
             restarts = CounterMetricFamily("ft_restarts", "Cycles ended by a restart, by kind", labels=[*BASE_LABELS, "kind"])
             for kind, count in sorted(self._restarts.items()):

@@ -51,6 +51,7 @@ class LauncherOptions:
     straggler_threshold: float = FaultToleranceConfig.straggler_threshold
     straggler_consecutive_reports: int = FaultToleranceConfig.straggler_consecutive_reports
     straggler_action: StragglerAction = FaultToleranceConfig.straggler_action
+    straggler_min_phase_seconds: float = FaultToleranceConfig.straggler_min_phase_seconds
     #: Port of the Prometheus endpoint (``metrics_port``, ``--ft-metrics-port``); None: no endpoint.
     metrics_port: Optional[int] = FaultToleranceConfig.metrics_port
     #: Directory of the endpoint's Prometheus ``file_sd`` target file; None: beside the event log.
@@ -80,6 +81,7 @@ class LauncherOptions:
             straggler_threshold=cfg.straggler_threshold,
             straggler_consecutive_reports=cfg.straggler_consecutive_reports,
             straggler_action=cfg.straggler_action,
+            straggler_min_phase_seconds=cfg.straggler_min_phase_seconds,
             metrics_port=cfg.metrics_port,
             metrics_targets_dir=path_or_none("--ft-metrics-targets-dir", args.ft_metrics_targets_dir),
             prewarm=boolean("--ft-prewarm", args.ft_prewarm, coerce=True),

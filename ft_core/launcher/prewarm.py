@@ -262,8 +262,10 @@ class WorkerFactory:
             self._proc.wait()
             self._proc = None
         if successor:
-            # If we are a subreaper just now, the killed successor became our child: reap it.
-            wait_until(lambda: _reaped(successor), timeout=REQUEST_TIMEOUT, interval=0.001)
+            # If we are a subreaper just now, the killed successor became our child: reap it. Else init
+            # reaps it; either way it is gone before we return (nothing of the job outlives the launcher).
+            wait_until(lambda: _reaped(successor) and not procutil.pid_alive(successor), timeout=REQUEST_TIMEOUT,
+                       interval=0.001)
 
     # -- internals -------------------------------------------------------------
     def _await_ready(self) -> None:

@@ -16,19 +16,27 @@ the launcher and asks for the parent-death signal itself.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Collection, Iterator
 from typing import Any, Optional, cast
 
 import torch.distributed.elastic.multiprocessing.api as mp_api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
+from ft_core.deadline import wait_until
 from ft_core.launcher.prewarm import WorkerFactory
-from ft_core.procutil import die_with_parent_preexec
+from ft_core.procutil import die_with_parent_preexec, process_group_members
 
-__all__ = ["workers_die_with_agent"]
+__all__ = ["kill_process_groups", "signal_process_groups", "workers_die_with_agent"]
+
+log = logging.getLogger("ft_core.launcher")
+
+#: How long to wait for SIGKILLed processes to be gone (a process in uninterruptible sleep may never go).
+KILL_WAIT = 5.0
 
 
 class _DieWithAgentHandler(SubprocessHandler):
@@ -87,3 +95,36 @@ def workers_die_with_agent(factory: Optional[WorkerFactory] = None) -> Iterator[
             yield
     finally:
         mp_api.get_subprocess_handler = original
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def signal_process_groups(pgids: Collection[int], sig: signal.Signals) -> None:
+    """Send ``sig`` to each of the groups ``pgids`` that still has a live process (its leader dead or not)."""
+    for pgid in process_group_members(pgids):
+        _killpg(pgid, sig)
+
+
+def kill_process_groups(pgids: Collection[int], deadline: float) -> list[int]:
+    """Wait until the groups ``pgids`` are empty, SIGKILL what is left at the monotonic ``deadline``.
+
+    Torch signals a worker's group only while the worker itself runs; the children of a worker
+    that crashed or was killed for a hang (data loader workers blocked in I/O, a forked
+    checkpoint writer, a user subprocess) stay in its group and would outlive the cycle, and
+    the launcher, and write into the next cycle's files. Returns the pids still alive after
+    the SIGKILL (stuck in uninterruptible sleep), normally none.
+    """
+    def empty() -> bool:
+        return not process_group_members(pgids)
+
+    if wait_until(empty, max(0.0, deadline - time.monotonic()), interval=0.05):
+        return []
+    for pgid, pids in process_group_members(pgids).items():
+        log.warning("process group %d (pids %s) still alive at the end of the stop timeout: SIGKILL", pgid, pids)
+        _killpg(pgid, signal.SIGKILL)
+    if wait_until(empty, KILL_WAIT, interval=0.05):
+        return []
+    return [pid for pids in process_group_members(pgids).values() for pid in pids]

@@ -6,8 +6,12 @@ never what the user gave:
 * ``--nnodes`` not given: the nodes of the ``srun`` step (``$SLURM_STEP_NUM_NODES``),
   so ``srun ft_launcher ...`` on N nodes is one N-node job, not N one-node jobs
   sharing a run directory (see :func:`derive_nnodes`);
-* ``--rdzv-id`` (torchrun's default ``none``) becomes ``$SLURM_JOB_ID``: the same on
-  every node, and across requeues of the job;
+* ``--rdzv-id`` (torchrun's default ``none``) becomes ``$SLURM_JOB_ID.$SLURM_RESTART_COUNT``
+  (``.$SLURM_STEP_ID`` added inside an ``srun`` step): the same on every node of one launch,
+  new for every requeue and every step. A run id keeps its state in a store that outlives
+  the launchers (etcd: torch's closed rendezvous, the restart budget, the no-progress count,
+  the job-wide stop), so a requeued job must not inherit it; what names the job's run
+  directory stays ``$SLURM_JOB_ID`` (:func:`launch_rdzv_id`);
 * for a multi-node job without ``--rdzv-endpoint``, the rendezvous is c10d on the
   job's first node (``scontrol show hostnames $SLURM_JOB_NODELIST | head -n1``), port
   ``$MASTER_PORT`` when set, else torch's c10d port 29400 — unless the static
@@ -31,9 +35,11 @@ from torch.distributed.run import parse_min_max_nnodes
 
 from ft_core.validation import ValidationError, int_in_range
 
-__all__ = ["apply_slurm_defaults", "derive_nnodes", "first_host"]
+__all__ = ["apply_slurm_defaults", "derive_nnodes", "first_host", "job_id", "launch_rdzv_id"]
 
 JOB_ID_ENV = "SLURM_JOB_ID"
+RESTART_COUNT_ENV = "SLURM_RESTART_COUNT"
+STEP_ID_ENV = "SLURM_STEP_ID"
 #: The nodes of the current ``srun`` step (set by srun only: not in a batch script itself).
 STEP_NODES_ENV = "SLURM_STEP_NUM_NODES"
 
@@ -84,8 +90,8 @@ def apply_slurm_defaults(args: argparse.Namespace, environ: Optional[Mapping[str
         return []
     derived = []
     if args.rdzv_id == _UNSET_RDZV_ID:
-        args.rdzv_id = job_id
-        derived.append(f"--rdzv-id={job_id}")
+        args.rdzv_id = launch_rdzv_id(env)
+        derived.append(f"--rdzv-id={args.rdzv_id}")
     _, max_nodes = parse_min_max_nnodes(args.nnodes)
     static_chosen = args.rdzv_backend == "static" and args.master_addr != _DEFAULT_MASTER_ADDR
     if max_nodes > 1 and not args.rdzv_endpoint and not args.standalone and not static_chosen:
@@ -98,6 +104,30 @@ def apply_slurm_defaults(args: argparse.Namespace, environ: Optional[Mapping[str
         args.rdzv_endpoint = f"{first_host(nodelist)}:{port}"
         derived += [f"--rdzv-backend={args.rdzv_backend}", f"--rdzv-endpoint={args.rdzv_endpoint}"]
     return derived
+
+
+def launch_rdzv_id(env: Mapping[str, str]) -> str:
+    """The run id of this launch of a SLURM job: ``<job id>.<requeue number>[.<step id>]``.
+
+    The same on every node of one ``srun`` (they share all three), different for each
+    requeue (``SLURM_RESTART_COUNT``, unset in the first run) and each step of the allocation.
+    """
+    parts = [env[JOB_ID_ENV], env.get(RESTART_COUNT_ENV) or "0"]
+    step = env.get(STEP_ID_ENV)
+    if step:
+        parts.append(step)
+    return ".".join(parts)
+
+
+def job_id(run_id: str, env: Optional[Mapping[str, str]] = None) -> str:
+    """The id that names the job across its requeues: ``$SLURM_JOB_ID`` under SLURM, else ``run_id``.
+
+    A launch's run id changes with every requeue (:func:`launch_rdzv_id`); what must
+    not change with it (the metrics' ``run_id`` label, so a requeue continues the same
+    series) uses this.
+    """
+    env = os.environ if env is None else env
+    return env.get(JOB_ID_ENV) or run_id
 
 
 def first_host(nodelist: str) -> str:

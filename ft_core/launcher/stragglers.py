@@ -17,6 +17,18 @@ A node whose medians arrive more than half an interval late is left out of
 that round (its ranks neither count for nor break a run). Nothing is read or
 written until this node's monitor reported phases in the cycle: a job that
 marks no phase costs no store traffic.
+
+The actions never stop a slow but healthy job:
+
+* ``restart`` restarts for a node at most once per job store: when the same
+  node is a straggler again after the restart it caused (the restart brought no
+  faster node), the aggregator reports it instead (:func:`straggler_action_for`;
+  the nodes restarted for are kept under the key ``straggler/restarted``). A
+  straggler restart is not a fault: it spends no restart and does not count
+  for the no-progress rule.
+* ``exclude-node`` excludes the node only when the job can go on without it
+  (:func:`exclusion_blocker`); otherwise the node reports it, with one warning
+  naming why.
 """
 
 from __future__ import annotations
@@ -32,19 +44,55 @@ import msgspec
 
 from ft_core.events import PhaseMedians, Straggler
 from ft_core.launcher.job_store import JobStore
-from ft_core.straggler import PhaseMedian, PhaseScore, StragglerAction, StragglerJudge
+from ft_core.straggler import (
+    DEFAULT_MIN_PHASE_SECONDS,
+    PhaseMedian,
+    PhaseScore,
+    StragglerAction,
+    StragglerJudge,
+)
 
-__all__ = ["REPORT_KEY", "NodeMedians", "StragglerDetector", "StragglerRound"]
+__all__ = ["REPORT_KEY", "RESTARTED_KEY", "NodeMedians", "StragglerDetector", "StragglerRound", "exclusion_blocker",
+           "straggler_action_for"]
 
 log = logging.getLogger("ft_core.launcher")
 
 REPORT_KEY = "straggler/report"
+#: The nodes a straggler restart was made for (a JSON list of ``host:pid``), written by the aggregator.
+RESTARTED_KEY = "straggler/restarted"
 #: Non-aggregators look for a new report at most this often (seconds; less with a shorter interval).
 _POLL_INTERVAL = 1.0
 
 
 def _medians_key(group_rank: int) -> str:
     return f"straggler/{group_rank}"
+
+
+def straggler_action_for(action: StragglerAction, node: str, restarted: set[str]) -> StragglerAction:
+    """The action taken for a straggler on ``node``: ``restart`` once per node (``restarted``: the nodes
+    restarted for already), then ``report``; any other action as configured."""
+    if action is StragglerAction.RESTART and node in restarted:
+        return StragglerAction.REPORT
+    return action
+
+
+def exclusion_blocker(*, dynamic: bool, hosts_store: bool, nodes: int, min_nodes: int, spares: int) -> Optional[str]:
+    """Why excluding a straggler's node would end the job (None: the job goes on without it).
+
+    Args:
+        dynamic: the rendezvous can replace a node (c10d, etcd-v2; not static).
+        hosts_store: the node serves the c10d rendezvous store, the job's shared state.
+        nodes: the nodes of the current round; min_nodes: the job's minimum (``--nnodes``).
+        spares: hot spares waiting to join.
+    """
+    if not dynamic:
+        return "the static rendezvous cannot go on without a node"
+    if hosts_store:
+        return "the node hosts the c10d rendezvous store (--rdzv-endpoint): the job's state would leave with it"
+    if nodes - 1 < min_nodes and spares == 0:
+        return (f"the job needs {min_nodes} node(s) (--nnodes), has {nodes}, and no hot spare waits to take "
+                "the node's place")
+    return None
 
 
 class NodeMedians(msgspec.Struct, frozen=True):
@@ -87,19 +135,21 @@ class StragglerDetector:
 
     def __init__(self, interval: float, threshold: float, consecutive: int, action: StragglerAction, node: str,
                  store: Callable[[], Optional[JobStore]],
-                 on_round: Optional[Callable[[StragglerRound], None]] = None) -> None:
+                 on_round: Optional[Callable[[StragglerRound], None]] = None,
+                 min_phase_seconds: float = DEFAULT_MIN_PHASE_SECONDS) -> None:
         self.interval = interval
         self.threshold = threshold
         self.consecutive = consecutive
+        self.min_phase_seconds = min_phase_seconds
         self.action = action
         self.node = node
         self._store = store
         self._on_round = on_round
-        self._state = _CycleState(-1, StragglerJudge(threshold, consecutive))
+        self._state = _CycleState(-1, StragglerJudge(threshold, consecutive, min_phase_seconds))
 
     def _for_cycle(self, cycle: int) -> _CycleState:
         if self._state.cycle != cycle:
-            self._state = _CycleState(cycle, StragglerJudge(self.threshold, self.consecutive))
+            self._state = _CycleState(cycle, StragglerJudge(self.threshold, self.consecutive, self.min_phase_seconds))
         return self._state
 
     def publish(self, record: PhaseMedians, cycle: int, group_rank: int) -> None:
@@ -162,11 +212,32 @@ class StragglerDetector:
         if not medians:
             return
         result = state.judge.judge(medians)
-        stragglers = [
-            Straggler(cycle=state.cycle, rank=s.rank, rank_node=nodes[s.rank], phase=s.phase,
-                      relative_score=round(s.relative, 4), individual_score=round(s.individual, 4),
-                      median=s.median, window=s.samples, threshold=self.threshold, consecutive=self.consecutive,
-                      action=self.action)
-            for s in result.stragglers]
+        restarted = self._restarted(store) if result.stragglers and self.action is StragglerAction.RESTART else set()
+        stragglers = []
+        for s in result.stragglers:
+            node = nodes[s.rank]
+            action = straggler_action_for(self.action, node, restarted)
+            if action is not self.action:
+                log.warning("rank %d on %s is a straggler again after the restart made for it (no faster node "
+                            "came): straggler_action falls back to report for that node", s.rank, node)
+            elif action is StragglerAction.RESTART:
+                restarted.add(node)
+                store.set(RESTARTED_KEY, msgspec.json.encode(sorted(restarted)).decode())
+            stragglers.append(Straggler(
+                cycle=state.cycle, rank=s.rank, rank_node=node, phase=s.phase, relative_score=round(s.relative, 4),
+                individual_score=round(s.individual, 4), median=s.median, window=s.samples,
+                threshold=self.threshold, consecutive=self.consecutive, action=action))
         report = StragglerRound(cycle=state.cycle, round=round_, scores=result.scores, stragglers=stragglers)
         store.set(REPORT_KEY, msgspec.json.encode(report).decode())
+
+
+    @staticmethod
+    def _restarted(store: JobStore) -> set[str]:
+        raw = store.get(RESTARTED_KEY)
+        if raw is None:
+            return set()
+        try:
+            return set(msgspec.json.decode(raw, type=list[str]))
+        except msgspec.DecodeError as exc:
+            log.warning("ignoring an unreadable %s in the job store: %s", RESTARTED_KEY, exc)
+            return set()

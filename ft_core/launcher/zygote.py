@@ -278,6 +278,12 @@ def _check_forkable() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         raise FactoryError("a pre-warmed module initialised CUDA; a forked worker could not use it")
+    # torch.cuda.is_available() (and device_count()) at import initialise the driver without setting
+    # is_initialized(), and "poison fork" all the same: the driver's library in the process says so.
+    driver = _cuda_driver_loaded()
+    if driver is not None:
+        raise FactoryError(f"a pre-warmed module initialised the CUDA driver ({driver} is loaded, e.g. by "
+                           "torch.cuda.is_available() at import); a forked worker could not use CUDA")
     # Libraries that run threads stop them in their fork handlers (OpenBLAS does); a probe fork
     # runs those handlers, and any native thread still running afterwards would be lost by fork.
     pid = os.fork()
@@ -287,6 +293,19 @@ def _check_forkable() -> None:
     threads = len(os.listdir("/proc/self/task"))
     if threads > 1:
         raise FactoryError(f"{threads - 1} native thread(s) still run after import; fork would lose them")
+
+
+def _cuda_driver_loaded() -> Optional[str]:
+    """The CUDA driver library (``libcuda.so*``) mapped into this process, or None (Linux ``/proc``)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.split()[-1] if line.count(" ") >= 5 else ""
+                if os.path.basename(path).startswith("libcuda.so"):
+                    return path
+    except OSError:
+        pass
+    return None
 
 
 def _serve(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, int]:

@@ -56,6 +56,7 @@ from ft_core.config import FaultToleranceConfig, with_fallback
 from ft_core.events import (
     CheckpointReported,
     ConnectionRejected,
+    DeadlineExtended,
     Event,
     EventWriter,
     HangReason,
@@ -72,11 +73,12 @@ from ft_core.jobdir import (
     LAUNCHER_SOCKET_ENV,
     PRIVATE_FILE_MODE,
     JobDir,
-    keep_stack,
+    saved_stack_path,
 )
 from ft_core.monitor.hang import DumpWait, Expiry, Hang
 from ft_core.monitor.process import MonitorProcess, run_in_subprocess
 from ft_core.monitor.snapshot import Snapshot
+from ft_core.monitor.stack_copy import STACK_COPY_CLOSE_TIMEOUT, StackCopier
 from ft_core.monitor.status import STATUS_INTERVAL, MonitorStatus, RankStatus, status_path, write_status
 from ft_core.protocol import (
     MAX_HELLO_FRAME_BYTES,
@@ -101,7 +103,15 @@ from ft_core.protocol import (
 )
 from ft_core.ratelimit import LogThrottle
 from ft_core.straggler import MAX_PHASES_PER_RANK, PhaseWindows, check_phase_sample
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, WarmupRule, apply_calculated
+from ft_core.timeouts import (
+    COMPILE_SECTION,
+    STEP_SECTION,
+    HeartbeatTimeouts,
+    SectionTimeouts,
+    WarmupRule,
+    apply_calculated,
+    warmup_step_timeout,
+)
 
 __all__ = [
     "AWAKE_TICK", "HANDSHAKE_TIMEOUT", "LATE_THRESHOLD", "MAX_PENDING_HANDSHAKES", "OpenSection", "RankMonitorServer",
@@ -127,6 +137,10 @@ REFRESH_CHUNKS = 8
 #: A runnable rank past its deadline is declared hung once it has had this much CPU time since
 #: without a sign of life; until then it is waiting for a CPU, not hung (see ``_cpu_probe``).
 CPU_PROBE = 0.02
+#: Slow storage: the monitor takes a look at a section's I/O counters this fraction of its timeout before
+#: its deadline (at most IO_LOOK_MAX s), and extends a rank whose counters advanced by that much again.
+IO_LOOK_FRACTION = 0.25
+IO_LOOK_MAX = 30.0
 #: Connections still waiting for their Hello; one more closes the oldest. Far above the local ranks of
 #: any node connecting at once (each says Hello at once), far below what would strain the monitor.
 MAX_PENDING_HANDSHAKES = 256
@@ -147,7 +161,12 @@ _PEERCRED = struct.Struct("3i")
 @dataclasses.dataclass
 class OpenSection:
     started: float
-    timed_as: Optional[str]  # the section whose timeout applies (WarmupRule); None: untimed warm-up step
+    #: A ``step`` in warm-up (WarmupRule): timed by :func:`~ft_core.timeouts.warmup_step_timeout`.
+    warmup: bool = False
+    #: The deadline once extended for I/O progress (see ``RankMonitorServer._io_extension``).
+    extended_to: Optional[float] = None
+    #: The rank's I/O byte count at the monitor's last look, and when: the progress is measured from it.
+    io_look: Optional[tuple[float, int]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -208,14 +227,23 @@ class WatchedRank:
     def section_start(self, name: str, now: float, iteration: Optional[int] = None) -> None:
         """Open ``name``; during warm-up a ``step`` is timed as :class:`~ft_core.timeouts.WarmupRule` says."""
         self.touch(now, iteration)
-        self.open_sections[name] = OpenSection(now, self.warmup.section_opened(name, iteration))
+        timed_as = self.warmup.section_opened(name, iteration)
+        self.open_sections[name] = OpenSection(now, warmup=name == STEP_SECTION and timed_as != STEP_SECTION)
         self.out_of_section_since = None
 
     def section_end(self, name: str, now: float) -> bool:
-        """Close ``name``; False if it was not open. Out-of-section time starts when none is left open."""
+        """Close ``name``; False if it was not open. Out-of-section time starts when none is left open.
+
+        Closing ``compile`` resumes the sections it paused: their clocks skip the compilation.
+        """
         self.touch(now)
         section = self.open_sections.pop(name, None)
         was_open = section is not None
+        if section is not None and name == COMPILE_SECTION:
+            for other in self.open_sections.values():
+                other.started += now - section.started
+                if other.extended_to is not None:
+                    other.extended_to += now - section.started
         if section is not None and name == "step":
             self.steps += 1
             self.last_step_seconds = now - section.started
@@ -232,15 +260,29 @@ class WatchedRank:
     def evidence(self, now: float, wall_now: float) -> RankEvidence:
         """What this rank is doing at ``now`` (monotonic; ``wall_now`` is the same instant in unix time)."""
         last = self.last_activity
+        expiry = self.next_deadline()
         return RankEvidence(
             rank=self.rank, pid=self.pid, iteration=self.iteration,
             section=next(reversed(self.open_sections), None),  # the innermost: opened last
             last_activity=None if last is None else round(wall_now - (now - last), 3),
             stalled_for=None if last is None else round(now - last, 3),
-            stopped=self.pid > 0 and procutil.is_stopped(self.pid))
+            stopped=self.pid > 0 and procutil.is_stopped(self.pid),
+            timeout=None if expiry is None else expiry.timeout)
+
+    def _warmup_timeout(self) -> Optional[float]:
+        return warmup_step_timeout(self.sections, self.hb.initial, self.cfg.rank_section_timeouts.get(STEP_SECTION))
 
     def next_deadline(self) -> Optional[Expiry]:
-        """The earliest deadline of this rank, or None when nothing is timed."""
+        """The earliest deadline of this rank, or None when nothing is timed.
+
+        While torch.compile compiles (``compile`` is open) only ``compile_timeout`` runs: a
+        recompile is not a slow step, nor a missing heartbeat.
+        """
+        compiling = self.open_sections.get(COMPILE_SECTION)
+        if compiling is not None:
+            limit = self.cfg.compile_timeout
+            return None if limit is None else Expiry(compiling.started + limit, HangReason.SECTION, COMPILE_SECTION,
+                                                     limit, compiling.started)
         candidates = []
         if self.first_activity is None:
             if self.hb.initial is not None:
@@ -250,10 +292,10 @@ class WatchedRank:
             candidates.append(Expiry(self.last_activity + self.hb.subsequent, HangReason.HEARTBEAT, None,
                                      self.hb.subsequent, self.last_activity))
         for name, section in self.open_sections.items():
-            timeout = self.sections.section.get(section.timed_as) if section.timed_as is not None else None
+            timeout = self._warmup_timeout() if section.warmup else self.sections.section.get(name)
             if timeout is not None:
-                candidates.append(Expiry(section.started + timeout, HangReason.SECTION, name, timeout,
-                                         section.started))
+                deadline = section.extended_to if section.extended_to is not None else section.started + timeout
+                candidates.append(Expiry(deadline, HangReason.SECTION, name, timeout, section.started))
         # Out-of-section time runs only from the end of a section (None before the first
         # one): start-up is covered by the initial heartbeat timeout (NVRx does the same).
         since = self.out_of_section_since
@@ -342,6 +384,8 @@ class RankMonitorServer:
         #: The live status file for the launcher's metrics endpoint, and when it is due; None: metrics off.
         self._status_path = status_path(self.job_dir) if cfg.metrics_port is not None else None
         self._status_due = 0.0
+        #: Copies hung ranks' stacks to ``stacks_dir`` in a thread: a stalled filesystem never delays a kill.
+        self._stack_copies = StackCopier()
 
     # -- setup / teardown -------------------------------------------------
     def _listen(self) -> None:
@@ -360,6 +404,7 @@ class RankMonitorServer:
         self._reserve_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     def close(self) -> None:
+        self._stack_copies.close(STACK_COPY_CLOSE_TIMEOUT)
         for conn in list(self._connections.values()):
             self._drop(conn, log_it=False)
         if self._listener is not None:
@@ -519,6 +564,9 @@ class RankMonitorServer:
                 now = self._now()
                 expiry = rank.next_deadline()
                 if expiry is not None and expiry.deadline <= now:
+                    if self._io_extension(rank, expiry, now):
+                        sleep = 0.0  # judged again at its new deadline
+                        continue
                     wait = self._cpu_probe(rank, expiry, now)
                     if wait is None:
                         self._on_hang(rank, expiry, now)
@@ -527,7 +575,51 @@ class RankMonitorServer:
                     continue
             if expiry is not None:
                 sleep = min(sleep, AWAKE_TICK, expiry.deadline - now)
+                self._io_look(rank, expiry, now)
         return max(sleep, 0.0)
+
+    # -- slow storage: I/O progress extends a section's deadline --------------
+    def _io_look(self, rank: WatchedRank, expiry: Expiry, now: float) -> None:
+        """Shortly before a section's deadline, note the rank's I/O byte count: the baseline of its progress."""
+        if self.cfg.io_progress_cap is None or expiry.reason is not HangReason.SECTION or rank.pid <= 0:
+            return
+        section = rank.open_sections.get(expiry.section or "")
+        if section is None or section.io_look is not None or now < expiry.deadline - _io_interval(expiry.timeout):
+            return
+        count = procutil.io_bytes(rank.pid)
+        if count is not None:
+            section.io_look = (now, count)
+
+    def _io_extension(self, rank: WatchedRank, expiry: Expiry, now: float) -> bool:
+        """Extend a section past its deadline while its rank moves bytes (slow storage), up to the cap.
+
+        Evidence the monitor reads without the rank's help: the rank's read and written bytes
+        (``/proc/<pid>/io``) advanced since the last look. Then the deadline moves one look
+        interval on, to at most ``io_progress_cap`` times the timeout from the section's start;
+        the first extension of a section is recorded (``deadline_extended``) and logged. Without
+        progress, or past the cap, the rank is judged as before (returns False).
+        """
+        cap = self.cfg.io_progress_cap
+        if cap is None or expiry.reason is not HangReason.SECTION or rank.pid <= 0:
+            return False
+        section = rank.open_sections.get(expiry.section or "")
+        limit = expiry.since + cap * expiry.timeout
+        if section is None or section.io_look is None or now >= limit:
+            return False
+        count = procutil.io_bytes(rank.pid)
+        if count is None or count <= section.io_look[1]:
+            return False
+        moved = count - section.io_look[1]
+        first = section.extended_to is None
+        section.io_look = (now, count)
+        section.extended_to = min(now + _io_interval(expiry.timeout), limit)
+        if first:
+            log.warning("rank %d (pid %d) is past its %.3g s deadline in section %r but moving bytes (%d since the "
+                        "last look; slow storage?): its deadline is extended while they keep moving, up to %.3g s",
+                        rank.rank, rank.pid, expiry.timeout, expiry.section, moved, cap * expiry.timeout)
+            self._record(DeadlineExtended(rank=rank.rank, pid=rank.pid, section=expiry.section or "",
+                                          timeout=expiry.timeout, bytes=moved, cap=cap))
+        return True
 
     def _cpu_probe(self, rank: WatchedRank, expiry: Expiry, now: float) -> Optional[float]:
         """Seconds to wait before judging ``rank`` past ``expiry``, or None to judge it now.
@@ -759,7 +851,7 @@ class RankMonitorServer:
             cfg = (with_fallback(self.cfg, msg.fallback_config, self.cfg.explicit_keys)
                    if msg.fallback_config else self.cfg)
             if msg.num_warmup_iters is not None:  # NVRx: the rank's value wins (validated by the config)
-                cfg = dataclasses.replace(cfg, num_warmup_iterations=msg.num_warmup_iters)
+                cfg = cfg.replace(num_warmup_iterations=msg.num_warmup_iters)
         except ValueError as exc:
             self._refuse(conn, f"invalid config request from rank {msg.rank}: {exc}")
         hb = HeartbeatTimeouts(cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout)
@@ -769,6 +861,10 @@ class RankMonitorServer:
                 hb, sections = apply_calculated(hb, sections, msg.timeouts)
             except ValueError as exc:
                 self._refuse(conn, f"invalid timeouts from rank {msg.rank}: {exc}")
+        if msg.dump_path is not None:
+            problem = _dump_path_problem(msg.dump_path, self.dump_dir)
+            if problem is not None:
+                self._refuse(conn, f"invalid dump_path {msg.dump_path!r} from rank {msg.rank}: {problem}")
         pid = conn.peer_pid if conn.peer_pid > 0 else -1
         conn.rank = WatchedRank(
             rank=msg.rank, local_rank=msg.local_rank, pid=pid, cfg=cfg, restart_count=msg.restart_count,
@@ -790,7 +886,7 @@ class RankMonitorServer:
         sig = self.cfg.stack_dump_signal
         if sig is not None and rank.dump_path and rank.pid > 0:
             try:
-                offset = os.path.getsize(rank.dump_path)
+                offset = _file_size(rank.dump_path)
                 # A stopped process runs no signal handler: continue it first.
                 os.kill(rank.pid, signal.SIGCONT)
                 os.kill(rank.pid, sig)
@@ -812,16 +908,25 @@ class RankMonitorServer:
         return self.cfg.workload_check_interval
 
     def _terminate(self, rank: WatchedRank, hang: Hang) -> None:
+        """Record the hang, kill the rank, then have its stack copied to ``stacks_dir`` off the loop.
+
+        The record goes first (the launcher must know it was a hang when it sees the rank die), the
+        kill next: the stack is read from the job dir (local, private), but the copy goes to the log
+        directory, often a shared filesystem, whose stall must delay neither this kill nor any other
+        rank's deadline.
+        """
         stack = None
         if rank.dump_path and _file_size(rank.dump_path) > hang.dump_offset:
-            try:
-                with open(rank.dump_path, errors="replace") as handle:
-                    handle.seek(hang.dump_offset)
-                    stack = handle.read()
+            stack = _read_from(rank.dump_path, hang.dump_offset)
+            if stack is None:  # e.g. out of descriptors: the kill matters more than the stack
+                log.error("could not read the stack of hung rank %d from %s", rank.rank, rank.dump_path)
+            else:
                 log.debug("stack of hung rank %d:\n%s", rank.rank, stack.rstrip())
-            except OSError as exc:  # e.g. out of descriptors: the kill matters more than the stack
-                log.error("could not read the stack of hung rank %d from %s: %s", rank.rank, rank.dump_path, exc)
-        self._record(hang.terminate(stack, self._keep_stack(rank, stack) if stack is not None else None))
+        kept = None
+        if stack is not None:
+            kept = rank.dump_path if self.stacks_dir is None else saved_stack_path(
+                self.stacks_dir, rank.restart_count, rank.rank, rank.pid)
+        self._record(hang.terminate(stack, kept))
         sig = self.cfg.rank_termination_signal
         action = f"sent {sig.name}" if rank.pid > 0 else "not signalled (pid unknown)"
         if rank.pid > 0:
@@ -833,16 +938,9 @@ class RankMonitorServer:
         # The one line per hang: what, where, what was done, and where its stack is.
         log.error("%s; %s; stack: %s", hang.report.describe(), action, hang.report.stack_dump_file or "none (no dump)")
         self._record(RankTerminated(rank=rank.rank, pid=rank.pid, signal=sig.name))
-
-    def _keep_stack(self, rank: WatchedRank, stack: str) -> Optional[str]:
-        """Where the hung rank's stack is kept: a copy in ``stacks_dir`` named by cycle, or its dump file."""
-        if self.stacks_dir is None:
-            return rank.dump_path
-        try:
-            return keep_stack(self.stacks_dir, rank.restart_count, rank.rank, rank.pid, stack)
-        except OSError as exc:
-            log.warning("could not keep the stack of rank %d in %s: %s", rank.rank, self.stacks_dir, exc)
-            return rank.dump_path
+        if stack is not None and self.stacks_dir is not None:
+            self._stack_copies.submit(self.stacks_dir, rank.restart_count, rank.rank, rank.pid, stack,
+                                      rank.dump_path)
 
     # -- snapshot of the live ranks (diagnosis) ---------------------------
     def _start_snapshot(self, now: float) -> None:
@@ -894,6 +992,11 @@ class RankMonitorServer:
         return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir, wait)
 
 
+def _io_interval(timeout: float) -> float:
+    """How long before a deadline the I/O baseline is taken, and how far one extension reaches."""
+    return min(IO_LOOK_FRACTION * timeout, IO_LOOK_MAX)
+
+
 def _timeouts_text(hb: dict[str, Any], sections: dict[str, Any]) -> str:
     """One line for humans: every timeout in seconds, ``*`` marking the learned ones."""
     learned = set(sections["calculated_sections"])
@@ -909,12 +1012,12 @@ def _timeouts_text(hb: dict[str, Any], sections: dict[str, Any]) -> str:
 
 
 def _read_from(path: str, offset: int) -> Optional[str]:
-    """What ``path`` holds past ``offset`` (None if it cannot be read)."""
+    """What ``path`` holds past ``offset`` (None if it cannot be read, whatever the error: one rank's file)."""
     try:
         with open(path, errors="replace") as handle:
             handle.seek(offset)
             return handle.read()
-    except OSError:
+    except (OSError, ValueError):
         return None
 
 
@@ -927,10 +1030,22 @@ def _drain(sock: socket.socket) -> None:
 
 
 def _file_size(path: str) -> int:
+    """The size of one rank's dump file; 0 if it cannot be had, whatever the error (the monitor goes on)."""
     try:
         return os.path.getsize(path)
-    except OSError:
+    except (OSError, ValueError):
         return 0
+
+
+def _dump_path_problem(path: str, stacks: str) -> Optional[str]:
+    """Why ``path`` cannot be a rank's dump file (None if it can): an absolute file path in the job's ``stacks``."""
+    if "\0" in path:
+        return "it holds a NUL byte"
+    if not os.path.isabs(path):
+        return f"it must be an absolute path, a file directly inside {stacks}"
+    if os.path.normpath(path) != path or os.path.dirname(path) != stacks:
+        return f"it must be a file directly inside the job's stacks directory {stacks}"
+    return None
 
 
 def _remove_stale_socket(path: str) -> None:

@@ -79,9 +79,12 @@ class FaultToleranceCallback(Callback):
     (``setup``, ``step``, ``validation``, ``checkpointing``). A rank that misses its
     deadline is killed by the monitor and ``ft_launcher`` restarts all workers, which resume
     from the last checkpoint. Timeouts are learned in the first run from observed step,
-    validation and checkpoint times and are saved in the Lightning checkpoint. The callback
-    maps Lightning's hooks onto a :class:`~ft_integrations.session.FaultToleranceSession`,
-    which it shares with the Megatron integration.
+    validation and checkpoint times and are saved in the Lightning checkpoint; they never fall
+    below what the job has already needed (job-life maxima). A ``torch.compile`` (re)compilation
+    is its own ``compile`` phase (the rank's client marks it from TorchDynamo's callbacks), timed
+    by ``compile_timeout`` while the step deadline pauses. The callback maps Lightning's hooks
+    onto a :class:`~ft_integrations.session.FaultToleranceSession`, which it shares with the
+    Megatron integration.
 
     Args:
         mode: a :class:`~ft_integrations.session.MonitoringMode` or its value: ``"heartbeats"``
@@ -327,6 +330,8 @@ class FaultToleranceCallback(Callback):
 
     def _disconnect(self, trainer: pl.Trainer) -> None:
         """Leave the monitor (it stops watching this rank); local only, never a collective."""
+        callbacks = _callbacks(trainer)
+        callbacks[:] = [c for c in callbacks if not (isinstance(c, _DataPhaseStart) and c.owner is self)]
         if self._injector is not None:
             self._injector.cancel()
             self._injector = None
@@ -344,6 +349,9 @@ class FaultToleranceCallback(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.active:
             return
+        callbacks = _callbacks(trainer)
+        if not any(isinstance(c, _DataPhaseStart) and c.owner is self for c in callbacks):
+            callbacks.append(_DataPhaseStart(self))
         self._first_epoch = trainer.current_epoch
         self.client.set_iteration(trainer.global_step)
         if not self._sections:
@@ -365,8 +373,9 @@ class FaultToleranceCallback(Callback):
         step = trainer.global_step
         self.client.set_iteration(step)
         now = time.monotonic()
-        # The data fetch: previous batch end -> this batch start, within an epoch (across an epoch
-        # boundary the gap holds validation and checkpointing, which are not the data loader's).
+        # The data fetch: previous batch end (after every callback's, see _DataPhaseStart) -> this batch
+        # start, within an epoch (across an epoch boundary the gap holds validation and checkpointing,
+        # which are not the data loader's).
         if self._batch_ended is not None and batch_idx > 0:
             self.client.record_phase(Phase.DATA.value, now - self._batch_ended)
         self._batch_started = now
@@ -385,7 +394,6 @@ class FaultToleranceCallback(Callback):
         else:
             self.client.send_heartbeat()
         self._session.step_completed(trainer.global_step)
-        self._batch_ended = time.monotonic()
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
@@ -585,3 +593,30 @@ def _coerce_config(
         return None
     return FaultToleranceConfig.from_mapping(DEFAULT_SECTION_CONFIG) if mode is MonitoringMode.SECTIONS \
         else FaultToleranceConfig()
+
+
+class _DataPhaseStart(Callback):
+    """Starts the next batch's ``data`` phase once every callback's ``on_train_batch_end`` ran.
+
+    :class:`FaultToleranceCallback` appends it last at ``on_train_start``. Callbacks after the
+    fault-tolerance callback (the progress bar, model checkpointing) do work on rank 0 only (the
+    bar's metrics are a device sync on a GPU, a checkpoint is written by rank 0): inside the
+    ``data`` phase it would make rank 0 look like a straggler. Work Lightning does after the hooks
+    (its loggers, on rank 0) still falls inside; ``straggler_min_phase_seconds`` keeps a phase that
+    short from being scored.
+    """
+
+    def __init__(self, owner: FaultToleranceCallback) -> None:
+        self.owner = owner
+
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        if self.owner.active:
+            self.owner._batch_ended = time.monotonic()
+
+
+def _callbacks(trainer: pl.Trainer) -> list[Callback]:
+    """The trainer's callback list, which Lightning's callback connector sets (not declared on the class)."""
+    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
+    return callbacks

@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any, Optional
 
 from ft_integrations.megatron.args import DEFAULT_CALC_TIMEOUTS_AFTER_ITERS, DEFAULT_NUM_WARMUP_ITERS
-from ft_integrations.megatron.state import FT_STATE_FILENAME, get_state
+from ft_integrations.megatron.state import FT_STATE_FILENAME, TRACKER_FILENAME, get_state
 from ft_integrations.session import (
     FINISHED_FLAG_ENV,
     FaultToleranceSession,
@@ -108,6 +108,13 @@ def setup(args: Any, *, megatron_lm: bool = False) -> None:
     state.session = session
     state.enabled = True
     state.megatron_lm = megatron_lm
+    state.async_save = bool(getattr(args, "async_save", False))
+    save = getattr(args, "save", None)
+    # Megatron-LM writes its tracker only once a persistent checkpoint is complete (after an async
+    # save's finalization; never for a non-persistent, node-local one): that is progress.
+    state.tracker_file = os.path.join(os.path.abspath(save), TRACKER_FILENAME) if megatron_lm and save else None
+    if state.tracker_file is not None:  # a checkpoint already there (a resume) is no progress of this run
+        state.reported_iteration = _persistent_iteration(state.tracker_file)
     client.start_section(Section.SETUP)
     state.in_setup = True
 
@@ -258,12 +265,16 @@ def on_checkpointing_start() -> None:
         session.client.start_section(Section.CHECKPOINTING)
 
 
-def on_checkpointing_end(is_async_finalization: bool = False, iteration: Optional[int] = None) -> None:
-    """After a save: reports the checkpointed iteration; learns timeouts after the run's first save.
+def on_checkpointing_end(is_async_finalization: bool = False, iteration: Optional[int] = None,
+                         persistent: bool = True) -> None:
+    """After a save: reports the checkpointed iteration as progress; learns timeouts after the run's first save.
 
-    ``iteration`` is the iteration stored in the checkpoint; by default the number of steps
-    completed (last step's iteration + 1, Megatron's convention), reported for a regular save
-    only. For async saves pass ``iteration`` with the finalization call, when the files are complete.
+    Progress is reported only for a complete, persistent checkpoint. ``iteration`` is the iteration
+    stored in it; by default, for a synchronous save, the number of steps completed (last step's
+    iteration + 1, Megatron's convention). With ``--async-save`` the save's end only schedules it:
+    pass ``iteration`` with the finalization call, when the files are complete. ``persistent=False``
+    (a node-local checkpoint) reports nothing. Under Megatron-LM (the drop-in) the iteration is read
+    from Megatron-LM's own tracker file, which it writes for complete persistent checkpoints only.
     """
     state = get_state()
     session = _session("on_checkpointing_end")
@@ -271,10 +282,19 @@ def on_checkpointing_end(is_async_finalization: bool = False, iteration: Optiona
         return
     client = session.client
     client.end_section(Section.CHECKPOINTING)
-    if iteration is None and not is_async_finalization and state.iteration is not None:
+    if state.tracker_file is not None:
+        state.save_pending |= not is_async_finalization
+        if state.save_pending:  # finalization runs every iteration: read the tracker only while a save is out
+            iteration = _persistent_iteration(state.tracker_file)
+            if iteration is not None and (state.reported_iteration is None or iteration > state.reported_iteration):
+                state.save_pending = False
+            else:
+                iteration = None
+    elif iteration is None and not is_async_finalization and not state.async_save and state.iteration is not None:
         iteration = state.iteration + 1
-    if iteration is not None:
+    if iteration is not None and persistent:
         client.report_checkpoint(iteration)
+        state.reported_iteration = iteration
     if state.heartbeat_mode:
         client.send_heartbeat()
     if is_async_finalization:
@@ -321,6 +341,15 @@ def _megatron_args_disable_ft() -> bool:
     global_vars = sys.modules.get("megatron.training.global_vars")
     args = getattr(global_vars, "_GLOBAL_ARGS", None)
     return args is not None and not getattr(args, "enable_ft_package", False)
+
+
+def _persistent_iteration(tracker_file: str) -> Optional[int]:
+    """The iteration in Megatron-LM's tracker file; None when absent, unreadable or ``release``."""
+    try:
+        with open(tracker_file, encoding="utf-8") as handle:
+            return int(handle.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _state_file_path(args: Any) -> Optional[str]:

@@ -10,6 +10,8 @@ from ft_integrations.session import FaultToleranceSession, Section
 
 __all__ = ["FT_STATE_FILENAME", "HookState", "get_state", "reset_state"]
 
+#: Megatron-LM's tracker file in ``--save``: the iteration of the latest complete persistent checkpoint.
+TRACKER_FILENAME = "latest_checkpointed_iteration.txt"
 #: Name of the learned-timeouts file written into the ``--save`` directory.
 FT_STATE_FILENAME = "ft_state.json"
 
@@ -38,6 +40,15 @@ class HookState:
     in_eval_step: bool = False
     #: Eval steps since the last training step (Megatron-LM's eval warm-up counts per evaluation).
     eval_steps_in_round: int = 0
+    #: ``--async-save``: a save's end only schedules it; its files are complete at its finalization.
+    async_save: bool = False
+    #: Megatron-LM's tracker of the latest persistent checkpoint (``<--save>/latest_checkpointed_iteration.txt``),
+    #: read for progress by the drop-in; None: progress is what the hooks are told.
+    tracker_file: Optional[str] = None
+    #: A save ended (or was scheduled) whose persistent iteration the tracker has not shown yet.
+    save_pending: bool = False
+    #: The last checkpointed iteration reported to the monitor.
+    reported_iteration: Optional[int] = None
 
     @property
     def client(self) -> Optional[RankMonitorClient]:

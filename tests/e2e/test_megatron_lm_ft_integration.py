@@ -59,9 +59,10 @@ def test_learned_timeouts_catch_a_hang_and_the_resumed_healthy_run_is_not_killed
     restarts = [e for e in events if e["event"] == "restart"]
     assert [e["cycle"] for e in restarts] == [0], output[-6000:]
     # Caught in a step by the learned timeout (the other rank, blocked in the same step's
-    # tensor-parallel collective, may be reported too). The iteration is not reported here: it
-    # comes from Megatron-LM's global args, and only megatron-core is installed.
+    # tensor-parallel collective, may be reported too), with the iteration from Megatron-LM's global
+    # args, which initialize_megatron() set after ft_integration.setup().
     assert hangs and {(e["reason"], e["section"]) for e in hangs} == {("section", "step")}, output[-6000:]
+    assert {e["iteration"] for e in hangs} == {18}, hangs
     assert all(e["timeout"] < 60 for e in hangs), hangs
     # The resumed run, with evaluations inside "step" under the learned timeouts, is not killed.
     assert all(e["time"] < restarts[0]["time"] for e in hangs), hangs
@@ -84,6 +85,7 @@ def test_ft_sim_fault_desc_drill_hangs_a_rank_which_is_caught_and_restarted(tmp_
     # here); rank 0 then expires in its step, blocked in the collective. Whoever expires, the
     # diagnosis names the rank the drill hung.
     assert hangs and {e["reason"] for e in hangs} == {"section"}, output[-6000:]
+    assert all(isinstance(e["iteration"], int) for e in hangs), hangs  # Megatron-LM's args, set after setup()
     assert [(d["culprits"], d["waiting"]) for d in events if d["event"] == "diagnosis"] == [([1], [0])], output[-6000:]
     assert [e["cycle"] for e in events if e["event"] == "restart"] == [0]
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "60"

@@ -63,7 +63,7 @@ def test_sbatch_requeues_a_preempted_job_and_stops_once_training_is_finished(tmp
         for node in (0, 1):
             events = read_events(str(job_dir / "logs" / f"ft_events.requeue0.node{node}.jsonl"))[0]
             started = [e for e in events if e["event"] == "launcher_started"]
-            assert started[0]["run_id"] == "4242"  # --rdzv-id derived from SLURM_JOB_ID
+            assert started[0]["run_id"] == "4242.0"  # --rdzv-id: SLURM_JOB_ID, requeue 0 (fresh state per launch)
             assert [e["exit_code"] for e in events if e["event"] == "exit"] == [128 + signal.SIGTERM]
         assert not (job_dir / "finished.flag").exists()
 
@@ -81,7 +81,7 @@ def test_sbatch_requeues_a_preempted_job_and_stops_once_training_is_finished(tmp
         files = find_event_files([str(job_dir / "logs")])
         assert len(files) == 4
         report = build_report(load_records(files))
-        assert report.attempts == 2 and report.run_ids == ["4242"]
+        assert report.attempts == 2 and report.run_ids == ["4242.0", "4242.1"]
         assert "goodput report: 4 event log(s), 2 attempt(s)" in out
     finally:
         leftovers = tracker.finish()

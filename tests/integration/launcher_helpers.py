@@ -247,6 +247,15 @@ class LauncherGroup:
                 rdzv.wait_ready()
         return nodes
 
+    def alive_now(self) -> list[str]:
+        """Processes of the launcher trees alive at this instant (call once the launchers have exited:
+        none of their job may be left then, not even for a moment)."""
+        for record in self.worker_records():
+            self.tracker.add(record["pid"])
+            if "child" in record:
+                self.tracker.add(record["child"])
+        return [f"{proc.pid} {proc.name()}" for proc in self.tracker.alive()]
+
     def worker_records(self, event: Optional[str] = None) -> list[dict[str, Any]]:
         records = read_events(self.record_path)[0]
         return [r for r in records if event is None or r.get("event") == event]
@@ -271,10 +280,15 @@ def exit_event(launcher: Launcher) -> dict[str, Any]:
 
 
 class Rendezvous:
-    """One job's rendezvous on loopback: c10d (the first launcher hosts the store) or etcd-v2 (``etcd``)."""
+    """One job's rendezvous on loopback: c10d (the first launcher hosts the store), etcd-v2 or etcd-v3 (``etcd``).
 
-    def __init__(self, backend: str, etcd: Optional[EtcdCluster] = None, keep_alive: Optional[int] = None) -> None:
-        if backend not in ("c10d", "etcd-v2") or (backend == "etcd-v2") != (etcd is not None):
+    etcd-v3 is given every member of ``etcd`` (``--rdzv-endpoint=h:p,h:p,...``); ``conf``: more ``--rdzv-conf``
+    keys (``key=value``).
+    """
+
+    def __init__(self, backend: str, etcd: Optional[EtcdCluster] = None, keep_alive: Optional[int] = None,
+                 conf: Sequence[str] = ()) -> None:
+        if backend not in ("c10d", "etcd-v2", "etcd-v3") or (backend != "c10d") != (etcd is not None):
             raise ValueError(f"backend {backend!r} with etcd={etcd!r}")
         self.backend = backend
         self.etcd = etcd
@@ -283,11 +297,20 @@ class Rendezvous:
         self.port = free_port() if etcd is None else etcd.members[0].client_port
         #: torch's keep-alive interval (s); a dead node leaves the rendezvous after 3 missed ones.
         self.keep_alive = keep_alive
+        self.conf = list(conf)
+
+    @property
+    def endpoint(self) -> str:
+        if self.backend == "etcd-v3":
+            assert self.etcd is not None
+            return self.etcd.endpoints
+        return f"127.0.0.1:{self.port}"
 
     def flags(self, nnodes: str, max_restarts: int = 3) -> list[str]:
-        conf = [f"--rdzv-conf=keep_alive_interval={self.keep_alive}"] if self.keep_alive else []
-        return [f"--nnodes={nnodes}", f"--rdzv-backend={self.backend}", f"--rdzv-endpoint=127.0.0.1:{self.port}",
-                f"--rdzv-id={self.run_id}", "--local-addr=127.0.0.1", f"--max-restarts={max_restarts}", *conf]
+        conf = ([f"keep_alive_interval={self.keep_alive}"] if self.keep_alive else []) + self.conf
+        return [f"--nnodes={nnodes}", f"--rdzv-backend={self.backend}", f"--rdzv-endpoint={self.endpoint}",
+                f"--rdzv-id={self.run_id}", "--local-addr=127.0.0.1", f"--max-restarts={max_restarts}",
+                *([f"--rdzv-conf={','.join(conf)}"] if conf else [])]
 
     def wait_ready(self) -> None:
         """c10d: the first launcher hosts the rendezvous store; start the others once it serves."""
@@ -300,17 +323,28 @@ class Rendezvous:
 
         wait_for(listening, 60, f"the rendezvous store on port {self.port}")
 
-    def spares_waiting(self) -> int:
-        """How many nodes wait in the redundancy list of torch's rendezvous state (read from its backend)."""
+    def state(self) -> Any:
+        """Torch's rendezvous state as its backend holds it (None before the first node joined)."""
         if self.etcd is None:
             from torch.distributed import TCPStore
             from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
             store = TCPStore("127.0.0.1", self.port, is_master=False, timeout=timedelta(seconds=10))
             backend: Any = C10dRendezvousBackend(store, self.run_id)
-        else:
+        elif self.backend == "etcd-v2":
             from torch.distributed.elastic.rendezvous.etcd_rendezvous_backend import EtcdRendezvousBackend
 
             backend = EtcdRendezvousBackend(self.etcd.client(), self.run_id, key_prefix="/torch/elastic/rendezvous")
+        else:
+            from ft_core.launcher.etcd_v3 import EtcdV3RendezvousBackend, JobLease, job_prefix
+
+            client = self.etcd.v3_client()  # get_state only: the lease is never used
+            backend = EtcdV3RendezvousBackend(client, f"{job_prefix(self.run_id)}/rdzv",
+                                              JobLease(client, "", 60))
         state = backend.get_state()
-        return len(pickle.loads(state[0]).redundancy_list) if state is not None else 0
+        return pickle.loads(state[0]) if state is not None else None
+
+    def spares_waiting(self) -> int:
+        """How many nodes wait in the redundancy list of torch's rendezvous state (read from its backend)."""
+        state = self.state()
+        return len(state.redundancy_list) if state is not None else 0

@@ -47,6 +47,8 @@ class ScaleRun:
     propagation: list[float]
     #: Per hang: the last node's restart -> the last node's new workers started (rendezvous + cycle setup).
     rendezvous: list[float]
+    #: Per hang: (detection, every rank of the next cycle has heartbeated), wall-clock times.
+    windows: list[tuple[float, float]]
     #: Floor: per node and cycle, the node's workers started -> its rank's first heartbeat.
     worker_start: list[float]
     #: Launch of the first launcher -> every rank's first heartbeat of cycle 0.
@@ -82,7 +84,7 @@ def run_scale_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, hangs:
     records = launchers.worker_records()
     first_hb = {(r["rank"], r["cycle"]): r["time"] for r in records if r["event"] == "first_heartbeat"}
     detections = sorted(e["time"] for node in group for e in node.events("hang_detected"))
-    recovery, propagation, rendezvous = [], [], []
+    recovery, propagation, rendezvous, windows = [], [], [], []
     for cycle, detected in enumerate(detections):
         restarted = [e["time"] for node in group for e in node.events("restart") if e["cycle"] == cycle]
         begun = [e["time"] for node in group for e in node.events("cycle_start") if e["cycle"] == cycle + 1]
@@ -91,13 +93,14 @@ def run_scale_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, hangs:
             recovery.append(max(heartbeats) - detected)  # type: ignore[type-var]
             propagation.append(max(restarted) - detected)
             rendezvous.append(max(begun) - max(restarted))
+            windows.append((detected, max(heartbeats)))  # type: ignore[type-var]
     return ScaleRun(
         nodes=nodes, backend=rdzv.backend, hung_rank=hung, exit_codes=codes,
         causes=[[e["cause"] for e in node.events("restart")] for node in group],
         summaries=[_summary(node) for node in group],
         cycles=[[e["cycle"] for e in node.events("cycle_start")] for node in group],
         finished={(r["rank"], r["cycle"]) for r in records if r["event"] == "finished"},
-        recovery=recovery, propagation=propagation, rendezvous=rendezvous,
+        recovery=recovery, propagation=propagation, rendezvous=rendezvous, windows=windows,
         worker_start=_worker_start(group, first_hb),
         startup=max(t for (_, cycle), t in first_hb.items() if cycle == 0) - started,
         wall=wall)

@@ -1,16 +1,20 @@
 """Several ft_launcher processes on loopback acting as nodes of one job, on each rendezvous backend.
 
-Every test runs on c10d (the first launcher hosts the rendezvous store) and on
-etcd-v2 (a real etcd server, the session's ``etcd_server`` fixture; skipped
-with the reason when etcd is not installed). One worker per node keeps these
+Every test runs on c10d (the first launcher hosts the rendezvous store), on
+etcd-v2 and on etcd-v3 (a real etcd server, the session's ``etcd_server``
+fixture; skipped with the reason when etcd is not installed). One worker per node keeps these
 tests affordable: every worker imports torch.
 """
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from helpers import wait_for
 from launcher_helpers import LauncherGroup, Rendezvous, exit_event
+
+from ft_core.launcher.agent import LEFT_UNFINISHED_EXIT_CODE
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -21,11 +25,11 @@ def launchers(tmp_path):
         yield group
 
 
-@pytest.fixture(params=["c10d", "etcd-v2"])
+@pytest.fixture(params=["c10d", "etcd-v2", "etcd-v3"])
 def rdzv(request) -> Rendezvous:
     if request.param == "c10d":
         return Rendezvous("c10d")
-    return Rendezvous("etcd-v2", request.getfixturevalue("etcd_server"))
+    return Rendezvous(request.param, request.getfixturevalue("etcd_server"))
 
 
 def start_job_with_spare(launchers, tmp_path, rdzv, **fault_env):
@@ -70,7 +74,7 @@ def test_crash_then_hang_on_one_node_restart_the_workers_of_every_node(launchers
 
 def test_excluded_node_is_replaced_by_the_hot_spare(launchers, tmp_path, rdzv):
     a, b, c = start_job_with_spare(launchers, tmp_path, rdzv, FT_TEST_FAULT="exclude", FT_TEST_FAULT_RANK="local0")
-    assert b.wait(120) == 0, b.output()[-3000:]
+    assert b.wait(120) == LEFT_UNFINISHED_EXIT_CODE, b.output()[-3000:]  # it left an unfinished job: requeue
     assert "ExcludeThisNode" in exit_event(b)["reason"]
     assert a.wait(180) == 0, a.output()[-3000:]
     assert c.wait(60) == 0, c.output()[-3000:]
@@ -79,6 +83,7 @@ def test_excluded_node_is_replaced_by_the_hot_spare(launchers, tmp_path, rdzv):
     assert [e["cycle"] for e in b.events("cycle_start")] == [0]
     assert a.events("cycle_start")[1]["restarts"] == 0  # an exclusion is not a fault
     assert {r["cycle"] for r in launchers.worker_records("finished")} == {1}
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
 
 
 def test_shutdown_workload_stops_every_launcher(launchers, tmp_path, rdzv):
@@ -88,3 +93,21 @@ def test_shutdown_workload_stops_every_launcher(launchers, tmp_path, rdzv):
         assert "ShutdownWorkload" in exit_event(node)["reason"]
     assert not a.events("restart") and not b.events("restart")
     assert not c.events("cycle_start")
+
+
+def test_a_requeued_job_on_etcd_starts_with_fresh_state(launchers, tmp_path, etcd_server):
+    # Under SLURM the run id was $SLURM_JOB_ID, so on etcd (which outlives the launchers) a requeued job
+    # inherited the previous run's stop for good. Run 0 stops the job (ShutdownWorkload: 93); run 1,
+    # the same job requeued, starts from a clean slate and finishes.
+    port = etcd_server.members[0].client_port
+    flags = ("--nnodes=1", "--rdzv-backend=etcd-v2", f"--rdzv-endpoint=127.0.0.1:{port}", "--local-addr=127.0.0.1",
+             "--max-restarts=1")
+    job = {"SLURM_JOB_ID": f"t{uuid.uuid4().hex[:10]}", "SLURM_JOB_NODELIST": "localhost"}
+    first = launchers.start(*flags, name="run0", nproc=1, FT_TEST_FAULT="shutdown", SLURM_RESTART_COUNT="0", **job)
+    assert first.wait(120) == 93, first.output()[-3000:]
+    second = launchers.start(*flags, name="run1", nproc=1, SLURM_RESTART_COUNT="1", **job)
+    assert second.wait(120) == 0, second.output()[-3000:]
+    ids = [node.events("launcher_started")[0]["run_id"] for node in (first, second)]
+    assert ids == [f"{job['SLURM_JOB_ID']}.0", f"{job['SLURM_JOB_ID']}.1"]
+    assert second.events("cycle_start")[0]["restarts"] == 0
+    assert launchers.alive_now() == []

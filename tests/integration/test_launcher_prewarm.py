@@ -154,3 +154,16 @@ def test_prewarm_module_that_fails_to_import_falls_back_with_one_warning(launche
     output = node.output()
     assert output.count(UNAVAILABLE_WARNING) == 1 and "no_such_module_for_ft_tests" in output
     assert not any(r["prewarmed"] for r in launchers.worker_records("started"))
+
+
+def test_prewarm_module_that_initialises_the_cuda_driver_falls_back_with_one_warning(launchers, tmp_path):
+    # torch.cuda.is_available() at import initialises the driver without torch.cuda.is_initialized()
+    # saying so. The driver call is mocked (no GPU here; see cuda_probe_at_import.py): it loads a
+    # stand-in libcuda.so.1, as the real call does. The factory must refuse; the job runs unforked.
+    node = launchers.start("--ft-prewarm-modules=torch,cuda_probe_at_import", FT_TEST_STEPS="2",
+                           FT_TEST_FAKE_CUDA_DIR=str(tmp_path / "fake_cuda"))
+    assert node.wait(300) == 0, node.output()[-4000:]
+    output = node.output()
+    assert output.count(UNAVAILABLE_WARNING) == 1 and "initialised the CUDA driver" in output, output[-3000:]
+    started = launchers.worker_records("started")
+    assert len(started) == 2 and not any(r["prewarmed"] for r in started)

@@ -84,9 +84,10 @@ def test_hang_is_detected_and_restarted(launchers):
 def test_explicit_flag_equal_to_the_default_wins_over_the_workers_fallback(launchers):
     # --ft-rank-heartbeat-timeout=2700 is the default value, given on purpose (it overrides FAST_FLAGS' 3 s).
     # The workers' training config asks for 0.5 s and their steps take 1 s: healthy under the launch's
-    # value, so nothing may be killed. safety_factor was not set at launch: the workers' value applies.
+    # value, so nothing may be killed. safety_factor was not set at launch: the workers' value applies,
+    # also with -v (which used to mark every key as set at launch).
     fallback = {"rank_heartbeat_timeout": 0.5, "safety_factor": 2.5}
-    node = launchers.start("--ft-rank-heartbeat-timeout=2700", FT_TEST_FALLBACK=json.dumps(fallback),
+    node = launchers.start("-v", "--ft-rank-heartbeat-timeout=2700", FT_TEST_FALLBACK=json.dumps(fallback),
                            FT_TEST_STEPS="2", FT_TEST_STEP_TIME="1.0")
     assert node.wait(180) == 0, node.output()[-3000:]
     configs = [record["config"] for record in launchers.worker_records("monitor_config")]
@@ -96,11 +97,50 @@ def test_explicit_flag_equal_to_the_default_wins_over_the_workers_fallback(launc
     assert node.events("hang_detected") == [] and node.events("restart") == []
 
 
+@pytest.mark.parametrize("finished", [True, False], ids=["flag_written_0", "no_flag_1"])
+def test_a_worker_aborting_at_exit_restarts_only_an_unfinished_job(launchers, tmp_path, finished):
+    # Both ranks finish and shut their clients down, then rank 0 dies of SIGABRT at interpreter exit.
+    # With the finished flag written the job is done: exit 0, one cycle, the abort a warning. Without
+    # it the same abort is a fault: with no restart left, exit 1.
+    flag = tmp_path / "finished.flag"
+    node = launchers.start("--max-restarts=0", FT_TEST_FAULT="abort_at_exit", FAULT_TOL_FINISHED_FLAG_FILE=str(flag),
+                           FT_TEST_MARK_FINISHED="1" if finished else "0")
+    assert node.wait(120) == (0 if finished else 1), node.output()[-3000:]
+    assert [e["cycle"] for e in node.events("cycle_start")] == [0]
+    assert node.events("restart") == []
+    (abort,) = [e for e in node.events("worker_exit") if e.get("signal") == "SIGABRT"]
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
+    if finished:
+        assert abort["cause"] == "exit after training finished"
+        assert "training is finished" in exit_event(node)["reason"]
+        assert "after training finished" in node.output() and "SIGABRT" in node.output()
+    else:
+        assert abort["cause"] == "crash"
+        assert "restart budget spent" in exit_event(node)["reason"]
+
+
+def test_children_of_a_crashed_worker_do_not_outlive_its_cycle(launchers):
+    # Each worker starts a child that ignores SIGTERM (a data loader worker blocked in I/O). Rank 0
+    # exits 3 in cycle 0: its child, and its peer's, are gone before cycle 1's workers start, and
+    # nothing of the job outlives the launcher (LauncherGroup checks every process it saw).
+    node = launchers.start("--max-restarts=1", "--workers-stop-timeout=1", "--shutdown-timeout=1", FT_TEST_FAULT="exit3",
+                           FT_TEST_CHILD="1")
+    assert node.wait(120) == 0, node.output()[-3000:]
+    assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1]
+    children = launchers.worker_records("child")
+    assert {r["cycle"] for r in children} == {0, 1} and len(children) == 4
+    checks = [r for r in launchers.worker_records("earlier_children_alive") if r["cycle"] == 1]
+    assert len(checks) == 2 and all(r["pids"] == [] for r in checks), checks
+    assert "still alive at the end of the stop timeout: SIGKILL" in node.output()
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
+
+
 def test_budget_spent_exits_1(launchers):
     node = launchers.start("--max-restarts=1", "-v", FT_TEST_FAULT="exit3", FT_TEST_FAULT_CYCLES="all")
     assert node.wait(120) == 1, node.output()[-3000:]
     assert len(node.events("cycle_start")) == 2
     assert "restart budget spent" in exit_event(node)["reason"]
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
     # -v: debug lines of the launcher and the monitor, and torch elastic's own report of the failure.
     assert "rank monitor serving on" in node.output() and "failed (exitcode: 3)" in node.output()
 
@@ -113,6 +153,7 @@ def test_no_progress_exits_93(launchers):
     assert len(node.events("cycle_start")) == 3
     assert [e["iteration"] for e in node.events("progress")] == [10]
     assert "no progress" in exit_event(node)["reason"]
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
 
 
 @pytest.mark.parametrize("finished", [False, True], ids=["unfinished_143", "flag_exists_0"])
@@ -130,6 +171,7 @@ def test_sigterm_exit_code_says_whether_to_requeue(launchers, tmp_path, finished
     assert sig["signal"] == "SIGTERM" and sig["running_workers"] == 2
     assert {e.get("exit_code") for e in node.events("worker_exit")} == {0}
     assert ("training is finished" if finished else "training not finished") in exit_event(node)["reason"]
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
 
 
 def test_sigterm_after_every_worker_exited_0_exits_0(launchers):

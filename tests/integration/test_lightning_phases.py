@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from lightning.pytorch import Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.demos.boring_classes import BoringModel
 
 from ft_core.config import FaultToleranceConfig
@@ -49,3 +49,31 @@ def test_callback_marks_data_and_forward_phases(tmp_path, attach_monitor, interv
     data = [m["median"] for m in medians if m["phase"] == "data"]
     assert all(FORWARD <= f < 10 * FORWARD for f in forward), forward
     assert all(d < FORWARD for d in data), data  # the boring dataset is in memory: fetching is fast
+
+
+class RankZeroOnlyBatchEnd(Callback):
+    """Stands for the progress bar after the fault-tolerance callback: work on rank 0 only at each
+    batch end (on a GPU, its ``.item()`` is a device sync that waits for the step's kernels)."""
+
+    def on_train_batch_end(self, *args, **kwargs):
+        time.sleep(RANK0_WORK)
+
+
+RANK0_WORK = 0.03
+
+
+@pytest.mark.timeout(120)
+def test_the_data_phase_leaves_out_the_work_of_later_callbacks(tmp_path, attach_monitor):
+    cfg = FaultToleranceConfig(initial_rank_heartbeat_timeout=300, rank_heartbeat_timeout=300,
+                               straggler_report_interval=0.2)
+    proc = attach_monitor(cfg)
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=20, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+                      enable_checkpointing=False, default_root_dir=tmp_path,
+                      callbacks=[FaultToleranceCallback(), RankZeroOnlyBatchEnd()])
+    trainer.fit(SlowForward())
+    medians = [m for e in proc.events() if e["event"] == "phase_medians" for m in e["medians"]]
+    data = [m["median"] for m in medians if m["phase"] == "data"]
+    assert data and all(d < RANK0_WORK for d in data), data
+    # The forward phase is still measured (the real work of a step).
+    assert all(m["median"] >= FORWARD for m in medians if m["phase"] == "forward")

@@ -15,8 +15,7 @@ from ft_core.events import read_events  # noqa: E402
 
 CONFIG = {"rank_section_timeouts": {"setup": 120, "step": 5, "checkpointing": 60},
           "rank_out_of_section_timeout": 120, "initial_rank_heartbeat_timeout": None,
-          "rank_heartbeat_timeout": None,
-          "num_warmup_iterations": 0}  # rank 1 hangs in its fourth step: no warm-up, so that step is timed
+          "rank_heartbeat_timeout": None}  # the default warm-up: rank 1 hangs past it, in its 7th step
 
 
 @pytest.mark.timeout(300)
@@ -24,9 +23,9 @@ def test_standalone_monitor_under_torchrun_kills_hung_rank(tmp_path, runtime_dir
     env = base_env(tmp_path)
     env["XDG_RUNTIME_DIR"] = runtime_dir  # the monitor's private directory goes there
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=0",
-           f"--master-port={free_port()}", str(SCRIPTS / "train.py"), "--mode=sections", "--max-steps=8",
+           f"--master-port={free_port()}", str(SCRIPTS / "train.py"), "--mode=sections", "--max-steps=10",
            "--standalone=monitor", "--no-calculate-timeouts", f"--config-json={json.dumps(CONFIG)}", "--fault",
-           json.dumps({"kind": "hang_step", "rank": 1, "step": 3}), f"--ckpt-dir={tmp_path / 'ckpt'}",
+           json.dumps({"kind": "hang_step", "rank": 1, "step": 6}), f"--ckpt-dir={tmp_path / 'ckpt'}",
            f"--out-dir={tmp_path}"]
     result = run_job(cmd, env, timeout=240, log_path=tmp_path / "torchrun.log")
     assert not result.timed_out, result.output[-6000:]

@@ -83,10 +83,20 @@ def test_heartbeat_gap_kills_after_stack_dump_naming_the_function(start_monitor,
         assert "hang_without_heartbeat" in handle.read()
 
 
+def test_nvrx_termination_signal_sigusr2_still_dumps_the_stack_before_it_ends_the_rank(start_monitor, ranks):
+    # NVRx's --ft-rank-termination-signal SIGUSR2: the dump moves to SIGUSR1 (the default was SIGUSR2).
+    monitor = start_monitor(rank_heartbeat_timeout=1.0, rank_termination_signal="SIGUSR2")
+    proc = ranks(monitor, "heartbeat_gap")
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGUSR2
+    hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
+    assert "hang_without_heartbeat" in hang["stack"]
+
+
 def test_step_section_timeout_kills_while_another_section_is_open(start_monitor, ranks):
-    # The rank hangs in its fourth step: no warm-up, so that step is timed.
-    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="outer:none,step:1.0",
-                            num_warmup_iterations=0)
+    # The rank hangs in its fourth step, a warm-up step: nothing but the configured step timeout is set.
+    monitor = start_monitor(initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
+                            rank_section_timeouts="outer:none,step:1.0")
     proc = ranks(monitor, "step_in_other_section")
     assert _killed(proc)
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
@@ -109,13 +119,13 @@ def test_warmup_steps_are_not_timed(start_monitor, ranks):
 # -- the default warm-up (5 steps, as NVRx): later detection in those steps, never an extra kill ----------
 
 
-#: The config default (NVRx's); the start_monitor fixture pins 0 unless a test asks.
+#: The config default (NVRx's), which the start_monitor fixture leaves alone.
 DEFAULT_WARMUP = FaultToleranceConfig().num_warmup_iterations
 
 
 def test_default_warmup_does_not_kill_slow_first_steps(start_monitor, ranks):
     # Five steps longer than the step timeout (compilation, data-loader start), then fast ones: healthy.
-    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5", num_warmup_iterations=DEFAULT_WARMUP)
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5")
     proc = ranks(monitor, "steps", extra=["--step-times", "0.8,0.8,0.8,0.8,0.8,0.05,0.05,0.05"])
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
@@ -124,7 +134,7 @@ def test_default_warmup_does_not_kill_slow_first_steps(start_monitor, ranks):
 
 
 def test_default_warmup_still_catches_a_hang_in_the_first_timed_step(start_monitor, ranks):
-    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5", num_warmup_iterations=DEFAULT_WARMUP)
+    monitor = start_monitor(rank_heartbeat_timeout=None, rank_section_timeouts="step:0.5")
     proc = ranks(monitor, "steps", extra=["--step-times", "0.05,0.05,0.05,0.05,0.05", "--then", "hang"])
     assert _killed(proc)
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
@@ -132,13 +142,69 @@ def test_default_warmup_still_catches_a_hang_in_the_first_timed_step(start_monit
 
 
 def test_a_hang_in_a_warmup_step_is_caught_by_the_heartbeat_timeout(start_monitor, ranks):
-    # The step timeout does not apply in warm-up; the heartbeat timeout still does: later, not never.
-    monitor = start_monitor(rank_heartbeat_timeout=2.0, rank_section_timeouts="step:0.5", num_warmup_iterations=DEFAULT_WARMUP)
+    # The step timeout does not apply in warm-up (its fallback, the 3600 s start-up budget, does); the
+    # heartbeat timeout still does: later, not never.
+    monitor = start_monitor(rank_heartbeat_timeout=2.0, rank_section_timeouts="step:0.5")
     proc = ranks(monitor, "steps", extra=["--then", "hang"])
     assert _killed(proc)
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
     assert (hang["reason"], hang["open_sections"]) == ("heartbeat", ["step"])
     assert hang["elapsed"] >= 2.0
+
+
+# -- every warm-up step is timed: sections mode, heartbeats off (the demo's recipe, the Megatron path) --------
+
+
+def test_a_hang_in_any_warmup_step_of_a_fresh_or_restarted_cycle_is_caught(start_monitor, ranks):
+    # Default warm-up (5 steps). Before the fix a step that hangs in warm-up was never timed.
+    monitor = start_monitor(initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
+                            rank_section_timeouts="step:0.5", rank_out_of_section_timeout=1.5)
+    for cycle in range(2):  # a fresh cycle, then a restarted one (the monitor's warm-up starts over)
+        procs = [ranks(monitor, "steps", rank=k, restart_count=cycle,
+                       extra=["--beats", "0", "--step-times", ",".join(["0.05"] * k), "--then", "hang"])
+                 for k in range(DEFAULT_WARMUP)]  # rank k hangs in warm-up step k
+        for proc in procs:
+            assert _killed(proc)
+    hangs = [e for e in monitor.events() if e["event"] == "hang_detected"]
+    assert sorted((h["rank"], h["iteration"]) for h in hangs) == sorted(
+        (k, k) for k in range(DEFAULT_WARMUP) for _cycle in range(2))
+    # Timed by the out-of-section timeout (the larger budget), not by the 0.5 s step timeout.
+    assert {(h["reason"], h["section"], h["timeout"]) for h in hangs} == {("section", "step", 1.5)}
+
+
+def test_a_slow_healthy_warmup_step_is_not_killed_in_sections_mode(start_monitor, ranks):
+    # The twin: a first step three times the step timeout (a compile), then fast steps: healthy.
+    monitor = start_monitor(initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
+                            rank_section_timeouts="step:0.5", rank_out_of_section_timeout=3.0)
+    proc = ranks(monitor, "steps", extra=["--beats", "0", "--step-times", "1.5,0.05,0.05,0.05,0.05,0.05,0.05"])
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert not [e for e in monitor.events() if e["event"] == "hang_detected"]
+
+
+# -- slow storage: a section whose rank moves bytes is extended, up to a cap -------------------------------
+
+
+def test_slow_storage_extends_a_save_up_to_the_cap_and_hangs_are_still_caught(start_monitor, ranks, tmp_path):
+    # checkpointing 1 s, the default cap (3x). Three saves at once: a slow writer that ends after 2 s
+    # (past its timeout, under the cap), a save hung with no I/O, and a writer that never ends.
+    monitor = start_monitor(initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=None,
+                            rank_section_timeouts="checkpointing:1.0")
+    slow, hung, endless = (
+        ranks(monitor, "save", rank=rank, extra=["--beats", "0", "--write-to", str(tmp_path / f"ckpt{rank}"),
+                                                 "--write-seconds", seconds])
+        for rank, seconds in ((0, "2.0"), (1, "0"), (2, "-1")))
+    assert slow.wait(timeout=60) == 0, slow.stderr.read()
+    assert _killed(hung) and _killed(endless)
+    events = monitor.events()
+    hangs = {e["rank"]: e for e in events if e["event"] == "hang_detected"}
+    assert sorted(hangs) == [1, 2]
+    assert hangs[1]["elapsed"] < 2.0  # no I/O: at its timeout, as before
+    assert 3.0 <= hangs[2]["elapsed"] < 4.5  # moving bytes: at the cap, 3 x 1 s
+    assert all((h["reason"], h["section"], h["timeout"]) == ("section", "checkpointing", 1.0) for h in hangs.values())
+    extended = [e for e in events if e["event"] == "deadline_extended"]
+    assert sorted(e["rank"] for e in extended) == [0, 2]  # one event per save, none for the hung one
+    assert all(e["section"] == "checkpointing" and e["bytes"] > 0 and e["cap"] == 3.0 for e in extended)
 
 
 def test_out_of_section_timeout_kills(start_monitor, ranks):
@@ -411,7 +477,7 @@ def test_heartbeats_learn_the_same_gaps_as_timeouts_calc(start_monitor, monkeypa
         for gap in (4.0, 1.0, 3.0, 0.5, 3.0, 2.0, 7.0, 0.1):
             clock[0] += gap
             client.send_heartbeat()
-            reference.update_on_heartbeat(now=clock[0])
+            reference.update_on_heartbeat(hb_time=clock[0])
         assert (client._session.calc.first_hb_delay, client._session.calc.max_hb_interval) == (4.0, 7.0)
         assert client.calculate_and_set_hb_timeouts()
         expected = reference.calculate_hb_timeouts(client_module.HeartbeatTimeouts(60.0, 60.0))
@@ -435,3 +501,49 @@ def test_megatron_iteration_is_reported_with_heartbeats(start_monitor, ranks):
 def test_monitor_runs_as_a_batch_task_so_its_wakeups_never_preempt_ranks(start_monitor):
     monitor = start_monitor()
     assert os.sched_getscheduler(monitor.pid) == os.SCHED_BATCH
+
+
+def test_a_stalled_log_filesystem_delays_neither_the_kill_nor_the_record(tmp_path, ranks, monkeypatch):
+    # The copy of a hung rank's stack to the log directory (often a shared filesystem) must come after
+    # the kill. A stalled filesystem cannot be made here: the one thing mocked is keep_stack, which
+    # blocks until the test lets it go. The monitor, the rank, its dump and its kill are real.
+    import threading
+    import types
+
+    from ft_core import jobdir
+    from ft_core.monitor import RankMonitorServer
+
+    released = threading.Event()
+    real_keep_stack = jobdir.keep_stack
+
+    def stalled_keep_stack(*args, **kwargs):
+        released.wait(120)
+        return real_keep_stack(*args, **kwargs)
+
+    for module in ("ft_core.monitor.server", "ft_core.monitor.stack_copy"):
+        monkeypatch.setattr(f"{module}.keep_stack", stalled_keep_stack, raising=False)
+    stacks_dir = tmp_path / "logs" / "ft_stacks"
+    token = "t0ken-" + "y" * 8
+    cfg = FaultToleranceConfig.from_kwargs(rank_heartbeat_timeout=1.0, num_warmup_iterations=0)
+    server = RankMonitorServer(cfg, str(tmp_path / "job" / "monitor.sock"), token, stacks_dir=str(stacks_dir))
+    ready = threading.Event()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"ready_callback": ready.set}, daemon=True)
+    thread.start()
+    try:
+        assert ready.wait(30)
+        proc = ranks(types.SimpleNamespace(socket_path=server.socket_path, token=token), "heartbeat_gap")
+        assert _killed(proc)  # while the copy is still stalled
+        hang = wait_for_event(server.events_path, 10, event="hang_detected")
+        assert "hang_without_heartbeat" in hang["stack"]
+        assert hang["stack_dump_file"] == str(stacks_dir / f"cycle0_rank0_pid{proc.pid}.txt")
+        assert wait_for_event(server.events_path, 10, event="rank_terminated")["pid"] == proc.pid
+        assert not os.path.exists(hang["stack_dump_file"])
+        released.set()
+        wait_for(lambda: os.path.exists(hang["stack_dump_file"]), 30, "the stack copy once the filesystem answers")
+        with open(hang["stack_dump_file"]) as handle:
+            assert "hang_without_heartbeat" in handle.read()
+    finally:
+        released.set()
+        server.stop()
+        server.request_snapshot()  # wakes the loop, which sees the stop
+        thread.join(30)

@@ -1,4 +1,6 @@
-"""Losses the etcd-v2 backend survives and c10d does not: a whole node (even the first) or an etcd member.
+"""Losses the etcd backends survive and c10d does not: a whole node (even the first) or an etcd member.
+
+(etcd-v3 on a 3-member cluster, its leader and a majority lost: tests/integration/test_etcd_v3_servers.py.)
 
 With c10d the first launcher hosts the rendezvous store and the job-wide state;
 its loss ends the job. With etcd both live in the etcd cluster, so the other
@@ -43,9 +45,12 @@ def test_c10d_loses_the_job_with_the_node_that_hosts_its_store(launchers, tmp_pa
     assert exit_event(other)["reason"].startswith("launcher error"), exit_event(other)
 
 
-def test_sigkill_of_the_first_node_is_survived_by_the_others_and_the_spare(launchers, tmp_path, etcd_server):
+@pytest.mark.parametrize("backend", ["etcd-v2", "etcd-v3"])
+def test_sigkill_of_the_first_node_is_survived_by_the_others_and_the_spare(launchers, tmp_path, etcd_server, backend):
+    if backend == "etcd-v3":
+        pytest.importorskip("etcd3gw", reason="etcd-v3 needs etcd3gw (pip install -e '.[etcd]')")
     # keep_alive_interval=2: torch drops a silent node from the rendezvous after 3 missed keep-alives (6 s).
-    rdzv = Rendezvous("etcd-v2", etcd_server, keep_alive=2)
+    rdzv = Rendezvous(backend, etcd_server, keep_alive=2)
     checkpoint, trigger = tmp_path / "checkpoint", tmp_path / "fire"
     # Workers that start before the trigger exists step until stopped; later ones run 5 steps more.
     env = {"FT_TEST_FAULT_AFTER": str(trigger), "FT_TEST_RESUME_FILE": str(checkpoint)}
@@ -74,6 +79,11 @@ def test_sigkill_of_the_first_node_is_survived_by_the_others_and_the_spare(launc
     resumed = {r["rank"]: r["step"] for r in launchers.worker_records("resumed") if r["cycle"] == 1}
     assert resumed[0] == saved >= 3 and resumed[1] >= saved, (resumed, saved)
     assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(0, 1), (1, 1)}
+    # No stale participant: the lost launcher is nowhere in the rendezvous state it left behind.
+    state = rdzv.state()
+    listed = [*state.participants, *state.wait_list, *state.redundancy_list, *state.last_heartbeats]
+    assert first.proc.pid not in {node.pid for node in listed} and len(state.participants) == 2, state
+    assert {other.proc.pid, c.proc.pid} == {node.pid for node in state.participants}
 
 
 def test_an_etcd_member_lost_does_not_disturb_the_job(launchers, tmp_path, etcd_cluster3):

@@ -14,9 +14,9 @@ from lightning_scripts.harness import base_env
 from ft_core.events import read_events
 
 SCRIPT = Path(__file__).resolve().parent / "core_workers" / "standalone_train.py"
-# No warm-up: the hang at step 2 must be timed (warm-up steps are untimed without a ``warmup`` section).
+# The default warm-up (5 steps, timed by the generous ``setup`` budget): the hang test hangs past it.
 CONFIG = {"rank_section_timeouts": {"setup": 120, "step": 3}, "initial_rank_heartbeat_timeout": None,
-          "rank_heartbeat_timeout": None, "num_warmup_iterations": 0}
+          "rank_heartbeat_timeout": None}
 
 
 def _torchrun(tmp_path: Path, runtime_dir: str, via: str, *extra: str) -> tuple:
@@ -32,7 +32,7 @@ def _torchrun(tmp_path: Path, runtime_dir: str, via: str, *extra: str) -> tuple:
 
 @pytest.mark.timeout(300)
 def test_plain_torch_hang_is_killed_by_the_standalone_monitor(tmp_path, runtime_dir):
-    result, job_dirs = _torchrun(tmp_path, runtime_dir, "client", "--hang-rank=1", "--hang-step=2")
+    result, job_dirs = _torchrun(tmp_path, runtime_dir, "client", "--hang-rank=1", "--steps=8", "--hang-step=6")
     assert result.returncode != 0  # torchrun cannot restart: the job fails instead of hanging
     [job_dir] = job_dirs  # local rank 0 was killed (it waited in the all-reduce): its files stay
     events = read_events(str(job_dir / "monitor_events.jsonl"))[0]

@@ -11,6 +11,8 @@ import pytest
 from helpers import wait_for
 from launcher_helpers import LauncherGroup, Rendezvous, exit_event
 
+from ft_core.launcher.agent import LEFT_UNFINISHED_EXIT_CODE
+
 pytestmark = pytest.mark.timeout(400)
 
 INTERVAL = 2.0
@@ -99,11 +101,13 @@ def test_exclude_node_action_hands_the_slow_node_over_to_the_hot_spare(launchers
     c = launchers.start(*flags, name="C", nproc=1, **RUN)
     wait_for(lambda: rdzv.spares_waiting() == 1 or b.proc.poll() is not None, 120, "C to wait as a hot spare",
              interval=0.5)
-    assert b.wait(120) == 0, b.output()[-3000:]
+    # B left a job that is not finished: never 0 (SLURM would read a finished job), a code to requeue on.
+    assert b.wait(120) == LEFT_UNFINISHED_EXIT_CODE, b.output()[-3000:]
     (straggler,) = b.events("straggler")
     assert (straggler["rank"], straggler["action"]) == (1, "exclude-node")
     assert straggler["rank_node"] == b.events("launcher_started")[0]["node"]
     assert "straggler in phase 'forward'" in exit_event(b)["reason"], exit_event(b)
+    assert "left an unfinished job" in exit_event(b)["reason"]
     assert a.wait(300) == 0, a.output()[-3000:]
     assert c.wait(60) == 0, c.output()[-3000:]
     assert [e["cycle"] for e in a.events("cycle_start")] == [0, 1]
@@ -111,3 +115,42 @@ def test_exclude_node_action_hands_the_slow_node_over_to_the_hot_spare(launchers
     assert [e["cycle"] for e in b.events("cycle_start")] == [0]
     assert [e["cycle"] for e in c.events("cycle_start")] == [1]
     assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(0, 1), (1, 1)}
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
+
+
+#: Two ranks, one 3x slower in its forward phase (score (1 + 3) / 2 / 3 = 0.67): 80 steps of ~0.2 s, twice
+#: the time a straggler takes to be named (K + 1 intervals).
+SLOW_PAIR = {**RUN, "FT_TEST_STEPS": "80", "FT_TEST_SLOW_RANK": "1", "FT_TEST_SLOW_FACTOR": "3"}
+
+
+def test_exclude_node_on_a_one_node_job_falls_back_to_report_and_finishes(launchers):
+    # No node can leave a one-node job without ending it: the slow rank is reported, with one warning
+    # naming why, and the job runs to its end (it used to exit 0 a few seconds in).
+    node = launchers.start(*FLAGS, "--ft-straggler-action=exclude-node", nproc=2, **SLOW_PAIR)
+    assert node.wait(300) == 0, node.output()[-3000:]
+    (straggler,) = node.events("straggler")
+    assert (straggler["rank"], straggler["action"]) == (1, "exclude-node")
+    assert node.output().count("straggler_action exclude-node falls back to report") == 1, node.output()[-3000:]
+    assert [e["cycle"] for e in node.events("cycle_start")] == [0] and node.events("restart") == []
+    assert "all workers finished" in exit_event(node)["reason"]
+    assert {r["rank"] for r in launchers.worker_records("finished")} == {0, 1}
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
+
+
+def test_a_vain_straggler_restart_is_not_a_fault_and_falls_back_to_report(launchers):
+    # A rank slow in every cycle, no restart budget, no progress (every cycle reports iteration 10):
+    # the straggler restart spends nothing and is not "no progress"; the rank is slow again after it,
+    # so the action falls back to report and the slow but healthy job finishes.
+    node = launchers.start(*FLAGS, "--ft-straggler-action=restart", "--max-restarts=0",
+                           "--ft-max-no-progress-cycles=1", nproc=2, FT_TEST_FAULT_CYCLES="all",
+                           FT_TEST_CHECKPOINT="10", **SLOW_PAIR)
+    assert node.wait(300) == 0, node.output()[-3000:]
+    assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1]
+    assert [e["restarts"] for e in node.events("cycle_start")] == [0, 0]
+    (restart,) = node.events("restart")
+    assert restart["kind"] == "straggler" and restart["restarts"] == 0
+    assert [(e["cycle"], e["action"]) for e in node.events("straggler")] == [(0, "restart"), (1, "report")]
+    assert "falls back to report for that node" in node.output()
+    assert "faults     : none" in node.output(), node.output()[-2000:]
+    assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(0, 1), (1, 1)}
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import struct
 
 import msgspec
 import pytest
-from security_helpers import TOKEN, assert_untouched, closed_by_peer, connect, wait_rejection
+from security_helpers import TOKEN, VICTIM_TEXT, assert_untouched, closed_by_peer, connect, wait_rejection
 
 from ft_core import protocol
 from ft_core.monitor import server
@@ -161,3 +162,27 @@ def test_a_bad_phase_sample_closes_only_its_connection(monitor, ranks, name, sec
         assert closed_by_peer(sock, 10)
     assert words in wait_rejection(monitor, words)
     assert_untouched(monitor, healthy)
+
+
+@pytest.mark.parametrize("dump_path, words", [
+    ("{stacks}/rank7\x00.txt", "NUL"),
+    ("relative/rank7.txt", "absolute"),
+    ("{victim}", "inside"),
+    ("{stacks}/../monitor_events.jsonl", "inside"),
+])
+def test_a_bad_dump_path_is_refused_at_the_handshake(monitor, ranks, victim, dump_path, words):
+    # A client with the token must not make the monitor touch a file of its choice, nor kill it with a
+    # path os.stat() raises ValueError on (a NUL byte) when that rank's deadline comes.
+    from ft_core.protocol import Ack, recv_msg, send_msg
+
+    healthy = ranks(monitor, "heartbeat_forever")
+    stacks = os.path.join(os.path.dirname(monitor.socket_path), "stacks")
+    with connect(monitor) as sock:
+        send_msg(sock, Hello(token=TOKEN, rank=7, dump_path=dump_path.format(stacks=stacks, victim=victim)))
+        reply = recv_msg(sock, FrameDecoder(), 10)
+        assert isinstance(reply, Ack) and not reply.ok
+        assert "dump_path" in reply.error and words in reply.error
+        assert closed_by_peer(sock, 10)
+    wait_rejection(monitor, "dump_path")
+    assert_untouched(monitor, healthy)
+    assert victim.read_text() == VICTIM_TEXT

@@ -43,13 +43,22 @@ def test_from_kwargs_parses_strings_none_and_signals():
     assert FaultToleranceConfig(rank_termination_signal=signal.SIGHUP).rank_termination_signal is signal.SIGHUP
 
 
-def test_unknown_key_is_rejected_with_a_suggestion_and_the_allowed_keys():
+def test_unknown_key_is_rejected_with_a_suggestion_and_the_allowed_keys_when_not_ignored():
     with pytest.raises(ConfigError, match=r"unknown key\(s\) 'rank_hearbeat_timeout' \(did you mean "
                                           r"'rank_heartbeat_timeout'\?\); allowed: keys .*rank_heartbeat_timeout"):
-        FaultToleranceConfig.from_kwargs(rank_hearbeat_timeout=3)
-    # ignore_not_recognized skips NVRx's keys only (tests/unit/test_config_nvrx.py): a typo stays an error.
+        FaultToleranceConfig.from_kwargs(ignore_not_recognized=False, rank_hearbeat_timeout=3)
     with pytest.raises(ConfigError, match=r"unknown key\(s\) 'something_else'; allowed"):
-        FaultToleranceConfig.from_kwargs(ignore_not_recognized=True, something_else=1)
+        FaultToleranceConfig.from_kwargs(ignore_not_recognized=False, something_else=1)
+
+
+def test_unknown_keys_are_skipped_by_default_as_nvrx_does_and_a_misspelling_warns(caplog):
+    with caplog.at_level(logging.WARNING, logger="ft_core.config"):
+        cfg = FaultToleranceConfig.from_kwargs(rank_hearbeat_timeout=3, something_else=1, safety_factor=2)
+    assert cfg == FaultToleranceConfig(safety_factor=2) and cfg.explicit_keys == {"safety_factor"}
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert warning == ("fault_tolerance: ignoring unknown key(s) 'rank_hearbeat_timeout' (did you mean "
+                       "'rank_heartbeat_timeout'?), 'something_else' (ignore_not_recognized=False makes them "
+                       "an error)")
 
 
 def test_yaml_finds_first_fault_tolerance_mapping_at_any_depth(tmp_path):
@@ -127,7 +136,8 @@ def test_from_dict_reads_the_mapping():
     assert cfg.rank_heartbeat_timeout == 5.0
     assert cfg.rank_section_timeouts == {"step": 3.0}
     with pytest.raises(ConfigError, match=r"unknown key\(s\) 'rank_hearbeat_timeout'"):
-        FaultToleranceConfig.from_dict({"rank_hearbeat_timeout": 5})
+        FaultToleranceConfig.from_dict({"rank_hearbeat_timeout": 5}, ignore_not_recognized=False)
+    assert FaultToleranceConfig.from_dict({"rank_hearbeat_timeout": 5}) == FaultToleranceConfig()  # skipped
     assert FaultToleranceConfig.from_dict({"segment": 4}) == FaultToleranceConfig()  # an NVRx key: skipped
     with pytest.raises(ConfigError, match=r"fault_tolerance: invalid value \[1\]; allowed: a mapping"):
         FaultToleranceConfig.from_dict([1])  # type: ignore[arg-type]
@@ -257,3 +267,18 @@ def test_fallback_keys_and_values_are_checked():
         with_fallback(FaultToleranceConfig(safety_factor=5), {"safety_factor": -1}, {"safety_factor"})
     with pytest.raises(ConfigError, match=r"fault_tolerance.rank_section_timeouts.step: invalid value 'x'"):
         with_fallback(FaultToleranceConfig(), {"rank_section_timeouts": {"step": "x"}}, frozenset())
+
+
+def test_verbose_launch_keeps_only_the_keys_set_at_launch(monkeypatch):
+    # ft_launcher -v used to rebuild the config with dataclasses.replace, which re-ran the constructor and
+    # marked every key as set at launch: every fallback value a rank sent was then ignored (issue 20).
+    from ft_core.launcher import cli
+
+    launched = {}
+    monkeypatch.setattr(cli, "launch", lambda config, entrypoint, cmd_args, cfg, options: launched.update(cfg=cfg))
+    assert cli.main(["-v", "--ft-rank-heartbeat-timeout=2700", "train.py"]) is None
+    cfg = launched["cfg"]
+    assert cfg.log_level == logging.DEBUG
+    assert cfg.explicit_keys == {"rank_heartbeat_timeout", "log_level"}  # -v sets the log level at launch
+    merged = with_fallback(cfg, {"rank_heartbeat_timeout": 0.5, "safety_factor": 2.5}, cfg.explicit_keys)
+    assert (merged.rank_heartbeat_timeout, merged.safety_factor) == (2700.0, 2.5)

@@ -147,6 +147,10 @@ BAD_VALUES = [
     ("straggler_window", "range", 100_001, "an integer from 1 to 100000"),
     ("straggler_window", "empty", "", "an integer from 1 to 100000"),
     ("straggler_window", "non-finite", INF, "an integer from 1 to 100000"),
+    ("straggler_min_phase_seconds", "type", "tiny", "a number of seconds from 0 to 3600"),
+    ("straggler_min_phase_seconds", "range", -0.001, "a number of seconds from 0 to 3600"),
+    ("straggler_min_phase_seconds", "empty", "", "a number of seconds from 0 to 3600"),
+    ("straggler_min_phase_seconds", "non-finite", INF, "a number of seconds from 0 to 3600"),
     ("straggler_action", "type", 3, "one of report, restart, exclude-node"),
     ("straggler_action", "range", "kill", "one of report, restart, exclude-node"),
     ("straggler_action", "empty", "", "one of report, restart, exclude-node"),
@@ -155,6 +159,14 @@ BAD_VALUES = [
     ("metrics_port", "range", 65536, "an integer from 0 to 65535"),
     ("metrics_port", "empty", "", "an integer from 0 to 65535"),
     ("metrics_port", "non-finite", INF, "an integer from 0 to 65535"),
+    ("io_progress_cap", "type", "lots", "a factor from 1 to 1e6"),
+    ("io_progress_cap", "range", 0.5, "a factor from 1 to 1e6"),
+    ("io_progress_cap", "empty", "", "a factor from 1 to 1e6"),
+    ("io_progress_cap", "non-finite", INF, "a factor from 1 to 1e6"),
+    ("compile_timeout", "type", "slow", SECONDS + " or none/null"),
+    ("compile_timeout", "range", -1, SECONDS + " or none/null"),
+    ("compile_timeout", "empty", "", SECONDS + " or none/null"),
+    ("compile_timeout", "non-finite", INF, SECONDS + " or none/null"),
 ]
 KINDS = ("type", "range", "empty", "non-finite")
 

@@ -73,21 +73,24 @@ def test_strict_loading_rejects_the_nvrx_only_keys():
         FaultToleranceConfig.from_kwargs(ignore_not_recognized=False, segment=4)
 
 
-def test_a_key_neither_knows_is_an_error_with_a_suggestion(tmp_path):
-    # NVRx would silently ignore both typos: a timeout the user believes set would not be.
+def test_a_key_neither_knows_is_skipped_as_nvrx_does_with_a_suggestion(tmp_path, caplog):
+    # NVRx ignores both typos silently; here they are ignored too, but a misspelt timeout is named.
     path = tmp_path / "typo.yaml"
     path.write_text("fault_tolerance:\n  rank_heartbeat_timout: 30\n  enable_nic_monitr: false\n"
                     "  enable_nic_monitor: false\n")
+    with caplog.at_level(logging.WARNING, logger="ft_core.config"):
+        assert FaultToleranceConfig.from_yaml_file(path) == FaultToleranceConfig()
+    unknown = [w for w in _config_warnings(caplog) if "unknown key(s)" in w]
+    assert len(unknown) == 1
+    assert "'rank_heartbeat_timout' (did you mean 'rank_heartbeat_timeout'?)" in unknown[0]
+    assert "'enable_nic_monitr' (did you mean 'enable_nic_monitor'?)" in unknown[0]
     with pytest.raises(ConfigError) as info:
-        FaultToleranceConfig.from_yaml_file(path)
-    message = str(info.value)
-    assert message.startswith("fault_tolerance: unknown key(s) ")
-    assert "'rank_heartbeat_timout' (did you mean 'rank_heartbeat_timeout'?)" in message
-    assert "'enable_nic_monitr' (did you mean 'enable_nic_monitor'?)" in message
+        FaultToleranceConfig.from_yaml_file(path, ignore_not_recognized=False)
+    assert str(info.value).startswith("fault_tolerance: unknown key(s) 'rank_heartbeat_timout' (did you mean")
     with pytest.raises(ConfigError, match=r"'safety_facter' \(did you mean 'safety_factor'\?\)"):
-        FaultToleranceConfig.from_kwargs(safety_facter=2)
+        FaultToleranceConfig.from_kwargs(ignore_not_recognized=False, safety_facter=2)
     with pytest.raises(ConfigError, match=r"unknown key\(s\) 'zzz'; allowed: keys "):
-        FaultToleranceConfig.from_kwargs(zzz=1)  # nothing close: no suggestion
+        FaultToleranceConfig.from_kwargs(ignore_not_recognized=False, zzz=1)  # nothing close: no suggestion
 
 
 def test_loaders_take_nvrx_parameters_with_nvrx_defaults():
@@ -157,3 +160,19 @@ def test_log_level_accepts_nvrx_names_and_numbers(value, level):
 def test_num_warmup_iterations_defaults_to_nvrx_value():
     assert FaultToleranceConfig().num_warmup_iterations == 5
     assert FaultToleranceConfig(num_warmup_iterations=0).num_warmup_iterations == 0
+
+
+def test_nvrx_termination_signal_sigusr2_moves_the_default_dump_signal_with_one_warning(caplog):
+    # Valid in NVRx; SIGUSR2 is our default dump signal, which must differ from the termination signal.
+    with caplog.at_level(logging.WARNING, logger=CONFIG_LOGGER):
+        cfg = _parse(["--ft-rank-termination-signal", "SIGUSR2"])
+        # What the monitor and the ranks receive carries the moved signal: no second warning there.
+        again = FaultToleranceConfig.from_json(cfg.to_json())
+    assert (cfg.rank_termination_signal, cfg.stack_dump_signal) == (signal.SIGUSR2, signal.SIGUSR1)
+    assert again == cfg and again.explicit_keys == {"rank_termination_signal"}
+    (warning,) = _config_warnings(caplog)
+    assert "rank_termination_signal is SIGUSR2" in warning and "stack dumps use SIGUSR1" in warning
+    # A dump signal the user chose is kept, and the clash stays an error.
+    assert FaultToleranceConfig(rank_termination_signal="SIGUSR2", stack_dump_signal=None).stack_dump_signal is None
+    with pytest.raises(ConfigError, match=r"stack_dump_signal: SIGUSR2 is also rank_termination_signal"):
+        FaultToleranceConfig(rank_termination_signal="SIGUSR2", stack_dump_signal="SIGUSR2")

@@ -1,10 +1,11 @@
-"""The launcher's job-wide policy (coordination.py) on both job stores.
+"""The launcher's job-wide policy (coordination.py) on every job store.
 
-Every test runs twice: on ``C10dJobStore`` over a ``torch.distributed.HashStore``
-(what the c10d rendezvous store offers, in process) and on ``EtcdJobStore``
-against a real etcd server (the session's ``etcd_server`` fixture; skipped with
-the reason when etcd is not installed). Several coordinators on one store play
-the launchers of several nodes; with etcd each has its own client.
+Every test runs three times: on ``C10dJobStore`` over a ``torch.distributed.HashStore``
+(what the c10d rendezvous store offers, in process), on ``EtcdJobStore`` (v2 API)
+and on ``EtcdV3JobStore`` (v3 API) against a real etcd server (the session's
+``etcd_server`` fixture; skipped with the reason when etcd is not installed).
+Several coordinators on one store play the launchers of several nodes; with
+etcd each has its own client.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ from ft_core.launcher.job_store import C10dJobStore, EtcdJobStore, JobStore, Job
 NODES = itertools.count()
 
 
-@pytest.fixture(params=["c10d", "etcd"])
+@pytest.fixture(params=["c10d", "etcd", "etcd-v3"])
 def new_store(request) -> Callable[[], JobStore]:
     """``new_store()``: one more connection to the same (fresh) job store, as another node has."""
     if request.param == "c10d":
         shared = dist.HashStore()
         return lambda: C10dJobStore(dist.PrefixStore("ft_launcher/test", shared))
+    if request.param == "etcd-v3":
+        new, run_id = request.getfixturevalue("etcd_v3_job_store"), uuid.uuid4().hex
+        return lambda: new(run_id)
     cluster = request.getfixturevalue("etcd_server")
     prefix = f"/ft_launcher/{uuid.uuid4().hex}"
     return lambda: EtcdJobStore(cluster.client(), prefix)

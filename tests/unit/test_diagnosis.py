@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ft_core.diagnosis import STOPPED_FIRST_MARGIN, diagnose, stack_in_collective
+from ft_core.diagnosis import STACKS_BLIND, STOPPED_FIRST_MARGIN, diagnose, stack_in_collective
 from ft_core.events import RankEvidence
 from ft_core.monitor.hang import DumpWait
 from ft_core.monitor.snapshot import Snapshot
@@ -23,6 +23,7 @@ Thread 0x00007f0000000001 (most recent call first):
 
 
 def ev(rank, **fields):
+    fields.setdefault("last_activity", 100.0)  # it sent signs of life (most ranks do)
     return RankEvidence(rank=rank, pid=100 + rank, node="h:1", **fields)
 
 
@@ -34,7 +35,8 @@ def test_stacks_name_the_rank_outside_the_collective_even_when_the_waiter_expire
     verdict = diagnose([ev(0, iteration=25, section="step", hung=True, stalled_for=3.0, in_collective=True),
                         ev(1, iteration=25, section="step", stalled_for=2.9, in_collective=False)])
     assert ranks(verdict) == ([1], [0])
-    assert verdict.headline() == ("rank 1 (node h:1, pid 101) hung in section step at iteration 25 for 2.9 s; "
+    # Rank 1's own deadline had not passed: it is named "silent", not "hung".
+    assert verdict.headline() == ("rank 1 (node h:1, pid 101) silent in section step at iteration 25 for 2.9 s; "
                                   "ranks 0 were waiting for it")
     event = verdict.to_event(cycle=4, decided_by="h:1")
     assert (event.culprits, event.waiting, event.culprit_nodes, event.cycle) == ([1], [0], ["h:1"], 4)
@@ -102,6 +104,60 @@ def test_a_hang_record_wins_over_a_snapshot_of_the_same_rank():
     verdict = diagnose([ev(1, iteration=2, in_collective=True), ev(1, iteration=2, hung=True, in_collective=False),
                         ev(0, iteration=2, in_collective=True)])
     assert ranks(verdict) == ([1], [0]) and verdict.culprits[0].hung
+
+
+# -- NCCL-shaped evidence: waiters block at their next host sync, not in a torch.distributed frame ------
+IN_ITEM = """Current thread 0x00007f0000000001 (most recent call first):
+  File "/job/train.py", line 52 in train_step
+  File "/job/train.py", line 70 in main
+"""
+
+
+def test_nccl_stacks_tie_and_the_rank_that_stopped_first_is_named():
+    # Rank 1 hangs in its data loader at 100.0; rank 0's all-reduce returns at once (NCCL) and it
+    # blocks in .item() at 101.8, expires first and is recorded as hung. Both stacks are "elsewhere":
+    # they tie, and who stopped first breaks the tie. The headline says stacks cannot show waiting.
+    verdict = diagnose([
+        ev(0, iteration=25, hung=True, stalled_for=3.0, timeout=3.0, last_activity=101.8,
+           in_collective=stack_in_collective(IN_ITEM)),
+        ev(1, iteration=25, stalled_for=4.8, timeout=3.0, last_activity=100.0,
+           in_collective=stack_in_collective(IN_SLEEP))])
+    assert ranks(verdict) == ([1], [0])
+    assert "stopped first" in verdict.evidence
+    assert verdict.headline().endswith(STACKS_BLIND)
+    assert "rank 1 (node h:1, pid 101) silent outside any section" in verdict.headline()  # it did not expire
+
+
+def test_a_rank_that_never_connected_is_the_first_suspect():
+    # World size 3, evidence from ranks 0 and 1 only: rank 2 never reached its monitor; the others
+    # waited for it in init_process_group or the first collective.
+    verdict = diagnose([ev(0, hung=True, stalled_for=90.0, timeout=90.0), ev(1, hung=True, stalled_for=90.0,
+                        timeout=90.0)], world_size=3)
+    assert ranks(verdict) == ([2], [0, 1])
+    assert "ranks 2 never connected" in verdict.evidence
+    assert verdict.headline().startswith("rank 2 never connected to its node's monitor; ranks 0, 1 were waiting")
+    # Connected but no sign of life ever (stuck in its imports): the same.
+    silent = diagnose([ev(0, hung=True, stalled_for=90.0), ev(1, last_activity=None)], world_size=2)
+    assert ranks(silent) == ([1], [0]) and "never sent a sign of life" in silent.headline()
+    # Without the world size nothing is invented (another node's evidence may simply be missing).
+    assert ranks(diagnose([ev(0, hung=True), ev(1, hung=True)])) == ([0, 1], [])
+
+
+def test_a_rank_alive_within_its_timeout_is_not_named_while_another_suspect_remains():
+    # NCCL-shaped stacks (neither in a collective). Rank 1 reported a lower iteration but was active
+    # 0.0 s before: it is not the culprit; rank 0, past its timeout, is.
+    verdict = diagnose([ev(0, iteration=9, hung=True, stalled_for=3.0, timeout=3.0, in_collective=False),
+                        ev(1, iteration=8, stalled_for=0.0, timeout=3.0, in_collective=False)])
+    assert ranks(verdict) == ([0], [1])
+    assert "ranks 1 alive within their timeouts" in verdict.evidence
+    # The real hang is still named: silent past its timeout, the rank at the lowest iteration is the culprit.
+    real = diagnose([ev(0, iteration=9, hung=True, stalled_for=3.0, timeout=3.0, in_collective=False),
+                     ev(1, iteration=8, stalled_for=3.5, timeout=3.0, in_collective=False)])
+    assert ranks(real) == ([1], [0])
+    # Ranks in lock-step expire within the margin: the one that expired first may be the waiter.
+    lockstep = diagnose([ev(0, iteration=9, hung=True, stalled_for=3.0, timeout=3.0, in_collective=True),
+                         ev(1, iteration=9, stalled_for=2.95, timeout=3.0, in_collective=False)])
+    assert ranks(lockstep) == ([1], [0])
 
 
 def test_no_evidence_no_verdict():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 
 import pytest
@@ -84,6 +85,12 @@ def test_records_and_status_become_metrics(tmp_path):
     assert get("ft_rank_step_duration_seconds_sum", rank="0") == 2.0
     assert get("ft_rank_last_step_duration_seconds", rank="0") == 0.4
     assert 0 <= get("ft_fault_free_time_ratio") <= 1 and get("ft_time_lost_seconds_total") >= 0
+    import torch
+
+    import ft_core
+
+    assert get("ft_build_info", version=ft_core.__version__, torch=torch.__version__,
+               python=platform.python_version()) == 1
 
     page = open(os.path.join(REPO_ROOT, "docs", "events.md"), encoding="utf-8").read()
     table = page.split("## Metrics", 1)[1].split("\n## ", 1)[0]

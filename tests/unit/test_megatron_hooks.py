@@ -302,3 +302,34 @@ def test_timed_phases_reach_the_monitor_as_medians(start_monitor, tmp_path):
     assert rounds[0]["medians"][0]["rank"] == 0 and rounds[0]["medians"][0]["phase"] == "data"
     assert rounds[0]["medians"][0]["median"] >= 0.01
     ft.shutdown()
+
+
+@pytest.mark.parametrize("async_save", [True, False], ids=["async_save", "sync_save"])
+def test_megatron_lm_progress_is_a_complete_persistent_checkpoint(start_monitor, tmp_path, async_save):
+    # Megatron-LM's semantics (the drop-in): an --async-save save is only scheduled when its
+    # on_checkpointing_end(False) comes, and a non-persistent (node-local) save is no progress. Progress
+    # is Megatron-LM's tracker, which it writes once a persistent checkpoint is complete.
+    monitor = start_monitor()
+    tracker = tmp_path / "ckpt" / "latest_checkpointed_iteration.txt"
+    tracker.parent.mkdir()
+    tracker.write_text("2")  # resumed from iteration 2: no progress of this run
+    ft.setup(make_args(tmp_path, async_save=async_save), megatron_lm=True)
+    wait_for_event(monitor.events_path, 10, event="rank_connected", rank=0)
+    run_steps(2, 2)
+    ft.on_checkpointing_start()
+    ft.on_checkpointing_end(is_async_finalization=False)  # iteration 4 scheduled (async) or node-local (sync)
+    for step in range(4, 8):
+        run_steps(step, 1)
+        if async_save:  # Megatron-LM tries to finalize every iteration; nothing is complete yet
+            ft.on_checkpointing_start()
+            ft.on_checkpointing_end(is_async_finalization=True)
+    ft.on_checkpointing_start()
+    if not async_save:
+        tracker.write_text("8")  # a synchronous persistent save writes the tracker itself
+    ft.on_checkpointing_end(is_async_finalization=False)  # iteration 8: persistent
+    if async_save:
+        tracker.write_text("8")  # written by the finalization of the async save
+        ft.on_checkpointing_start()
+        ft.on_checkpointing_end(is_async_finalization=True)
+    wait_for_event(monitor.events_path, 10, event="checkpoint_reported", rank=0, iteration=8)
+    assert [e["iteration"] for e in events(monitor, "checkpoint_reported")] == [8]

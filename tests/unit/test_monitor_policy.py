@@ -18,8 +18,12 @@ T0 = 1000.0  # monotonic time of the connection
 def watched(initial: Optional[float] = None, subsequent: Optional[float] = None,
             sections: Optional[dict[str, Optional[float]]] = None, out_of_section: Optional[float] = None,
             warmup: int = 0) -> WatchedRank:
+    # The monitor's config holds the same timeouts (a warm-up step falls back on the configured ones).
+    cfg = FaultToleranceConfig(num_warmup_iterations=warmup, initial_rank_heartbeat_timeout=initial,
+                               rank_heartbeat_timeout=subsequent, rank_section_timeouts=dict(sections or {}),
+                               rank_out_of_section_timeout=out_of_section)
     return WatchedRank(
-        rank=1, local_rank=1, pid=4321, cfg=FaultToleranceConfig(num_warmup_iterations=warmup), restart_count=0,
+        rank=1, local_rank=1, pid=4321, cfg=cfg, restart_count=0,
         connected_at=T0, hb=HeartbeatTimeouts(initial, subsequent),
         sections=SectionTimeouts(dict(sections or {}), out_of_section), dump_path=None, out_of_section_since=T0)
 
@@ -77,14 +81,37 @@ def test_a_section_without_a_timeout_or_not_configured_is_not_timed():
     assert rank.next_deadline() is None
 
 
-def test_warmup_steps_are_not_timed_and_later_ones_are():
-    rank = watched(sections={"step": 2}, warmup=2)
+def test_warmup_steps_get_a_generous_finite_timeout_and_later_ones_the_step_timeout():
+    # No `warmup` section: the larger of `setup` and out-of-section times a warm-up step.
+    rank = watched(sections={"step": 2, "setup": 60}, out_of_section=5, warmup=2)
     for i in range(2):
-        rank.section_start("step", T0 + 10 * i)
-        assert rank.next_deadline() is None, f"warm-up step {i} was timed"
-        rank.section_end("step", T0 + 10 * i + 5)  # longer than the timeout: fine during warm-up
-    rank.section_start("step", T0 + 30)
-    assert expiry_of(rank) == (T0 + 32, HangReason.SECTION, "step", 2, T0 + 30)
+        rank.section_start("step", T0 + 100 * i)
+        assert expiry_of(rank) == (T0 + 100 * i + 60, HangReason.SECTION, "step", 60, T0 + 100 * i)
+        rank.section_end("step", T0 + 100 * i + 5)  # longer than the step timeout: fine during warm-up
+    rank.section_start("step", T0 + 300)
+    assert expiry_of(rank) == (T0 + 302, HangReason.SECTION, "step", 2, T0 + 300)
+
+
+@pytest.mark.parametrize(("initial", "sections", "out_of_section", "expected"), [
+    (None, {"step": 2, "warmup": 30, "setup": 60}, 5, 30),  # the configured `warmup` section first
+    (None, {"step": 2, "warmup": None, "setup": 60}, 5, 60),  # `warmup: none` tracks it; still timed
+    (None, {"step": 2}, 5, 5),  # sections mode, heartbeats off: the out-of-section timeout
+    (100, {"step": 2}, None, 100),  # then the start-up budget (the initial heartbeat timeout)
+    (None, {"step": 2}, None, 2),  # nothing else configured: the configured step timeout
+])
+def test_a_warmup_step_is_never_untimed_when_anything_is_configured(initial, sections, out_of_section, expected):
+    rank = watched(initial=initial, sections=sections, out_of_section=out_of_section, warmup=5)
+    rank.touch(T0)
+    rank.section_start("step", T0 + 1, iteration=0)
+    assert expiry_of(rank) == (T0 + 1 + expected, HangReason.SECTION, "step", expected, T0 + 1)
+
+
+def test_a_warmup_step_keeps_the_configured_step_timeout_after_it_was_learned_small():
+    # The last resort is the *configured* step timeout: a learned (small) one would kill a compile.
+    rank = watched(sections={"step": 60}, warmup=5)
+    rank.sections = SectionTimeouts({"step": 0.5}, None, {"step"})
+    rank.section_start("step", T0)
+    assert expiry_of(rank)[3] == 60
 
 
 def test_out_of_section_time_counts_from_the_connection_and_from_the_last_closed_section():
@@ -99,6 +126,16 @@ def test_out_of_section_time_counts_from_the_connection_and_from_the_last_closed
     rank.section_start("step", T0 + 8)
     rank.end_all_sections(T0 + 9)
     assert expiry_of(rank) == (T0 + 12, HangReason.OUT_OF_SECTION, None, 3, T0 + 9)
+
+
+def test_while_compiling_only_the_compile_timeout_runs_and_the_step_resumes_without_the_compile_time():
+    rank = watched(subsequent=5, sections={"step": 2})
+    rank.cfg.compile_timeout = 30.0
+    rank.section_start("step", T0)
+    rank.section_start("compile", T0 + 1)  # a recompile inside the step: 20 s, far past step and heartbeat
+    assert expiry_of(rank) == (T0 + 31, HangReason.SECTION, "compile", 30.0, T0 + 1)
+    rank.section_end("compile", T0 + 21)
+    assert expiry_of(rank) == (T0 + 22, HangReason.SECTION, "step", 2, T0 + 20)  # 1 s of the step was used
 
 
 def test_closing_a_section_that_was_not_open_is_reported_and_harmless():

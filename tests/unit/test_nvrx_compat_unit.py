@@ -22,8 +22,10 @@ from ft_core.data import WorkloadAction, WorkloadControlRequest
 from ft_core.timeouts import (
     HeartbeatTimeouts,
     InvalidTimeoutsError,
+    SectionAction,
     SectionTimeouts,
     TimeoutsCalc,
+    TimeoutsCalcError,
     WarmupRule,
     apply_calculated,
     timeouts_from_state_dict,
@@ -271,7 +273,7 @@ def test_merge_never_goes_below_the_largest_interval_observed_nor_the_minimum():
 def test_heartbeat_merge_uses_the_same_rule():
     calc = TimeoutsCalc(safety_factor=1.0, start_time=0.0, min_timeout=0.1)
     for t in (3.0, 4.0, 9.0):
-        calc.update_on_heartbeat(now=t)
+        calc.update_on_heartbeat(hb_time=t)
     hb = calc.calculate_hb_timeouts(HeartbeatTimeouts(100.0, 1.0, True))
     assert hb == HeartbeatTimeouts(initial=51.5, subsequent=5.0, were_calculated=True)
 
@@ -286,7 +288,8 @@ def test_the_out_of_section_interval_still_running_counts():
     # Opening a section ends the interval (7.5 s); while it is open nothing more is counted.
     calc.update_on_section_start("step", now=9.5)
     again = calc.calculate_section_timeouts(result, ["step"], calc_out_of_section=True, now=50.0)
-    assert again.out_of_section == 0.5 * 14.0 + 0.5 * 15.0
+    # The average of 14 and 2 * 7.5 is below 2 * 7.5, the job-life floor: the floor wins.
+    assert again.out_of_section == 15.0
 
 
 # -- 7. workload control ------------------------------------------------------
@@ -304,3 +307,79 @@ def test_workload_control_without_launcher_is_a_runtime_error_and_a_client_error
     for expected in (RuntimeError, RankMonitorClientError, LauncherUnavailableError):
         with pytest.raises(expected, match="FT_LAUNCHER_IPC_SOCKET"):
             client.send_workload_control_request(request)
+
+
+# -- 8. TimeoutsCalc's NVRx API: a thin layer over the same observations and merge rule ------------------
+def _sections_calc(**kwargs) -> TimeoutsCalc:
+    return TimeoutsCalc(sections=["fwd", "save"], start_time=kwargs.pop("start_time", 0.0),
+                        safety_factor=kwargs.pop("safety_factor", 2.0), **kwargs)
+
+
+def test_nvrx_heartbeat_api_needs_data_then_merges_with_a_calculated_current():
+    calc = TimeoutsCalc(start_time=0.0, safety_factor=3.0)
+    assert not calc.can_get_hb_timeouts()
+    with pytest.raises(TimeoutsCalcError, match="not enough data"):
+        calc.get_hb_timeouts()
+    for t in (4.0, 5.0, 7.0):
+        calc.update_on_heartbeat(hb_time=t)
+    assert calc.can_get_hb_timeouts()
+    assert calc.get_hb_timeouts() == HeartbeatTimeouts(12.0, 6.0, True)
+    assert calc.get_hb_timeouts(current=HeartbeatTimeouts(50.0, 50.0)) == HeartbeatTimeouts(12.0, 6.0, True)
+    assert calc.get_hb_timeouts(current=HeartbeatTimeouts(20.0, 10.0, True)) == HeartbeatTimeouts(16.0, 8.0, True)
+
+
+def test_nvrx_section_events_are_checked_and_close_all_ends_every_open_section():
+    calc = _sections_calc(start_time=1.0)
+    with pytest.raises(TimeoutsCalcError, match="unknown section 'eval'"):
+        calc.update_on_section_event("eval", SectionAction.OPEN, event_time=2.0)
+    calc.update_on_section_event("fwd", SectionAction.OPEN, event_time=3.0)  # 2 s out of sections
+    with pytest.raises(TimeoutsCalcError, match="already open"):
+        calc.update_on_section_event("fwd", SectionAction.OPEN, event_time=4.0)
+    with pytest.raises(TimeoutsCalcError, match="not open"):
+        calc.update_on_section_event("save", SectionAction.CLOSE, event_time=4.0)
+    calc.update_on_section_event("save", SectionAction.OPEN, event_time=5.0)
+    assert not calc.is_out_of_section
+    calc.update_on_section_event(None, SectionAction.CLOSE_ALL, event_time=9.0)
+    assert calc.is_out_of_section
+    assert calc.get_section_timeouts() == SectionTimeouts({"fwd": 12.0, "save": 8.0}, 4.0, {"fwd", "save"}, True)
+    calc.maybe_bump_oos_time(curr_time=19.0)  # 10 s out of sections, still running
+    assert calc.get_section_timeouts().out_of_section == 20.0
+
+
+def test_nvrx_selected_sections_and_current_values():
+    calc = _sections_calc()
+    calc.update_on_section_event("fwd", SectionAction.OPEN, event_time=1.0)
+    calc.update_on_section_event("fwd", SectionAction.CLOSE, event_time=3.0)
+    assert not calc.can_get_section_timeouts()  # "save" has no data
+    assert calc.can_get_section_timeouts(["fwd"]) and not calc.can_get_section_timeouts(["save"], False)
+    with pytest.raises(TimeoutsCalcError):
+        calc.get_section_timeouts()
+    assert calc.get_section_timeouts(["fwd"]) == SectionTimeouts({"fwd": 4.0, "save": None}, 2.0, {"fwd"}, True)
+    current = SectionTimeouts({"fwd": 10.0, "save": 30.0}, 6.0, {"save"}, True)
+    # "fwd" was not calculated: replaced; "save" not selected: kept; out of section: averaged.
+    assert calc.get_section_timeouts(["fwd"], current=current) == SectionTimeouts(
+        {"fwd": 4.0, "save": 30.0}, 4.0, {"fwd", "save"}, True)
+    assert calc.get_section_timeouts(["fwd"], calc_out_of_section=False) == SectionTimeouts(
+        {"fwd": 4.0, "save": None}, None, {"fwd"})
+
+
+def test_nvrx_merge_keeps_the_floor_under_the_longest_interval_observed():
+    # NVRx's plain average of 2 s (calculated) and 10 s (observed x 1) would be 6 s: shorter than a step seen.
+    calc = _sections_calc(safety_factor=1.0)
+    calc.update_on_section_event("fwd", SectionAction.OPEN, event_time=1.0)
+    calc.update_on_section_event("fwd", SectionAction.CLOSE, event_time=11.0)
+    current = SectionTimeouts({"fwd": 2.0, "save": None}, None, {"fwd"})
+    assert calc.get_section_timeouts(["fwd"], False, current).section["fwd"] == 10.0
+    # NVRx's merge of two given timeouts (no observation to floor it) is the plain average.
+    merged = TimeoutsCalc._get_merged_section_timeouts(SectionTimeouts({"fwd": 10.0}, 4.0, {"fwd"}, True), current)
+    assert merged == SectionTimeouts({"fwd": 6.0}, 4.0, {"fwd"}, True)
+
+
+def test_nvrx_synchronize_all_needs_a_process_group():
+    with pytest.raises(TimeoutsCalcError, match="process group"):
+        TimeoutsCalc().synchronize_all()
+
+
+def test_nvrx_sections_from_a_set_are_ordered_the_same_in_every_process():
+    assert TimeoutsCalc(sections={"b", "c", "a"}).sections == ("a", "b", "c")
+    assert TimeoutsCalc(sections=["b", "a"]).sections == ("b", "a")  # NVRx's order when given as a list

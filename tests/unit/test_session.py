@@ -112,11 +112,16 @@ def test_a_given_step_number_learns_once_when_it_reaches_after_steps(start_monit
     assert len(wait_for(lambda: updates(monitor), 10, "the update")) == 1  # once per run
 
 
-def test_a_resumed_run_past_after_steps_learns_at_its_first_step(start_monitor, sessions):
+def test_a_resumed_run_past_after_steps_learns_only_after_after_steps_steps_of_its_own(start_monitor, sessions):
+    # Learning at a resume's first batch, from one step gap, halved the checkpoint's timeouts (issue 20).
     start_monitor()
-    session, _ = sessions(connect=True, after_steps=100)
+    session, _ = sessions(connect=True, after_steps=3)
+    for step in (150, 151):  # Lightning's global step after a resume: already past after_steps
+        run_step(session)
+        session.step_completed(step)
+        assert session.client.section_timeouts.calculated_sections == set()
     run_step(session)
-    session.step_completed(150)  # Lightning's global step after a resume
+    session.step_completed(152)  # the run's own third step
     assert session.client.section_timeouts.calculated_sections == {"step"}
 
 

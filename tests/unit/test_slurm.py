@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ft_core.launcher.cli import build_parser
-from ft_core.launcher.slurm import apply_slurm_defaults, derive_nnodes, first_host
+from ft_core.launcher.slurm import apply_slurm_defaults, derive_nnodes, first_host, launch_rdzv_id
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "gpu[07-09,12],login1"}
 
@@ -33,9 +33,9 @@ def test_first_host_of_a_hostlist(nodelist, first):
 
 def test_multi_node_job_gets_id_and_head_node():
     args = parse("--nnodes=4", "--nproc-per-node=8")
-    assert apply_slurm_defaults(args, SLURM) == ["--rdzv-id=4242", "--rdzv-backend=c10d",
+    assert apply_slurm_defaults(args, SLURM) == ["--rdzv-id=4242.0", "--rdzv-backend=c10d",
                                                  "--rdzv-endpoint=gpu07:29400"]
-    assert (args.rdzv_id, args.rdzv_backend, args.rdzv_endpoint) == ("4242", "c10d", "gpu07:29400")
+    assert (args.rdzv_id, args.rdzv_backend, args.rdzv_endpoint) == ("4242.0", "c10d", "gpu07:29400")
     args = parse("--nnodes=2")
     apply_slurm_defaults(args, {**SLURM, "MASTER_PORT": "12345"})
     assert args.rdzv_endpoint == "gpu07:12345"
@@ -87,3 +87,22 @@ def test_nnodes_given_or_single_node_steps_are_left_alone(argv, env):
 def test_a_bad_step_node_count_names_the_variable():
     with pytest.raises(ValueError, match="SLURM_STEP_NUM_NODES: invalid value 'x'"):
         derive_nnodes(parse(derive=False), {**SLURM, "SLURM_STEP_NUM_NODES": "x"})
+
+
+def test_every_launch_of_a_job_gets_its_own_rendezvous_id():
+    # One id for all nodes of a launch; a new one for each requeue and each srun step of the allocation,
+    # so a store that outlives the launchers (etcd) never hands a requeued job the last run's state.
+    ids = [launch_rdzv_id({**SLURM, **extra}) for extra in (
+        {}, {"SLURM_RESTART_COUNT": "0"}, {"SLURM_RESTART_COUNT": "1"}, {"SLURM_RESTART_COUNT": "1", "SLURM_STEP_ID": "0"},
+        {"SLURM_RESTART_COUNT": "1", "SLURM_STEP_ID": "3"})]
+    assert ids == ["4242.0", "4242.0", "4242.1", "4242.1.0", "4242.1.3"]
+    args = parse("--nnodes=2", "--rdzv-backend=etcd-v2", "--rdzv-endpoint=etcd:2379")
+    assert apply_slurm_defaults(args, {**SLURM, "SLURM_RESTART_COUNT": "2", "SLURM_STEP_ID": "0"}) == \
+        ["--rdzv-id=4242.2.0"]
+
+
+def test_the_job_id_outlives_the_launch_ids_of_its_requeues():
+    from ft_core.launcher.slurm import job_id
+
+    assert job_id("4242.3", {**SLURM, "SLURM_RESTART_COUNT": "3"}) == "4242"  # what the metrics label keeps
+    assert job_id("d6b0f3", {}) == "d6b0f3"  # outside SLURM: the run id

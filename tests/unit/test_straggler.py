@@ -6,13 +6,19 @@ from __future__ import annotations
 import math
 import uuid
 
+import msgspec
 import pytest
 import torch.distributed as dist
 
 from ft_core.config import ConfigError, FaultToleranceConfig
 from ft_core.events import PhaseMedians
 from ft_core.launcher.job_store import C10dJobStore
-from ft_core.launcher.stragglers import StragglerDetector, StragglerRound
+from ft_core.launcher.stragglers import (
+    StragglerDetector,
+    StragglerRound,
+    exclusion_blocker,
+    straggler_action_for,
+)
 from ft_core.straggler import (
     MAX_PHASES_PER_RANK,
     PhaseMedian,
@@ -137,11 +143,13 @@ def test_config_defaults_and_validation():
 
 
 # -- launchers through the job store --------------------------------------------------------
-@pytest.fixture(params=["c10d", "etcd"])
+@pytest.fixture(params=["c10d", "etcd", "etcd-v3"])
 def job_store(request):
     """One job store the test's launchers share: c10d (a HashStore) or a real etcd server (v2 keys are a tree)."""
     if request.param == "c10d":
         return C10dJobStore(dist.HashStore())
+    if request.param == "etcd-v3":
+        return request.getfixturevalue("etcd_v3_job_store")(uuid.uuid4().hex)
     from ft_core.launcher.job_store import EtcdJobStore
 
     return EtcdJobStore(request.getfixturevalue("etcd_server").client(), f"/ft_launcher/{uuid.uuid4().hex}")
@@ -189,3 +197,55 @@ def test_no_phase_no_store_traffic():
     for wall in range(100, 110):
         assert detector.poll(0, 0, 2, wall=wall + 0.5) == []
     assert calls == []
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"dynamic": False, "hosts_store": False, "nodes": 2, "min_nodes": 1, "spares": 1}, "static"),
+    ({"dynamic": True, "hosts_store": True, "nodes": 3, "min_nodes": 1, "spares": 1}, "hosts the c10d"),
+    ({"dynamic": True, "hosts_store": False, "nodes": 1, "min_nodes": 1, "spares": 0}, "no hot spare"),
+    ({"dynamic": True, "hosts_store": False, "nodes": 2, "min_nodes": 2, "spares": 0}, "needs 2 node(s)"),
+    ({"dynamic": True, "hosts_store": False, "nodes": 2, "min_nodes": 2, "spares": 1}, None),  # the spare steps in
+    ({"dynamic": True, "hosts_store": False, "nodes": 3, "min_nodes": 2, "spares": 0}, None),  # enough nodes left
+])
+def test_a_node_is_excluded_only_when_the_job_can_go_on_without_it(kwargs, words):
+    blocker = exclusion_blocker(**kwargs)
+    assert blocker is None if words is None else words in blocker
+
+
+def test_straggler_restart_is_made_once_per_node_then_reported():
+    assert straggler_action_for(StragglerAction.RESTART, "a:1", set()) is StragglerAction.RESTART
+    assert straggler_action_for(StragglerAction.RESTART, "a:1", {"a:1"}) is StragglerAction.REPORT
+    assert straggler_action_for(StragglerAction.RESTART, "b:2", {"a:1"}) is StragglerAction.RESTART
+    assert straggler_action_for(StragglerAction.EXCLUDE_NODE, "a:1", {"a:1"}) is StragglerAction.EXCLUDE_NODE
+
+
+def test_a_node_slow_in_every_cycle_causes_one_restart_over_ten_cycles(job_store):
+    # Over a job's life (ten cycles, one aggregator per cycle as after restarts): the node's rank is a
+    # straggler in each, the restart is asked for in the first only; the other node's first straggler
+    # still gets its restart (the rule is per node).
+    actions = []
+    for cycle in range(10):
+        detector = StragglerDetector(1.0, 0.75, 1, StragglerAction.RESTART, "host:0", lambda: job_store)
+        slow = 3 if cycle < 9 else 1
+        medians = [PhaseMedian(0, "fwd", 0.1, 9), PhaseMedian(1, "fwd", 0.16 if slow == 1 else 0.1, 9)]
+        detector.publish(PhaseMedians(round=100 + cycle, medians=medians), cycle=cycle, group_rank=0)
+        other = [PhaseMedian(2, "fwd", 0.1, 9), PhaseMedian(3, "fwd", 0.16 if slow == 3 else 0.1, 9)]
+        job_store.set("straggler/1", msgspec.json.encode(
+            {"cycle": cycle, "round": 100 + cycle, "node": "host:1", "medians": other}).decode())
+        (straggler,) = detector.poll(cycle, 0, 2, wall=100 + cycle + 0.5)
+        actions.append((straggler.rank_node, straggler.action.value))
+    assert actions == [("host:1", "restart")] + [("host:1", "report")] * 8 + [("host:0", "restart")]
+
+
+def test_a_phase_below_the_floor_is_never_scored_a_longer_one_is():
+    # Rank 0 also draws the progress bar: its "data" phase is 253 us against 102 us elsewhere (relative
+    # score 0.4), a difference of microseconds no rank should be blamed for. 1 ms floor: not scored.
+    judge = StragglerJudge(0.75, 1)
+    tiny = [PhaseMedian(0, "data", 253e-6, 9), PhaseMedian(1, "data", 102e-6, 9), PhaseMedian(2, "data", 102e-6, 9)]
+    report = judge.judge(tiny)
+    assert report.scores == [] and report.stragglers == []
+    # A real straggler in a phase above the floor is still named, in the same round.
+    slow = [PhaseMedian(0, "forward", 0.1, 9), PhaseMedian(1, "forward", 0.1, 9), PhaseMedian(2, "forward", 0.2, 9)]
+    assert [(s.rank, s.phase) for s in judge.judge([*tiny, *slow]).stragglers] == [(2, "forward")]
+    # Configurable: 0 scores every phase.
+    assert [s.rank for s in StragglerJudge(0.75, 1, min_phase_seconds=0).judge(tiny).stragglers] == [0]

@@ -9,11 +9,14 @@ import pytest
 
 from ft_core.timeouts import (
     HeartbeatTimeouts,
+    InvalidTimeoutsError,
+    JobLife,
     SectionTimeouts,
     TimeoutsCalc,
     TimeoutsNotReadyError,
     WarmupRule,
     apply_calculated,
+    job_life_from_state_dict,
     timeouts_from_state_dict,
     timeouts_state_dict,
 )
@@ -26,14 +29,14 @@ def _calc(**kwargs) -> TimeoutsCalc:
 def test_heartbeat_formula_initial_and_subsequent():
     calc = _calc()
     for t in (5.0, 6.0, 9.0, 10.0):
-        calc.update_on_heartbeat(now=t)
+        calc.update_on_heartbeat(hb_time=t)
     hb = calc.calculate_hb_timeouts(HeartbeatTimeouts(3600.0, 2700.0))
     assert hb == HeartbeatTimeouts(initial=10.0, subsequent=6.0, were_calculated=True)
 
 
 def test_heartbeat_not_ready_raises_or_skips():
     calc = _calc()
-    calc.update_on_heartbeat(now=1.0)
+    calc.update_on_heartbeat(hb_time=1.0)
     with pytest.raises(TimeoutsNotReadyError):
         calc.calculate_hb_timeouts(HeartbeatTimeouts(1.0, 1.0))
     assert calc.calculate_hb_timeouts(HeartbeatTimeouts(1.0, 1.0), skip_if_not_ready=True) is None
@@ -41,8 +44,8 @@ def test_heartbeat_not_ready_raises_or_skips():
 
 def test_recalculation_averages_calculated_values_but_replaces_config_values():
     calc = _calc()
-    calc.update_on_heartbeat(now=1.0)
-    calc.update_on_heartbeat(now=2.0)
+    calc.update_on_heartbeat(hb_time=1.0)
+    calc.update_on_heartbeat(hb_time=2.0)
     # Config values (not calculated) are replaced, even by smaller learned values.
     first = calc.calculate_hb_timeouts(HeartbeatTimeouts(3600.0, 2700.0))
     assert (first.initial, first.subsequent) == (2.0, 2.0)
@@ -70,8 +73,8 @@ def test_section_formula_and_selected_sections():
 
 def test_calculated_timeouts_never_go_below_the_floor():
     calc = TimeoutsCalc(safety_factor=2.0, start_time=0.0, min_timeout=1.5)
-    calc.update_on_heartbeat(now=0.1)
-    calc.update_on_heartbeat(now=0.2)
+    calc.update_on_heartbeat(hb_time=0.1)
+    calc.update_on_heartbeat(hb_time=0.2)
     calc.update_on_section_start("step", now=0.3)
     calc.update_on_section_end("step", now=0.4)
     hb = calc.calculate_hb_timeouts(HeartbeatTimeouts())
@@ -102,18 +105,19 @@ def test_out_of_section_measured_from_start_and_between_sections_and_bumped():
     calc.update_on_section_end("step", now=4.0)
     first = calc.calculate_section_timeouts(SectionTimeouts({"step": None}), ["step"], now=4.0)
     assert first.out_of_section == 4.0 and first.is_out_of_section_calculated
-    # A later, longer gap moves the learned value up: the average of 4 and 5 * 2...
+    # A later, longer gap moves the learned value up: not to the average of 4 and 2 * 5 (7), which
+    # would leave a 5 s gap only 1.4x headroom, but to the job-life floor, 2 * 5...
     calc.update_on_section_start("step", now=9.0)  # 5 s gap
     calc.update_on_section_end("step", now=9.5)
     bumped = calc.calculate_section_timeouts(first, ["step"], now=9.5)
-    assert bumped.out_of_section == 7.0
-    # ...and a quieter run lowers it by averaging too (0.1 s gaps: 0.2), as NVRx does.
+    assert bumped.out_of_section == 10.0
+    # ...and a quieter run without the job's history (NVRx's state dict) lowers it by averaging, as NVRx does.
     quiet = _calc()
     quiet.update_on_section_start("step", now=0.1)
     quiet.update_on_section_end("step", now=0.2)
     quiet.update_on_section_start("step", now=0.3)
     lowered = quiet.calculate_section_timeouts(bumped, ["step"], now=0.3)
-    assert lowered.out_of_section == 0.5 * 7.0 + 0.5 * 0.2
+    assert lowered.out_of_section == 0.5 * 10.0 + 0.5 * 0.2
 
 
 def test_nested_sections_count_out_of_section_only_when_all_closed():
@@ -185,3 +189,83 @@ def test_nvrx_state_dicts_without_a_calculated_part_load_as_nothing_calculated()
 def test_bad_state_dict_values_are_rejected_naming_the_key(current, message):
     with pytest.raises(ValueError, match=message):
         timeouts_from_state_dict({"current_timeouts": current})
+
+
+# -- job-life maxima: learned timeouts never shrink across resumes (issue 20) ---------------------------
+def _resume(state, safety_factor=5.0) -> tuple[TimeoutsCalc, HeartbeatTimeouts, SectionTimeouts]:
+    """A new run (a new calculator) resumed from ``state``, as the client does it."""
+    hb, sections = apply_calculated(HeartbeatTimeouts(3600.0, 2700.0),
+                                    SectionTimeouts({"step": 2700.0, "checkpointing": 2700.0}, None), state)
+    return _calc(safety_factor=safety_factor, min_timeout=1.0, job_life=job_life_from_state_dict(state)), hb, sections
+
+
+def test_ten_resumes_that_see_only_short_gaps_never_shrink_a_timeout_below_the_job_life_floor():
+    # Run 1 saw a 3 s checkpoint save between heartbeats; every resume learns from 0.5 s step gaps only.
+    state: dict = {"current_timeouts": {}}
+    subsequent, sections_seen = [], []
+    for run in range(10):
+        calc, hb, sections = _resume(state)
+        t = 0.0
+        for gap in ([0.5, 3.0, 0.5] if run == 0 else [0.5, 0.5]):
+            t += gap
+            calc.update_on_heartbeat(hb_time=t)
+            calc.update_on_section_start("step", now=t)
+            calc.update_on_section_end("step", now=t + (2.0 if run == 0 else 0.2))
+        hb = calc.calculate_hb_timeouts(hb, calc_initial=False)
+        sections = calc.calculate_section_timeouts(sections, ["step"], calc_out_of_section=False, now=t)
+        subsequent.append(hb.subsequent)
+        sections_seen.append(sections.section["step"])
+        state = timeouts_state_dict(hb, sections, calc.job_life)
+    # Before: 15 -> 8.75 -> 5.6 -> ... (the average halves toward 5 x 0.5 s); now never below 5 x 3 s.
+    assert subsequent == [15.0] * 10 and sections_seen == [10.0] * 10
+    assert state["current_timeouts"]["job_life"] == {
+        "heartbeat.subsequent": {"max": 3.0, "runs": 10}, "section.step": {"max": 2.0, "runs": 10}}
+
+
+def test_the_job_life_floor_does_not_stop_timeouts_from_growing():
+    calc, hb, sections = _resume({"current_timeouts": {"job_life": {"section.step": {"max": 1.0, "runs": 4}}}})
+    calc.update_on_section_start("step", now=1.0)
+    calc.update_on_section_end("step", now=5.0)  # a slower step than the job has ever seen
+    sections = calc.calculate_section_timeouts(sections, ["step"], calc_out_of_section=False, now=5.0)
+    assert sections.section["step"] == 20.0
+    assert calc.job_life.to_dict() == {"section.step": {"max": 4.0, "runs": 5}}
+
+
+def test_a_state_dict_without_job_life_loads_with_no_floor_from_history():
+    # NVRx's (and older) state dicts: partial, no "job_life" key.
+    nvrx = {"current_timeouts": {"heartbeat": {"initial": 60.0, "subsequent": 8.0, "were_calculated": True}}}
+    assert not job_life_from_state_dict(nvrx)
+    calc, hb, _ = _resume(nvrx)
+    calc.update_on_heartbeat(hb_time=1.0)
+    calc.update_on_heartbeat(hb_time=1.5)
+    assert calc.calculate_hb_timeouts(hb, calc_initial=False).subsequent == 0.5 * 8.0 + 0.5 * 2.5
+
+
+def test_loaded_job_life_merges_by_maximum():
+    life = JobLife.from_dict({"section.step": {"max": 2.0, "runs": 3}, "out_of_section": {"max": 1.0, "runs": 1}})
+    life.merge(JobLife.from_dict({"section.step": {"max": 1.0, "runs": 5}, "heartbeat.initial": {"max": 9.0,
+                                                                                                "runs": 1}}))
+    assert life.to_dict() == {"heartbeat.initial": {"max": 9.0, "runs": 1}, "out_of_section": {"max": 1.0, "runs": 1},
+                              "section.step": {"max": 2.0, "runs": 5}}
+
+
+@pytest.mark.parametrize(("job_life", "key"), [
+    ([1, 2], "current_timeouts.job_life"),
+    ({"section.step": {"max": "3", "runs": 1}}, "current_timeouts.job_life.section.step.max"),
+    ({"section.step": {"max": float("nan"), "runs": 1}}, "current_timeouts.job_life.section.step.max"),
+    ({"section.step": {"max": 3.0, "runs": 0}}, "current_timeouts.job_life.section.step.runs"),
+    ({"section.step": {"max": 3.0, "runs": 1, "min": 1}}, "current_timeouts.job_life.section.step"),
+])
+def test_a_malformed_job_life_is_refused_naming_the_key(job_life, key):
+    with pytest.raises(InvalidTimeoutsError) as info:
+        job_life_from_state_dict({"current_timeouts": {"job_life": job_life}})
+    assert info.value.key == key
+
+
+def test_compile_time_is_not_learned_as_the_step_it_ran_in():
+    calc = _calc()
+    calc.update_on_section_start("step", now=0.0)
+    calc.update_on_section_start("compile", now=0.1)
+    calc.update_on_section_end("compile", now=10.1)  # a 10 s recompile
+    calc.update_on_section_end("step", now=0.5 + 10.0)
+    assert calc.section_max["step"] == pytest.approx(0.5)

@@ -1,96 +1,134 @@
-"""Every private torch elastic seam the launcher reaches into still exists with the shape we use.
+"""The torch elastic seams ``ft_launcher`` builds on: checked by the package at start, one clear error if moved.
 
-``ft_launcher`` extends torch's ``LocalElasticAgent`` at its template-method
-seams and reads a few private attributes of the rendezvous handler (see
-``ft_core/launcher/agent.py``, ``coordination.py``, ``process.py`` and
-``rendezvous_records.py``). Torch does not promise to keep them; ``pyproject``
-caps torch to the minor versions we test. When torch is upgraded, this test
-is the one that fails first and names the seam that moved, instead of a
-launcher that misbehaves at run time.
+The checks themselves live in ``ft_core/launcher/seams.py`` (the launcher runs
+them before importing anything that uses torch elastic). Here: every seam is
+there on the torch under test, a seam removed or reshaped (monkeypatched: torch
+cannot be made to lose one for real) stops ``ft_launcher`` with the one error
+naming the torch version, the missing piece and the tested versions, and the
+declared torch range accepts the builds users have (pre-release and local
+builds of NVIDIA's containers).
 """
 
 from __future__ import annotations
 
-import inspect
-import socket
+import subprocess
+import sys
 
 import pytest
+import tomllib
+import torch
 import torch.distributed.elastic.multiprocessing.api as mp_api
+from helpers import REPO_ROOT, free_port, python_env
+from packaging.requirements import Requirement
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
+from ft_core.launcher import main
+from ft_core.launcher.seams import (
+    AGENT_INSTANCE_ATTRIBUTES,
+    RENDEZVOUS_INSTANCE_ATTRIBUTES,
+    SEAMS,
+    TESTED_TORCH,
+    TorchSeamsError,
+    missing_seams,
+    require_instance_attributes,
+)
 
-def _params(func) -> list[str]:
-    return [name for name in inspect.signature(func).parameters if name != "self"]
-
-
-#: LocalElasticAgent method -> the parameters our overrides and calls rely on.
-AGENT_METHODS = {
-    "_rendezvous": ["worker_group"],
-    "_set_local_rank_env": ["worker_env", "local_rank", "spec"],
-    "_start_workers": ["worker_group"],
-    "_stop_workers": ["worker_group"],
-    "_monitor_workers": ["worker_group"],
-    "_invoke_run": ["role"],
-    "_initialize_workers": ["worker_group"],
-    "_restart_workers": ["worker_group"],
-    "_exit_barrier": [],
-    "_shutdown": ["death_sig", "timeout"],
-}
+LAUNCH_ARGS = ["--standalone", "--nproc-per-node", "1", "--ft-no-prewarm", "no_such_script.py"]
 
 
-@pytest.mark.parametrize("name", sorted(AGENT_METHODS))
-def test_agent_template_methods_keep_their_signatures(name):
-    method = getattr(LocalElasticAgent, name, None)
-    assert callable(method), f"LocalElasticAgent.{name} is gone"
-    assert _params(method)[: len(AGENT_METHODS[name])] == AGENT_METHODS[name], (
-        f"LocalElasticAgent.{name}{inspect.signature(method)} changed shape")
+def test_every_seam_is_there_on_this_torch():
+    assert missing_seams() == []
+    # The rendezvous records helper is only sped up, never required: it is not a seam, but is still there.
+    assert callable(dr.get_method_name)
 
 
-def test_subprocess_handler_factory_and_popen_seam():
-    # process.py swaps this module-level factory and overrides SubprocessHandler._popen.
-    assert _params(mp_api.get_subprocess_handler) == [
-        "entrypoint", "args", "env", "stdout", "stderr", "local_rank_id", "numa_options"]
-    assert _params(SubprocessHandler._popen) == ["args", "env"]
-    assert _params(mp_api.SubprocessContext.close) == ["death_sig", "timeout"]
-    assert callable(mp_api.SubprocessContext.pids)
+def _assert_the_one_error(text: str, missing: str) -> None:
+    assert "\nft_launcher: error: ft_launcher cannot run on torch " in f"\n{text}", text
+    assert torch.__version__ in text
+    assert missing in text
+    assert f"tested with torch {', '.join(TESTED_TORCH)}" in text
+    assert "Traceback" not in text
 
 
-def test_dynamic_rendezvous_private_names():
-    # rendezvous_records.py swaps get_method_name; coordination.py runs the exit op.
-    assert _params(dr.get_method_name) == ["depth"]
-    assert inspect.isclass(dr._RendezvousExitOp)
-    assert callable(dr.DynamicRendezvousHandler._stop_heartbeats)
-    assert callable(dr._BackendRendezvousStateHolder.sync)
+def test_a_missing_seam_stops_the_launcher_with_one_clear_error(monkeypatch, capsys):
+    monkeypatch.delattr(dr, "_RendezvousExitOp")
+    assert main(LAUNCH_ARGS) == 1
+    _assert_the_one_error(capsys.readouterr().err,
+                          "torch.distributed.elastic.rendezvous.dynamic_rendezvous._RendezvousExitOp is gone")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def test_a_reshaped_seam_is_named_with_the_shape_found_and_the_shape_expected(monkeypatch, capsys):
+    def get_subprocess_handler(entrypoint, args, env, stdout, stderr, local_rank_id):  # numa_options gone
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(mp_api, "get_subprocess_handler", get_subprocess_handler)
+    assert main(LAUNCH_ARGS) == 1
+    _assert_the_one_error(capsys.readouterr().err, "get_subprocess_handler(entrypoint, args, env, stdout, stderr, "
+                          "local_rank_id) changed shape: expected (entrypoint, args, env, stdout, stderr, "
+                          "local_rank_id, numa_options, ...)")
+
+
+def test_a_seam_the_cli_imports_is_checked_before_it_is_imported():
+    # In a fresh process: without the check first, `import ft_core.launcher.cli` would die of an ImportError.
+    code = ("import sys, torch.distributed.run as run; del run.parse_min_max_nnodes\n"
+            "from ft_core.launcher import main\n"
+            f"sys.exit(main({LAUNCH_ARGS!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], env=python_env(), cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    _assert_the_one_error(proc.stderr, "torch.distributed.run.parse_min_max_nnodes is gone")
+    assert "ft_core.launcher.cli" not in proc.stderr
+
+
+def test_version_needs_no_seams(monkeypatch, capsys):
+    monkeypatch.delattr(dr, "_RendezvousExitOp")
+    assert main(["--version"]) == 0
+    assert f"torch {torch.__version__}" in capsys.readouterr().out
+
+
+def test_every_seam_is_listed_once():
+    labels = [seam.label for seam in SEAMS]
+    assert len(labels) == len(set(labels))
 
 
 def test_instances_carry_the_private_attributes_we_read():
-    params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{_free_port()}", run_id="seams",
+    params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{free_port()}", run_id="seams",
                                   min_nodes=1, max_nodes=1, is_host=True)
     handler = get_rendezvous_handler(params)
     try:
         assert isinstance(handler, dr.DynamicRendezvousHandler)
-        for name in ("_store", "_state_holder", "_op_executor"):
-            assert hasattr(handler, name), f"DynamicRendezvousHandler.{name} is gone"
-        holder = handler._state_holder
-        assert hasattr(holder, "_last_sync_time")
-        assert hasattr(holder.state, "redundancy_list")
+        require_instance_attributes(handler, RENDEZVOUS_INSTANCE_ATTRIBUTES)
         assert handler.settings.timeout.close.total_seconds() > 0
-
         spec = WorkerSpec(role="seams", local_world_size=1, rdzv_handler=handler, entrypoint="true", args=())
         agent = LocalElasticAgent(spec, DefaultLogsSpecs())
-        for name in ("_pcontext", "_remaining_restarts", "_worker_group"):
-            assert hasattr(agent, name), f"LocalElasticAgent instance attribute {name} is gone"
+        require_instance_attributes(agent, AGENT_INSTANCE_ATTRIBUTES)
+        del agent._pcontext
+        with pytest.raises(TorchSeamsError, match=r"LocalElasticAgent instances have no _pcontext") as raised:
+            require_instance_attributes(agent, AGENT_INSTANCE_ATTRIBUTES)
+        assert raised.value.torch_version == torch.__version__
     finally:
         handler.shutdown()
+
+
+def _declared_torch() -> Requirement:
+    with open(f"{REPO_ROOT}/pyproject.toml", "rb") as handle:
+        dependencies = tomllib.load(handle)["project"]["dependencies"]
+    return next(req for req in map(Requirement, dependencies) if req.name == "torch")
+
+
+@pytest.mark.parametrize("version", ["2.13.0", "2.13.0+cpu", "2.14.1", "2.15.0", "3.0.0", "2.13.0a0+ecf3bae40a.nv"])
+def test_the_declared_torch_range_has_no_cap_and_accepts_container_builds(version):
+    # pip accepts an installed pre-release that the specifier covers (it does not replace the container's torch).
+    assert _declared_torch().specifier.contains(version, prereleases=True)
+
+
+def test_the_declared_torch_range_starts_at_the_lowest_torch_checked():
+    lowest = _declared_torch().specifier
+    # torch 2.11 lacks LocalElasticAgent's shutdown_timeout; 2.12.0 has every seam (make test-torch-seams-old).
+    assert not lowest.contains("2.11.0", prereleases=True)
+    assert lowest.contains("2.12.0a0+b465a5843b.nv", prereleases=True)

@@ -4,6 +4,9 @@ It calls ``ft_integrations.megatron.ft_integration`` exactly where Megatron-LM c
 ``megatron.training.ft_integration`` (the one-line import switch of the migration guide),
 on megatron-core (tensor-parallel MLP, CPU/gloo). The model, data and checkpoint format are
 ``examples/megatron/train.py``'s; only the loop and the FT call sites are Megatron-LM's.
+Only megatron-core is installed, so :func:`megatron_training_stand_in` provides the two pieces
+of Megatron-LM's ``megatron.training`` that FT reads, in Megatron-LM's order: the global args
+are still unset when ``ft_integration.setup()`` runs and set by ``initialize_megatron()`` after.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import os
 import sys
 import time
+import types
 from typing import Any
 
 import torch
@@ -29,6 +33,20 @@ if os.environ.get("PRETRAIN_FT_INTEGRATION") == "nvrx-client":
     import nvrx_client_integration as ft_integration  # noqa: E402
 else:
     from ft_integrations.megatron import ft_integration  # noqa: E402
+
+
+def megatron_training_stand_in() -> types.ModuleType:
+    """``megatron.training.global_vars`` (``_GLOBAL_ARGS`` unset) and ``.arguments`` (``parse_args``), as
+    Megatron-LM's training.py has them imported before ``pretrain()``; returns ``global_vars``."""
+    global_vars = types.ModuleType("megatron.training.global_vars")
+    global_vars._GLOBAL_ARGS = None  # type: ignore[attr-defined]
+    arguments = types.ModuleType("megatron.training.arguments")
+    arguments.parse_args = lambda ignore_unknown_args=False: example_args()  # type: ignore[attr-defined]
+    training = types.ModuleType("megatron.training")
+    training.global_vars, training.arguments = global_vars, arguments  # type: ignore[attr-defined]
+    sys.modules.update({"megatron.training": training, "megatron.training.global_vars": global_vars,
+                        "megatron.training.arguments": arguments})
+    return global_vars
 
 
 def save_checkpoint(args: argparse.Namespace, model: Any, iteration: int, strategy: Any) -> None:
@@ -81,9 +99,11 @@ def train(args: argparse.Namespace, task: MLPTask, iteration: int, strategy: Any
 
 def pretrain() -> None:
     # megatron/training/training.py: pretrain()
-    ft_integration.setup()  # no argument, as Megatron-LM: it reads sys.argv itself
+    global_vars = megatron_training_stand_in()
+    ft_integration.setup()  # no argument, as Megatron-LM: the global args are not set yet
     args = example_args()
-    dist.init_process_group("gloo")  # initialize_megatron()
+    dist.init_process_group("gloo")  # initialize_megatron(): it sets the global args
+    global_vars._GLOBAL_ARGS = args  # type: ignore[attr-defined]
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=dist.get_world_size())
     ft_integration.maybe_setup_simulated_fault()
     try:

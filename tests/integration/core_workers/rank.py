@@ -29,6 +29,22 @@ def hang_in_step(client: RankMonitorClient) -> None:
     time.sleep(3600)
 
 
+def save(client: RankMonitorClient, args: argparse.Namespace) -> None:
+    """A checkpoint save on slow storage: 64 KiB chunks with pauses, inside ``checkpointing``."""
+    client.start_section("checkpointing")
+    if args.write_seconds == 0:
+        hang_without_heartbeat()  # hung with no I/O
+    chunk = b"x" * (64 << 10)
+    start = time.monotonic()
+    with open(args.write_to, "wb") as handle:
+        while args.write_seconds < 0 or time.monotonic() - start < args.write_seconds:
+            handle.write(chunk)
+            handle.flush()
+            time.sleep(0.05)
+    client.end_section("checkpointing")
+    client.shutdown_workload_monitoring()
+
+
 def train(client: RankMonitorClient, args: argparse.Namespace) -> int:
     """Train for ``args.duration`` seconds; returns the number of iterations."""
     time.sleep(args.startup)  # start-up work before the first section (imports, data, model)
@@ -77,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--hang-in", choices=("step", "out_of_section"), default="step")
     parser.add_argument("--tail", type=float, default=0.0, help="train: seconds between the last step and shutdown")
     parser.add_argument("--report-dir", help="train: write rank<N>.json (iteration, coalesced) there at the end")
+    parser.add_argument("--write-to", help="save: the file the checkpoint is written to")
+    parser.add_argument("--write-seconds", type=float, default=0.0,
+                        help="save: seconds of slow writing in the section (-1: forever; 0: hang with no I/O)")
     return parser
 
 
@@ -132,6 +151,8 @@ def main() -> None:
             client.set_iteration(args.beats + len(step_times))  # the next iteration hangs
             hang_in_step(client)
         client.shutdown_workload_monitoring()
+    elif args.scenario == "save":
+        save(client, args)
     elif args.scenario == "out_of_section":
         client.start_section("step")
         client.end_section("step")

@@ -6,7 +6,9 @@ chosen by environment variables and happen only in the selected cycles
 
 FT_TEST_FAULT         exception | exit3 | sigkill | sigsegv | hang | exclude | shutdown | shutdown_exit
                       | forever | none
-                      | early_exit (exit 5 at start, before importing torch: the fastest possible cycle);
+                      | early_exit (exit 5 at start, before importing torch: the fastest possible cycle)
+                      | abort_at_exit (SIGABRT after the last step, the finished flag and the clean shutdown,
+                      as a C++ destructor's "terminate called without an active exception" does);
                       a comma-separated list gives one kind per cycle (cycle 0 first, "none" after the list)
 FT_TEST_FAULT_CYCLES  for a single kind: "0,2" | "all" | "<50" (cycles below 50); default "0"
 FT_TEST_FAULT_RANK    global rank that faults (default 0); "local0" = local rank 0 of every node
@@ -28,6 +30,10 @@ FT_TEST_SLOW_RANK     global rank whose forward phase lasts FT_TEST_SLOW_FACTOR 
 FT_TEST_CHECKPOINT    report this checkpointed iteration at step 0 (default: none)
 FT_TEST_ON_SIGTERM    "exit0" (exit 0 on SIGTERM) | "ignore"; default: Python's default
 FT_TEST_FALLBACK      JSON object: the fallback_config this worker offers the monitor
+FT_TEST_MARK_FINISHED "1": every rank creates the finished flag (FAULT_TOL_FINISHED_FLAG_FILE) after its last step
+FT_TEST_CHILD         "1": every worker starts a child process that ignores SIGTERM and sleeps (a data loader
+                      worker blocked in I/O), in the worker's process group; each worker records the children of
+                      earlier cycles still alive when it starts ("earlier_children_alive")
 FT_TEST_RECORD        JSON-lines file: pid, rank, cycle and timestamps of each worker, and the config
                       the monitor sent it ("monitor_config")
 FT_TEST_RESUME_FILE   a "checkpoint": global rank 0 writes the number of steps done so far (all cycles);
@@ -128,6 +134,26 @@ def inject(kind: str, client) -> None:
         time.sleep(3600)
 
 
+def start_child() -> None:
+    import subprocess
+
+    from ft_core.events import read_events
+
+    def pid_alive(pid: int) -> bool:  # exists and is not a zombie
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                return handle.read().rpartition(b")")[2].split()[0] != b"Z"
+        except OSError:
+            return False
+
+    earlier = [r["child"] for r in read_events(os.environ["FT_TEST_RECORD"])[0]
+               if r.get("event") == "child" and r["cycle"] < CYCLE]
+    record(event="earlier_children_alive", pids=[pid for pid in earlier if pid_alive(pid)])
+    child = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                              "signal.SIG_IGN); time.sleep(3600)"])
+    record(event="child", child=child.pid)
+
+
 class NoMonitor:
     """Stands in for RankMonitorClient when the worker runs without ft_launcher."""
 
@@ -142,6 +168,8 @@ def main() -> int:
     elif on_sigterm == "ignore":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     record(event="started", time=STARTED, prewarmed="ft_core.launcher.zygote" in sys.modules)
+    if os.environ.get("FT_TEST_CHILD") == "1":
+        start_child()
     kind = fault_kind()
     if kind == "early_exit":
         os._exit(5)
@@ -197,7 +225,7 @@ def main() -> int:
                 time.sleep(forward_time)
         if step == 0 and checkpoint is not None:
             client.report_checkpoint(int(checkpoint))
-        if step >= fault_step and kind not in ("none", "forever"):
+        if step >= fault_step and kind not in ("none", "forever", "abort_at_exit"):
             if not trigger_file or os.path.exists(trigger_file):
                 inject(kind, client)
         if slow:
@@ -215,7 +243,14 @@ def main() -> int:
     client.shutdown_workload_monitoring()
     if use_torch:
         dist.destroy_process_group()
+    if os.environ.get("FT_TEST_MARK_FINISHED") == "1":
+        from ft_core.autoresume import mark_training_finished
+
+        mark_training_finished()
     record(event="finished", time=time.time())
+    if kind == "abort_at_exit":
+        record(event="fault", kind=kind, time=time.time())
+        os.abort()
     return 0
 
 
