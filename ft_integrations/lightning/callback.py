@@ -538,6 +538,8 @@ class FaultToleranceCallback(Callback):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         graceful = isinstance(exception, SystemExit) and exception.code in (0, None)
+        if not graceful and not isinstance(exception, KeyboardInterrupt):
+            self.client.report_exception(exception)  # the fault's fingerprint, before this rank disconnects
         if not graceful and self.exc_handling_policy is not None:
             self._apply_policy(exception)
         # No collectives here: other ranks may be anywhere, or dead.

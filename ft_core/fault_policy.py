@@ -4,9 +4,9 @@ A restart helps a transient fault (a node's hiccup, a killed process). It cannot
 help a deterministic one: the same exception at the same place and iteration,
 from the same checkpoint, comes back after every restart and spends the whole
 budget (Megatron-LM users watched 44 identical restart cycles on a corrupt
-checkpoint). Every cycle-ending fault gets a :class:`Fingerprint`; :func:`decide`
-reads the job's fingerprints, newest last, and returns a :class:`Verdict`.
-The rules, strongest first (each one can be switched off, see :class:`PolicyConfig`):
+checkpoint). Every cycle-ending fault gets a :class:`Fingerprint`; :func:`decide_fault`
+reads the job's fingerprints, newest last, and returns a :class:`FaultVerdict`.
+The rules, strongest first (each one can be switched off, see :class:`FaultPolicy`):
 
 1. **Bad checkpoint.** A non-finite loss right after a resume, or the same
    fault twice within ``suspect_checkpoint_steps`` steps of resuming from the
@@ -14,7 +14,9 @@ The rules, strongest first (each one can be switched off, see :class:`PolicyConf
    resume from the newest older good one). Once per checkpoint.
 2. **Deterministic fault.** The same fingerprint ``max_identical_faults`` times
    in a row (same kind, exception type and innermost user frames, same
-   iteration, same culprit ranks) with no newer checkpoint in between: stop, with
+   iteration, same culprit ranks; an exception, or a hang with the culprit's
+   stack: a crash or a signal says nothing of where it happened, so it never
+   counts) with no newer checkpoint in between: stop, with
    the do-not-requeue exit code and a headline naming the exception, the rank
    and the iteration.
 3. **Bad node.** ``suspect_node_faults`` faults in a row whose culprit is on the
@@ -29,10 +31,40 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
+import sysconfig
+import traceback
 from collections.abc import Sequence
+from types import TracebackType
 from typing import Optional
 
-__all__ = ["Action", "FaultKind", "Fingerprint", "PolicyConfig", "Verdict", "decide"]
+__all__ = ["FaultAction", "FaultKind", "FaultPolicy", "FaultVerdict", "Fingerprint", "decide_fault", "exception_name",
+           "user_frames"]
+
+#: How many frames of user code a fingerprint keeps (innermost first): enough to tell two places apart.
+FINGERPRINT_FRAMES = 3
+_NOT_USER_CODE = tuple(os.path.realpath(p) + os.sep for p in {
+    sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # ft_core and ft_integrations
+})
+
+
+def exception_name(exc: BaseException) -> str:
+    """``module.QualName`` of an exception's type (builtins without the module): ``ValueError``."""
+    kind = type(exc)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def user_frames(tb: Optional[TracebackType], limit: int = FINGERPRINT_FRAMES) -> list[str]:
+    """The innermost ``limit`` frames of a traceback in user code, innermost first: ``"train.py:42 step"``.
+
+    Frames in the standard library, in installed packages and in this project are
+    skipped (an exception raised inside torch is placed by the user's line that
+    called it); when no frame is left, the innermost frames whatever their file.
+    """
+    frames = traceback.extract_tb(tb)
+    user = [f for f in frames if not os.path.realpath(f.filename).startswith(_NOT_USER_CODE)] or frames
+    return [f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(user[-limit:])]
 
 
 class FaultKind(str, enum.Enum):
@@ -45,7 +77,7 @@ class FaultKind(str, enum.Enum):
     NONFINITE_LOSS = "nonfinite_loss"  # NaN or infinity in the loss right after a resume
 
 
-class Action(str, enum.Enum):
+class FaultAction(str, enum.Enum):
     """What the launcher does about the fault (its lifecycle: one verdict per faulty cycle)."""
 
     RESTART = "restart"
@@ -96,7 +128,7 @@ class Fingerprint:
 
 
 @dataclasses.dataclass(frozen=True)
-class PolicyConfig:
+class FaultPolicy:
     """The rules' settings; 0 switches a rule off."""
 
     #: Stop after this many identical deterministic faults in a row (``--ft-max-identical-faults``).
@@ -108,21 +140,21 @@ class PolicyConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class Verdict:
+class FaultVerdict:
     """The decision and why; ``checkpoint`` to mark bad, ``node`` to exclude or name."""
 
-    action: Action
+    action: FaultAction
     reason: str
     checkpoint: Optional[str] = None
     node: Optional[str] = None
 
 
-def _bad_checkpoint(history: Sequence[Fingerprint], cfg: PolicyConfig, marked: frozenset[str]) -> Optional[Verdict]:
+def _bad_checkpoint(history: Sequence[Fingerprint], cfg: FaultPolicy, marked: frozenset[str]) -> Optional[FaultVerdict]:
     last = history[-1]
     if last.resumed_from is None or last.resumed_from in marked:
         return None
     if last.kind is FaultKind.NONFINITE_LOSS:
-        return Verdict(Action.MARK_CHECKPOINT_BAD, f"non-finite loss {last.steps_after_resume} step(s) after "
+        return FaultVerdict(FaultAction.MARK_CHECKPOINT_BAD, f"non-finite loss {last.steps_after_resume} step(s) after "
                        f"resuming from {last.resumed_from}", checkpoint=last.resumed_from)
     if cfg.suspect_checkpoint_steps <= 0 or len(history) < 2:
         return None
@@ -130,30 +162,34 @@ def _bad_checkpoint(history: Sequence[Fingerprint], cfg: PolicyConfig, marked: f
     early = all(f.steps_after_resume is not None and 0 <= f.steps_after_resume <= cfg.suspect_checkpoint_steps
                 and not f.new_checkpoint for f in pair)
     if early and pair[0].resumed_from == last.resumed_from and pair[0].identity() == last.identity():
-        return Verdict(Action.MARK_CHECKPOINT_BAD, f"{last.describe()}, twice within "
+        return FaultVerdict(FaultAction.MARK_CHECKPOINT_BAD, f"{last.describe()}, twice within "
                        f"{cfg.suspect_checkpoint_steps} steps of resuming from {last.resumed_from}",
                        checkpoint=last.resumed_from)
     return None
 
 
-def _deterministic(history: Sequence[Fingerprint], cfg: PolicyConfig) -> Optional[Verdict]:
+def _deterministic(history: Sequence[Fingerprint], cfg: FaultPolicy) -> Optional[FaultVerdict]:
     count = cfg.max_identical_faults
     if count <= 0 or len(history) < count:
         return None
     recent = history[-count:]
     last = recent[-1]
-    if last.kind is FaultKind.HANG and not last.frames:
-        return None  # a hang without a stack: nothing says it is the same hang
+    # Only a fault that says where it happened can be the same fault again: an exception (its type and
+    # frames) or a hang with the culprit's stack, at a known iteration. A crash or a signal says neither:
+    # the same rank killed twice is as likely two transient faults (the OOM killer, a node's hiccup).
+    placed = last.kind is FaultKind.EXCEPTION or (last.kind is FaultKind.HANG and bool(last.frames))
+    if not placed or last.iteration is None:
+        return None
     same = all(f.identity() == last.identity() for f in recent)
     # A checkpoint written in between means the job moved on: the repeat may be a new, later fault.
-    no_progress = not any(f.new_checkpoint for f in recent[:-1])
+    no_progress = not any(f.new_checkpoint for f in recent[1:])
     if same and no_progress:
-        return Verdict(Action.STOP, f"{last.describe()}, {count} times in a row with no new checkpoint in "
+        return FaultVerdict(FaultAction.STOP, f"{last.describe()}, {count} times in a row with no new checkpoint in "
                        "between: a deterministic fault, restarting cannot help")
     return None
 
 
-def _bad_node(history: Sequence[Fingerprint], cfg: PolicyConfig, spare_waiting: bool) -> Optional[Verdict]:
+def _bad_node(history: Sequence[Fingerprint], cfg: FaultPolicy, spare_waiting: bool) -> Optional[FaultVerdict]:
     count = cfg.suspect_node_faults
     if count <= 0 or len(history) < count:
         return None
@@ -165,18 +201,18 @@ def _bad_node(history: Sequence[Fingerprint], cfg: PolicyConfig, spare_waiting: 
     node = next(iter(common))
     reason = f"{count} different faults in a row on node {node}"
     if spare_waiting:
-        return Verdict(Action.EXCLUDE_NODE, f"{reason}: excluding it, a spare takes its place", node=node)
-    return Verdict(Action.RESTART, f"{reason} (no spare waits to replace it: check that node)", node=node)
+        return FaultVerdict(FaultAction.EXCLUDE_NODE, f"{reason}: excluding it, a spare takes its place", node=node)
+    return FaultVerdict(FaultAction.RESTART, f"{reason} (no spare waits to replace it: check that node)", node=node)
 
 
-def decide(history: Sequence[Fingerprint], cfg: PolicyConfig = PolicyConfig(), *, spare_waiting: bool = False,
-           marked_bad: frozenset[str] = frozenset()) -> Verdict:
+def decide_fault(history: Sequence[Fingerprint], cfg: FaultPolicy = FaultPolicy(), *, spare_waiting: bool = False,
+           marked_bad: frozenset[str] = frozenset()) -> FaultVerdict:
     """The verdict on the newest fault of ``history`` (oldest first; at least one).
 
     ``marked_bad``: checkpoints already marked bad (rule 1 applies once per checkpoint);
     ``spare_waiting``: a hot spare could replace an excluded node.
     """
     if not history:
-        raise ValueError("decide() needs the fault to decide on: history is empty")
+        raise ValueError("decide_fault() needs the fault to decide on: history is empty")
     return (_bad_checkpoint(history, cfg, marked_bad) or _deterministic(history, cfg)
-            or _bad_node(history, cfg, spare_waiting) or Verdict(Action.RESTART, "a fault restarting may fix"))
+            or _bad_node(history, cfg, spare_waiting) or FaultVerdict(FaultAction.RESTART, "a fault restarting may fix"))
