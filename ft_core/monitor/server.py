@@ -49,7 +49,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn, Optional
+from typing import NoReturn, Optional
 
 from ft_core import procutil
 from ft_core.config import FaultToleranceConfig, with_fallback
@@ -110,6 +110,7 @@ from ft_core.timeouts import (
     SectionTimeouts,
     WarmupRule,
     apply_calculated,
+    describe_timeouts,
     warmup_step_timeout,
 )
 
@@ -807,7 +808,7 @@ class RankMonitorServer:
                 self._refuse(conn, f"invalid timeouts from rank {rank.rank}: {exc}")
             self._record(TimeoutsUpdated(rank=rank.rank, timeouts=msg.state))
             # All ranks send the same synchronized values, at every calculation: log each change once.
-            text = _timeouts_text(rank.hb.to_dict(), rank.sections.to_dict())
+            text = describe_timeouts(rank.hb, rank.sections)
             log.log(logging.INFO if text != self._logged_timeouts else logging.DEBUG, "timeouts: %s", text)
             self._logged_timeouts = text
             self._reply(conn, Ack())
@@ -995,20 +996,6 @@ class RankMonitorServer:
 def _io_interval(timeout: float) -> float:
     """How long before a deadline the I/O baseline is taken, and how far one extension reaches."""
     return min(IO_LOOK_FRACTION * timeout, IO_LOOK_MAX)
-
-
-def _timeouts_text(hb: dict[str, Any], sections: dict[str, Any]) -> str:
-    """One line for humans: every timeout in seconds, ``*`` marking the learned ones."""
-    learned = set(sections["calculated_sections"])
-
-    def value(seconds: Optional[float], calculated: bool) -> str:
-        return ("off" if seconds is None else f"{seconds:.3g} s") + ("*" if calculated else "")
-
-    parts = [f"{name} {value(seconds, name in learned)}" for name, seconds in sections["section"].items()]
-    parts.append(f"out of section {value(sections['out_of_section'], sections['is_out_of_section_calculated'])}")
-    parts.append(f"heartbeat {value(hb['initial'], hb['were_calculated'])} first / "
-                 f"{value(hb['subsequent'], hb['were_calculated'])} between")
-    return ", ".join(parts) + " (* learned)"
 
 
 def _read_from(path: str, offset: int) -> Optional[str]:

@@ -31,7 +31,7 @@ def test_demo_shows_hang_restart_resume_and_completion():
     assert "finished flag written" in out
     assert "ft_launcher summary" in out and "faults     : 1 hang" in out
     # Rank 1 hung; rank 0 only waited for it in DDP's gradient all-reduce (inside backward).
-    assert re.search(r"culprit    : cycle 0: rank 1 \(node [^)]*\) hung .*; ranks 0 were waiting for it", out), out[-4000:]
+    assert re.search(r"culprit    : cycle 0: rank 1 \(node [^)]*\) hung .*; rank 0 was waiting for it", out), out[-4000:]
     # It ends with the goodput report of its own run and the timeline picture.
     assert "goodput report: 1 event log(s), 1 attempt(s)" in out and "faults         : 1 (1 hang)" in out
     picture = out.rsplit("timeline       : ", 1)[1].strip()
