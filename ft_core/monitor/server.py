@@ -345,6 +345,7 @@ class RankMonitorServer:
         token: str,
         events_path: Optional[str] = None,
         stacks_dir: Optional[str] = None,
+        launcher_reports_hangs: bool = False,
     ) -> None:
         if not token:
             raise ValueError("token: a non-empty job token is required")
@@ -356,6 +357,9 @@ class RankMonitorServer:
         self.events_path = events_path or self.job_dir.monitor_events
         self.dump_dir = self.job_dir.stacks
         self.stacks_dir = stacks_dir
+        #: ft_launcher tells each hang in one line (its diagnosis: the culprit, its stack): this monitor's line
+        #: per hung rank, often a rank that only waited, then goes to DEBUG. Alone, the monitor's line is the report.
+        self._hang_log_level = logging.DEBUG if launcher_reports_hangs else logging.ERROR
         #: The last timeouts logged at INFO: all ranks send the same values, at every calculation.
         self._logged_timeouts: Optional[str] = None
         self._selector = selectors.DefaultSelector()
@@ -936,8 +940,9 @@ class RankMonitorServer:
                 os.kill(rank.pid, sig)
             except ProcessLookupError:
                 action = "it had already exited"
-        # The one line per hang: what, where, what was done, and where its stack is.
-        log.error("%s; %s; stack: %s", hang.report.describe(), action, hang.report.stack_dump_file or "none (no dump)")
+        # What, where, what was done, and where its stack is (the one line per hang without ft_launcher).
+        log.log(self._hang_log_level, "%s; %s; stack: %s", hang.report.describe(), action,
+                hang.report.stack_dump_file or "none (no dump)")
         self._record(RankTerminated(rank=rank.rank, pid=rank.pid, signal=sig.name))
         if stack is not None and self.stacks_dir is not None:
             self._stack_copies.submit(self.stacks_dir, rank.restart_count, rank.rank, rank.pid, stack,
@@ -988,9 +993,11 @@ class RankMonitorServer:
         env: Optional[dict[str, str]] = None,
         stacks_dir: Optional[str] = None,
         wait: bool = True,
+        launcher_reports_hangs: bool = False,
     ) -> MonitorProcess:
         """Start a monitor in a new process; see :func:`ft_core.monitor.process.run_in_subprocess`."""
-        return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir, wait)
+        return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir, wait,
+                                 launcher_reports_hangs)
 
 
 def _io_interval(timeout: float) -> float:
