@@ -453,7 +453,11 @@ class FtElasticAgent(LocalElasticAgent):
             diagnosis = exchange.wait(cycle, evidence)
         if diagnosis is not None:
             self._svc.events.write(diagnosis)
-            log.error("cycle %d: %s (evidence: %s)", cycle, diagnosis.headline, diagnosis.evidence)
+            # The one line per hang: the culprit, who waited, why, and where the culprit's stack is.
+            stacks = [h.stack_dump_file for h in self._hangs.values()
+                      if h.rank in diagnosis.culprits and h.stack_dump_file]
+            log.error("cycle %d: %s (evidence: %s)%s", cycle, diagnosis.headline, diagnosis.evidence,
+                      f"; stack: {', '.join(stacks)}" if stacks else "")
         return diagnosis
 
     # -- what ends a cycle --------------------------------------------------
