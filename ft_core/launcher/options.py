@@ -40,6 +40,8 @@ class LauncherOptions:
     max_no_progress_cycles: int = FaultToleranceConfig.max_no_progress_cycles
     #: A cycle made progress if the latest checkpointed iteration grew by at least this much.
     min_progress_iterations: int = FaultToleranceConfig.min_progress_iterations
+    #: Stop after the same deterministic fault this many times in a row (0 disables).
+    max_identical_faults: int = FaultToleranceConfig.max_identical_faults
     #: File holding the latest checkpointed iteration (one integer), read after every cycle.
     checkpoint_iteration_file: Optional[str] = None
     #: Event log path; default ``<log dir>/`` + ``jobdir.LAUNCHER_EVENTS_FILE``.
@@ -74,6 +76,7 @@ class LauncherOptions:
                                               coerce=True),
             max_no_progress_cycles=cfg.max_no_progress_cycles,
             min_progress_iterations=cfg.min_progress_iterations,
+            max_identical_faults=cfg.max_identical_faults,
             checkpoint_iteration_file=cfg.checkpoint_iteration_file,
             events_file=file_path("--ft-events-file", args.ft_events_file),
             verbose=boolean("--verbose", args.verbose, coerce=True),

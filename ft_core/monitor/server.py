@@ -66,6 +66,7 @@ from ft_core.events import (
     RankConnected,
     RankDisconnected,
     RankEvidence,
+    RankException,
     RankTerminated,
     TimeoutsUpdated,
 )
@@ -93,11 +94,13 @@ from ft_core.protocol import (
     PhaseTime,
     ProtocolError,
     ReportCheckpoint,
+    ReportException,
     Role,
     SectionEnd,
     SectionStart,
     UpdateTimeouts,
     WorkloadControl,
+    check_exception_report,
     check_max_frame_bytes,
     encode,
 )
@@ -826,6 +829,12 @@ class RankMonitorServer:
                           msg.name)
         elif isinstance(msg, ReportCheckpoint):
             self._record(CheckpointReported(rank=rank.rank, iteration=msg.iteration))
+        elif isinstance(msg, ReportException):
+            problem = check_exception_report(msg)
+            if problem is not None:
+                raise ProtocolError(f"rank {rank.rank}: {problem}")
+            self._record(RankException(rank=rank.rank, pid=rank.pid, exception_type=msg.exception_type,
+                                       frames=list(msg.frames), iteration=msg.iteration))
         elif isinstance(msg, Goodbye):
             conn.graceful = True
             log.debug("rank %d ends monitoring", rank.rank)
