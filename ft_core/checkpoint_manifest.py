@@ -31,13 +31,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import socket
 import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Optional
 
-from ft_core.fileutil import atomic_write_json, remove_stale_temp_files
+from ft_core.fileutil import atomic_replace, atomic_write_json
 
 __all__ = [
     "DIR_MANIFEST",
@@ -168,35 +167,13 @@ def save_file_atomically(path: str, write: Callable[[str], None], *, global_step
     and fsync the directory; drop the replaced content from the manifest. Only
     local paths: a remote URL (``s3://``) has no rename.
     """
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    os.makedirs(directory, exist_ok=True)
-    remove_stale_temp_files(path)
-    # The temp-file naming of ft_core.fileutil, so that remove_stale_temp_files knows a killed writer's.
-    temp = os.path.join(directory, f".{os.path.basename(path)}.{socket.gethostname()}.{os.getpid()}.ckpt.tmp")
-    try:
+    mpath = manifest_path(path)
+    with atomic_replace(path) as temp:
         write(temp)
-        fd = os.open(temp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
         size, crc = checksum(temp)
         new = Version((FileEntry(os.path.basename(path), size, crc),), global_step, run, time.time())
         previous = _current_version(path)
-        mpath = manifest_path(path)
         _write_manifest(mpath, [new, previous] if previous else [new])
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
     _write_manifest(mpath, [new])
 
 
