@@ -148,6 +148,9 @@ def stop_standalone_monitors() -> None:
         # Let slower local ranks say goodbye first, so they do not log a lost monitor.
         wait_until(functools.partial(_drained, monitor, offset), DRAIN_TIMEOUT)
         monitor.stop()
+        # The process pointed its ranks (and itself) at this monitor: not at a dead socket any more.
+        if os.environ.get(MONITOR_SOCKET_ENV) == monitor.socket_path:
+            del os.environ[MONITOR_SOCKET_ENV]
         # A clean stop leaves nothing behind. A local rank 0 killed for a hang never gets here: then
         # the directory stays, with the events and stack dumps.
         shutil.rmtree(JobDir.of_socket(monitor.socket_path).path, ignore_errors=True)
