@@ -171,6 +171,8 @@ class RankDisconnected(Event, frozen=True, tag=EventName.RANK_DISCONNECTED.value
     rank: int
     pid: int
     graceful: bool
+    #: The rank's goodbye reported that training is complete (``shutdown_workload_monitoring(training_finished=True)``).
+    training_finished: bool = False
 
 
 class HangDetected(Event, frozen=True, tag=EventName.HANG_DETECTED.value):

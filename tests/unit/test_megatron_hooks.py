@@ -146,7 +146,7 @@ def test_sections_warmup_iteration_checkpoint_learning_and_shutdown(start_monito
 
     ft.shutdown(training_finished=True)
     disconnected = wait_for_event(monitor.events_path, 10, event="rank_disconnected", rank=0)
-    assert disconnected["graceful"] is True
+    assert disconnected["graceful"] is True and disconnected["training_finished"] is True  # for ft_launcher
     assert len(events(monitor, "timeouts_updated")) == 3  # the final calculation at shutdown
     assert flag.exists()
     run_steps(5, 1)  # hooks after shutdown are no-ops
@@ -210,7 +210,8 @@ def test_abort_disconnects_without_learning(start_monitor, tmp_path):
     run_steps(0, 2)
     ft.on_training_step_start(2)
     ft.abort()  # inside an open step, as after an exception
-    assert wait_for_event(monitor.events_path, 10, event="rank_disconnected", rank=0)["graceful"] is True
+    disconnected = wait_for_event(monitor.events_path, 10, event="rank_disconnected", rank=0)
+    assert disconnected["graceful"] is True and "training_finished" not in disconnected  # not a finished run
     assert events(monitor, "timeouts_updated") == []
     assert not (tmp_path / "ckpt" / ft.FT_STATE_FILENAME).exists()
     run_steps(3, 1)  # no-ops afterwards
