@@ -525,7 +525,15 @@ class FtElasticAgent(LocalElasticAgent):
         why = f"rank {request.rank} requested {request.action.name}" + (
             f": {request.description}" if request.description else "")
         if request.action == WorkloadAction.ExcludeThisNode:
-            return _Trigger(RestartKind.EXCLUDED, why, request.time)
+            blocker = self._exclusion_blocker()
+            if blocker is None:
+                return _Trigger(RestartKind.EXCLUDED, why, request.time)
+            # The rank says its node is faulty, but leaving would end the job unfinished: restart every
+            # worker as after a fault instead (the budget and the no-progress rule bound a node that
+            # stays faulty), never report only (the rank often exits right after asking).
+            log.warning("rank %d requested ExcludeThisNode, but the job cannot go on without this node (%s): "
+                        "restarting the workers as after a fault", request.rank, blocker)
+            return _Trigger(RestartKind.NODE_FAULT, f"{why}; not excluded: {blocker}", request.time)
         if request.action == WorkloadAction.ShutdownWorkload:
             return _Trigger(RestartKind.SHUTDOWN, why, request.time)
         return None  # Continue: nothing to do

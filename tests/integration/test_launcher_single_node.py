@@ -125,6 +125,20 @@ def test_a_worker_aborting_at_exit_restarts_only_an_unfinished_job(launchers, tm
         assert "restart budget spent" in exit_event(node)["reason"]
 
 
+def test_exclude_this_node_on_a_node_the_job_cannot_lose_restarts_as_a_fault(launchers):
+    # Rank 0 asks ExcludeThisNode on the only node (it hosts the c10d store): leaving would end the job
+    # unfinished. One warning names why; every worker restarts as after a fault (a restart spent) and the
+    # next cycle finishes: exit 0. (A node the job can lose leaves: test_excluded_node_is_replaced_by_the_hot_spare.)
+    node = launchers.start("--max-restarts=1", FT_TEST_FAULT="exclude")
+    assert node.wait(120) == 0, node.output()[-3000:]
+    (restart,) = node.events("restart")
+    assert restart["kind"] == "node-fault" and "ExcludeThisNode" in restart["reason"]
+    assert "not excluded: the node hosts the c10d rendezvous store" in restart["reason"]
+    assert [(e["cycle"], e["restarts"]) for e in node.events("cycle_start")] == [(0, 0), (1, 1)]
+    assert node.output().count("requested ExcludeThisNode, but the job cannot go on without this node") == 1
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
+
+
 def test_children_of_a_crashed_worker_do_not_outlive_its_cycle(launchers):
     # Each worker starts a child that ignores SIGTERM (a data loader worker blocked in I/O). Rank 0
     # exits 3 in cycle 0: its child, and its peer's, are gone before cycle 1's workers start, and
