@@ -102,7 +102,7 @@ from ft_core.protocol import (
     encode,
 )
 from ft_core.ratelimit import LogThrottle
-from ft_core.straggler import MAX_PHASES_PER_RANK, PhaseWindows, check_phase_sample
+from ft_core.straggler import MAX_PHASES_PER_RANK, STEP_PHASE, PhaseWindows, check_phase_sample
 from ft_core.timeouts import (
     COMPILE_SECTION,
     STEP_SECTION,
@@ -802,6 +802,10 @@ class RankMonitorServer:
         elif isinstance(msg, SectionEnd):
             if not rank.section_end(msg.name, now):
                 log.debug("rank %d closed section %r that was not open", rank.rank, msg.name)
+            elif (msg.name == STEP_PHASE and self.cfg.straggler_report_interval is not None
+                  and rank.last_step_seconds is not None):
+                # The reference of straggler detection's relative floor (never scored itself).
+                self._phases.add(rank.rank, STEP_PHASE, rank.last_step_seconds)
             self._ack_section(conn)
         elif isinstance(msg, EndAllSections):
             rank.end_all_sections(now)
