@@ -231,7 +231,7 @@ def _score_threshold(name: str, value: Any) -> float:
 
 def _min_phase_seconds(name: str, value: Any) -> float:
     seconds: float = convert(name, value, Annotated[float, msgspec.Meta(ge=0, le=3600)],
-                             "a number of seconds from 0 to 3600 (0 scores every phase)", coerce=True)
+                             "a number of seconds from 0 to 3600 (0: only the 5 % of the step floor)", coerce=True)
     return seconds
 
 

@@ -247,7 +247,7 @@ def test_a_phase_below_the_floor_is_never_scored_a_longer_one_is():
     # A real straggler in a phase above the floor is still named, in the same round.
     slow = [PhaseMedian(0, "forward", 0.1, 9), PhaseMedian(1, "forward", 0.1, 9), PhaseMedian(2, "forward", 0.2, 9)]
     assert [(s.rank, s.phase) for s in judge.judge([*tiny, *slow]).stragglers] == [(2, "forward")]
-    # Configurable: 0 scores every phase.
+    # Configurable: 0 scores every phase while the step is unknown (no 5 %-of-the-step floor yet).
     assert [s.rank for s in StragglerJudge(0.75, 1, min_phase_seconds=0).judge(tiny).stragglers] == [0]
 
 
