@@ -9,7 +9,7 @@ import signal
 import psutil
 import pytest
 from helpers import wait_for
-from launcher_helpers import LauncherGroup, exit_event
+from launcher_helpers import FAST_FLAGS, LauncherGroup, exit_event
 
 from ft_core.report import build_report, load_records
 
@@ -143,7 +143,9 @@ def test_children_of_a_crashed_worker_do_not_outlive_its_cycle(launchers):
     # Each worker starts a child that ignores SIGTERM (a data loader worker blocked in I/O). Rank 0
     # exits 3 in cycle 0: its child, and its peer's, are gone before cycle 1's workers start, and
     # nothing of the job outlives the launcher (LauncherGroup checks every process it saw).
-    node = launchers.start("--max-restarts=1", "--workers-stop-timeout=1", "--shutdown-timeout=1", FT_TEST_FAULT="exit3",
+    # torchrun's --shutdown-timeout (both stop timeouts, and torch's own final stop) instead of FAST_FLAGS' own.
+    flags = tuple(f for f in FAST_FLAGS if not f.startswith("--workers-stop-timeout"))
+    node = launchers.start("--max-restarts=1", "--shutdown-timeout=1", base_flags=flags, FT_TEST_FAULT="exit3",
                            FT_TEST_CHILD="1")
     assert node.wait(120) == 0, node.output()[-3000:]
     assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1]
