@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ft-installed
 
-.PHONY: setup etcd-server test lint demo bench docs chromium clean test-nvrx-unit test-torch214 test-torch-seams-old
+.PHONY: setup etcd-server prometheus test lint demo bench docs chromium clean test-nvrx-unit test-torch214 test-torch-seams-old
 
 setup: $(STAMP)
 
@@ -25,11 +25,19 @@ etcd-server:
 	  echo "note: no etcd binary and it cannot be installed here: the etcd tests will be skipped" \
 	       "(apt-get install -y etcd-server)"
 
+# The Prometheus example's test scrapes a launcher with a real Prometheus (Debian's prometheus); installed
+# when missing and we are root, otherwise that test is skipped.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  apt-get update -q >/dev/null 2>&1 && apt-get install -y -q prometheus >/dev/null 2>&1; } || \
+	  echo "note: no prometheus binary and it cannot be installed here: its test will be skipped" \
+	       "(apt-get install -y prometheus)"
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: lint etcd-server
+test: lint etcd-server prometheus
 	$(PY) -m pytest -q -rs
 
 # The documentation site: a strict build (a broken link, a page missing from the nav or an

@@ -48,11 +48,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from types import TracebackType
 from typing import IO, Any, Optional
 
 from ft_core.compile_phase import CompileWatch
 from ft_core.config import FaultToleranceConfig
 from ft_core.data import WorkloadAction, WorkloadControlRequest
+from ft_core.fault_policy import exception_name, user_frames
 from ft_core.jobdir import (
     LAUNCHER_SOCKET_ENV,
     MONITOR_SOCKET_ENV,
@@ -75,6 +77,7 @@ from ft_core.protocol import (
     PhaseTime,
     ProtocolError,
     ReportCheckpoint,
+    ReportException,
     Role,
     SectionEnd,
     SectionStart,
@@ -294,6 +297,7 @@ class RankMonitorClient:
         self._congested = False
         self._closing = False
         self._register_stack_dump()
+        _install_report_hook(self)
         if self.cfg.install_exception_hook:
             _install_exception_hook()
         self._session = _Session(sock, sock.send, calc)  # set with is_initialized: the hot paths check this one
@@ -448,6 +452,24 @@ class RankMonitorClient:
     def set_iteration(self, iteration: Optional[int]) -> None:
         """The training iteration reported with later heartbeats and sections."""
         self._iteration = iteration
+
+    def report_exception(self, exc: BaseException) -> None:
+        """Tell the monitor which exception this rank is failing with (type, innermost user frames, iteration).
+
+        Call it where the failure is caught, before the rank disconnects (the Lightning
+        callback does in ``on_exception``; the client's own exception hook does for an
+        exception nobody caught). The launcher builds the fault's fingerprint from it,
+        so a deterministic fault (the same exception at the same place and iteration,
+        from the same checkpoint) stops the job instead of spending every restart. One
+        small one-way message; a client that is not connected sends nothing.
+        """
+        if not self.is_initialized or self._monitor_lost:
+            return
+        report = ReportException(exception_name(exc), user_frames(exc.__traceback__), self._iteration)
+        try:
+            self._send_state(encode(report))
+        except RankMonitorClientError:
+            pass  # failing already: the fingerprint is a bonus, the exception is what matters
 
     def report_checkpoint(self, iteration: int) -> None:
         """Report the latest iteration saved in a checkpoint (the launcher's progress signal)."""
@@ -825,6 +847,31 @@ def _read_token(socket_path: str) -> str:
             f"{TOKEN_ENV} is not set and {token_path(socket_path)} cannot be read ({exc}): the job token is "
             "needed to talk to the monitor (ft_launcher sets it for its workers)"
         ) from None
+
+
+def _install_report_hook(client: RankMonitorClient) -> None:
+    """Chain a ``sys.excepthook`` that reports an uncaught exception to ``client``'s monitor (once per process).
+
+    A training loop that lets its exception escape (plain PyTorch) still gives the
+    launcher the fault's fingerprint; the previous hook (the traceback) runs as before.
+    """
+    global _report_hook_client
+    _report_hook_client = client
+    if getattr(sys.excepthook, "_ft_reports", False):
+        return
+    previous = sys.excepthook
+
+    def _hook(exc_type: type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
+        if _report_hook_client is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
+            _report_hook_client.report_exception(exc)
+        previous(exc_type, exc, tb)
+
+    _hook._ft_reports = True  # type: ignore[attr-defined]
+    sys.excepthook = _hook
+
+
+#: The client the report hook reports to: the last one initialised in this process.
+_report_hook_client: Optional[RankMonitorClient] = None
 
 
 def _install_exception_hook() -> None:

@@ -272,6 +272,7 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "max_frame_bytes": _count(4096, MAX_FRAME_BYTES_LIMIT),
     "max_no_progress_cycles": _count(-1),
     "min_progress_iterations": _count(1),
+    "max_identical_faults": _count(0),
     "checkpoint_iteration_file": _optional_file,
     "straggler_report_interval": _seconds(allow_none=True),
     "straggler_threshold": _score_threshold,
@@ -355,6 +356,9 @@ class FaultToleranceConfig:
     max_no_progress_cycles: int = 3
     #: A cycle made progress if the latest checkpointed iteration grew by at least this much.
     min_progress_iterations: int = 1
+    #: ft_launcher stops the job (``--ft-no-restart-exit-code``) after the same deterministic fault this many
+    #: times in a row with no new checkpoint in between (see :mod:`ft_core.fault_policy`); 0 disables.
+    max_identical_faults: int = 2
     #: File holding the latest checkpointed iteration (one integer), read by ft_launcher.
     checkpoint_iteration_file: Optional[str] = None
     #: Seconds between straggler reports (see :mod:`ft_core.straggler`); None disables detection. Costs
@@ -602,6 +606,8 @@ _FIELD_HELP = {
     "max_no_progress_cycles": "stop after N consecutive faulty cycles without a newer checkpointed iteration; "
                               "0 or -1 disables",
     "min_progress_iterations": "a cycle made progress if the checkpointed iteration grew by at least N",
+    "max_identical_faults": "stop after the same exception (type, place, iteration, rank) N times in a row with "
+                            "no new checkpoint in between: restarting cannot help; 0 disables",
     "checkpoint_iteration_file": "file holding the latest checkpointed iteration (one integer); progress signal "
                                  "in addition to RankMonitorClient.report_checkpoint()",
     "straggler_report_interval": "seconds between straggler reports (medians of the ranks' phase durations), or "

@@ -52,7 +52,7 @@ Example::
     >>> [e.rank for e in verdict.culprits], [e.rank for e in verdict.waiting]
     ([1], [0])
     >>> verdict.headline()
-    'rank 1 (node a:1, pid 11) hung in section step at iteration 25 for 2.9 s; ranks 0 were waiting for it'
+    'rank 1 (node a:1, pid 11) hung in section step at iteration 25 for 2.9 s; rank 0 was waiting for it'
 
 This module must not import torch nor the monitor.
 """
@@ -141,7 +141,7 @@ class Verdict:
         parts = [_story(e) for e in self.culprits]
         them = "it" if len(self.culprits) == 1 else "them"
         if self.waiting:
-            parts.append(f"ranks {_ranks(self.waiting)} were waiting for {them}")
+            parts.append(f"{_ranks(self.waiting)} {_were(self.waiting)} waiting for {them}")
         else:
             parts.append("no rank was only waiting")
         if self.note:
@@ -177,14 +177,14 @@ def diagnose(evidence: Sequence[RankEvidence], world_size: Optional[int] = None)
     if absent and len(absent) < len(suspects):
         never = [e for e in absent if not e.connected]
         silent = [e for e in absent if e.connected]
-        parts = ([f"ranks {_ranks(never)} never connected"] if never else []) + (
-            [f"ranks {_ranks(silent)} never sent a sign of life"] if silent else [])
+        parts = ([f"{_ranks(never)} never connected"] if never else []) + (
+            [f"{_ranks(silent)} never sent a sign of life"] if silent else [])
         why.append(", ".join(parts))
         suspects = absent
 
     frozen = [e for e in suspects if e.stopped]
     if frozen and len(frozen) < len(suspects):
-        why.append(f"ranks {_ranks(frozen)} stopped by a signal (SIGSTOP or a debugger)")
+        why.append(f"{_ranks(frozen)} stopped by a signal (SIGSTOP or a debugger)")
         suspects = frozen
 
     outside = [e for e in suspects if not e.in_collective]
@@ -193,21 +193,21 @@ def diagnose(evidence: Sequence[RankEvidence], world_size: Optional[int] = None)
     if stacks_told:
         suspects = outside
         stackless = [e for e in outside if e.in_collective is None]
-        elsewhere = f"ranks {_ranks(outside)} elsewhere" if not stackless else (
-            f"ranks {_ranks(outside)} elsewhere or without a stack ({_ranks(stackless)})")
-        why.append(f"ranks {_ranks(inside)} blocked in a collective, {elsewhere}")
+        elsewhere = f"{_ranks(outside)} elsewhere" if not stackless else (
+            f"{_ranks(outside)} elsewhere or without a stack ({_ranks(stackless)})")
+        why.append(f"{_ranks(inside)} blocked in a collective, {elsewhere}")
 
     recent = [e for e in suspects if _recently_alive(e)]
     if recent and len(recent) < len(suspects):
         suspects = [e for e in suspects if e not in recent]
-        why.append(f"ranks {_ranks(recent)} alive within their timeouts")
+        why.append(f"{_ranks(recent)} alive within their timeouts")
 
     iterations = [e.iteration for e in suspects if e.iteration is not None]
     if iterations and min(iterations) != max(iterations):
         lowest = min(iterations)
         ahead = [e for e in suspects if e.iteration is not None and e.iteration > lowest]
         suspects = [e for e in suspects if e.iteration is None or e.iteration == lowest]
-        why.append(f"lowest iteration {lowest} (ranks {_ranks(suspects)}; ranks {_ranks(ahead)} further)")
+        why.append(f"lowest iteration {lowest} ({_ranks(suspects)}; {_ranks(ahead)} further)")
 
     stopped = [e.last_activity for e in suspects if e.last_activity is not None]
     if stopped and not stacks_told:
@@ -215,7 +215,7 @@ def diagnose(evidence: Sequence[RankEvidence], world_size: Optional[int] = None)
         later = [e for e in suspects if e.last_activity is not None and e.last_activity > first + STOPPED_FIRST_MARGIN]
         if later:
             suspects = [e for e in suspects if e not in later]
-            why.append(f"ranks {_ranks(suspects)} stopped first (ranks {_ranks(later)} were alive "
+            why.append(f"{_ranks(suspects)} stopped first ({_ranks(later)} {_were(later)} alive "
                        f"> {STOPPED_FIRST_MARGIN:g} s later)")
 
     if not why:
@@ -253,4 +253,10 @@ def _story(e: RankEvidence) -> str:
 
 
 def _ranks(evidence: Sequence[RankEvidence]) -> str:
-    return ", ".join(str(e.rank) for e in evidence)
+    """``rank 3`` or ``ranks 0, 1``: the headline and the evidence are read by people."""
+    numbers = ", ".join(str(e.rank) for e in evidence)
+    return f"rank {numbers}" if len(evidence) == 1 else f"ranks {numbers}"
+
+
+def _were(evidence: Sequence[RankEvidence]) -> str:
+    return "was" if len(evidence) == 1 else "were"

@@ -38,6 +38,8 @@ from ft_core.straggler import PhaseMedian, StragglerAction
 
 __all__ = [
     "CheckpointReported",
+    "FaultFingerprint",
+    "RankException",
     "ConnectionRejected",
     "CycleStart",
     "Diagnosis",
@@ -86,6 +88,7 @@ class EventName(str, enum.Enum):
     HANG_DETECTED = "hang_detected"
     RANK_TERMINATED = "rank_terminated"
     CHECKPOINT_REPORTED = "checkpoint_reported"
+    RANK_EXCEPTION = "rank_exception"
     TIMEOUTS_UPDATED = "timeouts_updated"
     CONNECTION_REJECTED = "connection_rejected"
     MONITOR_LATE = "monitor_late"
@@ -99,6 +102,7 @@ class EventName(str, enum.Enum):
     WORKERS_STOPPED = "workers_stopped"
     WORKERS_SUCCEEDED = "workers_succeeded"
     RESTART = "restart"
+    FAULT_FINGERPRINT = "fault_fingerprint"
     PROGRESS = "progress"
     WORKLOAD_CONTROL = "workload_control"
     MONITOR_DIED = "monitor_died"
@@ -215,6 +219,16 @@ class RankTerminated(Event, frozen=True, tag=EventName.RANK_TERMINATED.value):
 class CheckpointReported(Event, frozen=True, tag=EventName.CHECKPOINT_REPORTED.value):
     rank: int
     iteration: int
+
+
+class RankException(Event, frozen=True, tag=EventName.RANK_EXCEPTION.value):
+    """A rank reported the exception it fails with (type, innermost user frames, iteration): a fault's fingerprint."""
+
+    rank: int
+    pid: int
+    exception_type: str
+    frames: list[str]
+    iteration: Optional[int] = None
 
 
 class TimeoutsUpdated(Event, frozen=True, tag=EventName.TIMEOUTS_UPDATED.value):
@@ -341,6 +355,18 @@ class Restart(Event, frozen=True, tag=EventName.RESTART.value):
     cause: Optional[str] = None  # the job-wide decision's reason: the same on every node
 
 
+class FaultFingerprint(Event, frozen=True, tag=EventName.FAULT_FINGERPRINT.value):
+    """What a cycle-ending fault was, as the restart policy compares faults (:mod:`ft_core.fault_policy`)."""
+
+    cycle: int
+    kind: str  # a ``FaultKind`` value
+    culprits: list[int]
+    iteration: Optional[int] = None
+    exception_type: Optional[str] = None
+    frames: list[str] = []
+    signal: Optional[str] = None
+
+
 class Progress(Event, frozen=True, tag=EventName.PROGRESS.value):
     iteration: int
     source: str
@@ -416,9 +442,9 @@ class Diagnosis(Event, frozen=True, tag=EventName.DIAGNOSIS.value):
 
 
 AnyEvent = Union[
-    MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported,
+    MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported, RankException,
     TimeoutsUpdated, ConnectionRejected, MonitorLate, DeadlineExtended, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
-    WorkersSucceeded, Restart, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
+    WorkersSucceeded, Restart, FaultFingerprint, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
     SignalReceived, LauncherExit, RanksSnapshot, Diagnosis,
 ]
 

@@ -10,16 +10,19 @@ writers (see :func:`remove_stale_temp_files`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from ft_core.jobdir import create_private_file
 
-__all__ = ["STALE_TEMP_AGE", "atomic_write_json", "atomic_write_text", "read_json", "remove_stale_temp_files"]
+__all__ = ["STALE_TEMP_AGE", "atomic_replace", "atomic_write_json", "atomic_write_text", "read_json",
+           "remove_stale_temp_files"]
 
 #: A temp file of another host (a shared filesystem) is stale after this many seconds; no write takes that long.
 STALE_TEMP_AGE = 600.0
@@ -30,8 +33,16 @@ def _temp_prefix(path: str) -> str:
     return f".{os.path.basename(path)}."
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to a temp file in the same directory, fsync it, then rename over ``path``."""
+@contextlib.contextmanager
+def atomic_replace(path: str | os.PathLike[str]) -> Iterator[str]:
+    """Yield a new temp file path beside ``path``; when the body is done, make the temp file ``path``.
+
+    The body writes the temp file (and may do more before the rename, e.g. record what
+    it wrote). Then the temp file is fsynced, renamed over ``path`` and the directory
+    fsynced, so the rename itself survives a power loss. If the body raises (a signal
+    in the middle of a write), ``path`` is untouched and the temp file removed. Temp
+    files that killed writers left are removed first (:func:`remove_stale_temp_files`).
+    """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -39,12 +50,9 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     # .<name>.<host>.<pid>.<random>.tmp: the next writer can tell whether its writer still runs.
     tmp_path = os.path.join(directory, f"{_temp_prefix(path)}{socket.gethostname()}.{os.getpid()}."
                                        f"{secrets.token_hex(4)}{_TEMP_SUFFIX}")
-    fd = create_private_file(tmp_path)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        yield tmp_path
+        _fsync(tmp_path)
         os.replace(tmp_path, path)
     except BaseException:
         # The old file is untouched; only the temp file is removed.
@@ -53,12 +61,22 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         except FileNotFoundError:
             pass
         raise
-    # fsync the directory so the rename itself survives a power loss.
-    dir_fd = os.open(directory, os.O_RDONLY)
+    _fsync(directory)
+
+
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
+        os.fsync(fd)
     finally:
-        os.close(dir_fd)
+        os.close(fd)
+
+
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to a private (0600) temp file in the same directory, fsync it, then rename over ``path``."""
+    with atomic_replace(path) as tmp_path:
+        with os.fdopen(create_private_file(tmp_path), "w", encoding="utf-8") as handle:
+            handle.write(text)
 
 
 def remove_stale_temp_files(path: str | os.PathLike[str]) -> list[str]:

@@ -40,16 +40,20 @@ __all__ = [
     "HelloAck",
     "MAX_FRAME_BYTES_LIMIT",
     "MAX_HELLO_FRAME_BYTES",
+    "MAX_EXCEPTION_FRAMES",
+    "MAX_EXCEPTION_TEXT",
     "MAX_NESTING",
     "Message",
     "PhaseTime",
     "ProtocolError",
     "ReportCheckpoint",
+    "ReportException",
     "Role",
     "SectionEnd",
     "SectionStart",
     "UpdateTimeouts",
     "WorkloadControl",
+    "check_exception_report",
     "check_max_frame_bytes",
     "encode",
     "recv_msg",
@@ -124,6 +128,34 @@ class ReportCheckpoint(msgspec.Struct, tag="checkpoint", forbid_unknown_fields=T
     iteration: int
 
 
+#: Bounds of a :class:`ReportException` (the monitor refuses larger ones): a fingerprint, not a traceback.
+MAX_EXCEPTION_FRAMES = 8
+MAX_EXCEPTION_TEXT = 300
+
+
+class ReportException(msgspec.Struct, tag="exception", forbid_unknown_fields=True):
+    """The rank is failing with an exception: its type and innermost user frames, sent before it dies.
+
+    ``frames``: ``"file.py:42 function"``, innermost first (at most :data:`MAX_EXCEPTION_FRAMES`).
+    """
+
+    exception_type: str
+    frames: list[str]
+    iteration: Optional[int] = None
+
+
+def check_exception_report(msg: ReportException) -> Optional[str]:
+    """What is wrong with a rank's exception report, or None (the monitor refuses a bad one, that rank only)."""
+    texts = [msg.exception_type, *msg.frames]
+    if not msg.exception_type or len(msg.frames) > MAX_EXCEPTION_FRAMES:
+        return f"an exception report needs a type and at most {MAX_EXCEPTION_FRAMES} frames"
+    if any(len(text) > MAX_EXCEPTION_TEXT or "\x00" in text for text in texts):
+        return f"exception report texts must be at most {MAX_EXCEPTION_TEXT} characters, without NUL"
+    if msg.iteration is not None and msg.iteration < 0:
+        return f"invalid iteration {msg.iteration}"
+    return None
+
+
 class PhaseTime(msgspec.Struct, tag="phase", forbid_unknown_fields=True):
     """One rank-local phase ended after ``seconds`` (straggler detection; see :mod:`ft_core.straggler`)."""
 
@@ -156,7 +188,7 @@ class Ack(msgspec.Struct, tag="ack", forbid_unknown_fields=True):
 
 Message = Union[
     Hello, HelloAck, Heartbeat, SectionStart, SectionEnd, EndAllSections, UpdateTimeouts,
-    ReportCheckpoint, Goodbye, WorkloadControl, Ack, PhaseTime,
+    ReportCheckpoint, Goodbye, WorkloadControl, Ack, PhaseTime, ReportException,
 ]
 
 _encoder = msgspec.msgpack.Encoder()

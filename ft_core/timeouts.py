@@ -51,6 +51,7 @@ from collections.abc import Collection, Container, Iterable, Mapping
 from typing import Any, Optional
 
 __all__ = [
+    "describe_timeouts",
     "COMPILE_SECTION",
     "CURRENT_TIMEOUTS_KEY",
     "EMA_ALPHA",
@@ -383,6 +384,27 @@ def timeouts_from_state_dict(state: Any) -> tuple[Optional[HeartbeatTimeouts], O
     if "section" in current:
         sections = SectionTimeouts.from_dict(current["section"], f"{CURRENT_TIMEOUTS_KEY}.section")
     return hb, sections
+
+
+def describe_timeouts(hb: Optional[HeartbeatTimeouts], sections: Optional[SectionTimeouts]) -> str:
+    """The timeouts in force in one line for people, ``*`` marking the learned ones.
+
+    ``step 1.06 s*, checkpointing 600 s, out of section off, heartbeat off first / off between (* learned)``:
+    what the monitor logs at each change, and what the integrations log when they learn or restore.
+    A part that is None (a state dict without it) is shown with its defaults.
+    """
+    hb = hb if hb is not None else HeartbeatTimeouts()
+    sections = sections if sections is not None else SectionTimeouts({})
+
+    def value(seconds: Optional[float], calculated: bool) -> str:
+        return ("off" if seconds is None else f"{seconds:.3g} s") + ("*" if calculated else "")
+
+    parts = [f"{name} {value(seconds, name in sections.calculated_sections)}"
+             for name, seconds in sections.section.items()]
+    parts.append(f"out of section {value(sections.out_of_section, sections.is_out_of_section_calculated)}")
+    parts.append(f"heartbeat {value(hb.initial, hb.were_calculated)} first / "
+                 f"{value(hb.subsequent, hb.were_calculated)} between")
+    return ", ".join(parts) + " (* learned)"
 
 
 def apply_calculated(

@@ -17,24 +17,7 @@ from ft_integrations.lightning_package import LightningPackage, choose
 
 choose(LightningPackage.PYTORCH_LIGHTNING)
 
-from ft_integrations.lightning import (  # noqa: E402 (after the choice, which the import reads)
-    FAULT_KINDS,
-    FaultKind,
-    FaultToleranceCallback,
-    FaultToleranceCheckpointIO,
-    MonitoringMode,
-    SimulatedFault,
-    SimulatedFaultError,
-    StandalonePolicy,
-)
+from ft_integrations import lightning as _lightning  # noqa: E402 (after the choice, which the import reads)
+from ft_integrations.lightning import *  # noqa: E402,F403 (the same names, built on pytorch_lightning)
 
-__all__ = [
-    "FAULT_KINDS",
-    "FaultKind",
-    "FaultToleranceCallback",
-    "FaultToleranceCheckpointIO",
-    "MonitoringMode",
-    "SimulatedFault",
-    "SimulatedFaultError",
-    "StandalonePolicy",
-]
+__all__ = list(_lightning.__all__)

@@ -40,7 +40,14 @@ from ft_core import autoresume
 from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.fileutil import atomic_write_json, read_json
 from ft_core.jobdir import FINISHED_FLAG_ENV  # re-exported: the integrations' name for it
-from ft_core.timeouts import CURRENT_TIMEOUTS_KEY, JOB_LIFE_KEY, STEP_SECTION, WarmupRule
+from ft_core.timeouts import (
+    CURRENT_TIMEOUTS_KEY,
+    JOB_LIFE_KEY,
+    STEP_SECTION,
+    WarmupRule,
+    describe_timeouts,
+    timeouts_from_state_dict,
+)
 from ft_integrations.strenum import StrEnum
 
 __all__ = [
@@ -256,7 +263,7 @@ class FaultToleranceSession:
             return False
         self._restored = True
         self._reported = self._current_timeouts()
-        self._info(f"{self.name}: timeouts restored from {source}: {self.client.state_dict()[CURRENT_TIMEOUTS_KEY]}")
+        self._info(f"{self.name}: timeouts restored from {source}: {self._described()}")
         return True
 
     def load_state_file(self) -> bool:
@@ -327,9 +334,16 @@ class FaultToleranceSession:
         current = self._current_timeouts()
         if current != self._reported:
             self._reported = current
-            part = "heartbeat" if self.schedule.learns is MonitoringMode.HEARTBEATS else "section"
-            self._info(f"{self.name}: learned timeouts {when}: {current[part]}")
+            self._info(f"{self.name}: learned timeouts {when}: {self._described()}")
         self._write_state_file()
+
+    def _described(self) -> str:
+        """The timeouts in force, in the monitor's one-line form (:func:`ft_core.timeouts.describe_timeouts`)."""
+        hb, sections = self.client.hb_timeouts, self.client.section_timeouts
+        if hb is None or sections is None:  # restored before connecting: the state dict holds them
+            loaded_hb, loaded_sections = timeouts_from_state_dict(self.client.state_dict())
+            hb, sections = hb or loaded_hb, sections or loaded_sections
+        return describe_timeouts(hb, sections)
 
     def _current_timeouts(self) -> dict[str, Any]:
         """The timeouts in force as the state dict holds them, without the job-life maxima (logged per change)."""

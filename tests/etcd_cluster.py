@@ -236,3 +236,24 @@ class EtcdCluster:
     def stop(self) -> None:
         for member in self.members:
             member.kill()
+
+
+def assert_rides_out_an_outage(cluster: EtcdCluster, store: Any, records: Any, retrying: str) -> None:
+    """A write issued while the only member is down lands once it is back (a job store's retry window).
+
+    ``records``: pytest's ``caplog.records``; ``retrying``: words of the store's retry warning.
+    """
+    import threading
+
+    store.set("k", "before")
+    (member,) = cluster.members
+    member.kill()
+    result: list = []
+    writer = threading.Thread(target=lambda: result.append(store.compare_set("k", "before", "after")))
+    writer.start()
+    wait_for(lambda: any(retrying in r.getMessage() and "retrying" in r.getMessage() for r in records), 30,
+             "the write to fail once and be retried")
+    # Restarted from this thread: an etcd started from a thread would die with it (PR_SET_PDEATHSIG).
+    cluster.restart(member)
+    writer.join(60)
+    assert result == ["after"] and store.get("k") == "after"

@@ -39,6 +39,7 @@ from ft_core.events import (
     ConnectionRejected,
     CycleStart,
     Diagnosis,
+    FaultFingerprint,
     HangDetected,
     MonitorConnectionRejected,
     MonitorDied,
@@ -49,6 +50,7 @@ from ft_core.events import (
     RankConnected,
     RankDisconnected,
     RankEvidence,
+    RankException,
     RanksSnapshot,
     RankTerminated,
     Restart,
@@ -59,6 +61,7 @@ from ft_core.events import (
     WorkersSucceeded,
     WorkloadControlReceived,
 )
+from ft_core.fault_policy import FaultKind, FaultPolicy, Fingerprint
 from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.coordination import (
@@ -95,6 +98,9 @@ LEFT_UNFINISHED_EXIT_CODE = 75
 FINISHED_EXIT_CAUSE = "exit after training finished"
 #: Why training counts as finished when no flag file says so (see ``FtElasticAgent._training_finished``).
 RANKS_FINISHED = "every rank reported training complete and shut its client down"
+#: How long a worker that exited with code 1 may take to have its exception report reach us (it sends it
+#: before it exits; the monitor records it within milliseconds): only such a crash waits, at most this.
+EXCEPTION_REPORT_WAIT = 0.5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +148,8 @@ class FtElasticAgent(LocalElasticAgent):
         self._coord = JobCoordinator(spec.rdzv_handler.get_run_id(), services.events.node, spec.max_restarts,
                                      options.max_no_progress_cycles, options.no_restart_exit_code,
                                      store=open_job_store(spec.rdzv_handler),
-                                     min_progress_iterations=options.min_progress_iterations)
+                                     min_progress_iterations=options.min_progress_iterations,
+                                     faults=FaultPolicy(max_identical_faults=options.max_identical_faults))
         self._progress = ProgressTracker(options.checkpoint_iteration_file)
         self._stragglers = None if options.straggler_report_interval is None else StragglerDetector(
             options.straggler_report_interval, options.straggler_threshold, options.straggler_consecutive_reports,
@@ -151,6 +158,8 @@ class FtElasticAgent(LocalElasticAgent):
         self._cycle: Optional[CycleInfo] = None
         #: hang_detected records of this cycle's workers, by pid.
         self._hangs: dict[int, HangDetected] = {}
+        #: The exceptions this cycle's workers reported failing with (a fault's fingerprint), in arrival order.
+        self._exceptions: list[RankException] = []
         #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
         self._failed: dict[int, tuple[int, int]] = {}
         self._failed_at = 0.0
@@ -198,6 +207,7 @@ class FtElasticAgent(LocalElasticAgent):
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         assert self._cycle is not None
         self._hangs.clear()
+        self._exceptions.clear()
         self._failed.clear()
         self._evidence = None
         self._reported_finished.clear()
@@ -306,8 +316,9 @@ class FtElasticAgent(LocalElasticAgent):
         if trigger is not None and trigger.kind is RestartKind.SHUTDOWN:
             decision = self._coord.request_stop(trigger.reason, self._opts.no_restart_exit_code)
         elif trigger is not None:
+            fingerprint = self._fingerprint(trigger) if trigger.kind.is_fault else None
             decision = self._coord.end_cycle(self._cycle_number(), trigger.reason, fault=trigger.kind.is_fault,
-                                             progress_active=self._progress.active)
+                                             progress_active=self._progress.active, fingerprint=fingerprint)
         else:
             decision = self._coord.poll(self._cycle_number())
             if decision is not None:
@@ -370,6 +381,44 @@ class FtElasticAgent(LocalElasticAgent):
                 log.warning("cannot read which nodes finished training: %s", exc)
                 return None
         return RANKS_FINISHED
+
+    def _fingerprint(self, trigger: _Trigger) -> Optional[Fingerprint]:
+        """This node's fingerprint of the fault that ends the cycle (:mod:`ft_core.fault_policy`), recorded.
+
+        An exception a worker reported is the strongest evidence; the first one reported is
+        the culprit's (its peers fail after it, with their own errors). A worker that exited
+        with code 1 may have sent its report an instant before: wait for it, briefly.
+        """
+        if trigger.kind is RestartKind.CRASH and not self._exceptions and any(
+                code == 1 for _pid, code in self._failed.values()):
+            def reported() -> bool:
+                self._read_monitor_events()
+                return bool(self._exceptions)
+
+            wait_until(reported, EXCEPTION_REPORT_WAIT, interval=0.02)
+        workers = {w.local_rank: w.global_rank for w in self._worker_group.workers}
+        if self._exceptions:
+            first = self._exceptions[0]
+            fingerprint = Fingerprint(FaultKind.EXCEPTION, culprits=(first.rank,), iteration=first.iteration,
+                                      exception_type=first.exception_type, frames=tuple(first.frames))
+        elif trigger.kind is RestartKind.HANG:
+            hangs = sorted(self._hangs.values(), key=lambda h: h.detected_time)
+            iterations = [h.iteration for h in hangs if h.iteration is not None]
+            fingerprint = Fingerprint(FaultKind.HANG, culprits=tuple(sorted({h.rank for h in hangs})),
+                                      iteration=min(iterations) if iterations else None)
+        elif trigger.kind is RestartKind.CRASH and self._failed:
+            local_rank, (_pid, code) = min(self._failed.items())
+            _exit_code, sig = _exit_status(code)
+            rank = workers.get(local_rank)
+            fingerprint = Fingerprint(FaultKind.SIGNAL if sig else FaultKind.CRASH,
+                                      culprits=() if rank is None else (rank,), signal=sig)
+        else:
+            return None
+        self._svc.events.write(FaultFingerprint(
+            cycle=self._cycle_number(), kind=fingerprint.kind.value, culprits=list(fingerprint.culprits),
+            iteration=fingerprint.iteration, exception_type=fingerprint.exception_type,
+            frames=list(fingerprint.frames), signal=fingerprint.signal))
+        return fingerprint
 
     def _finished_anyway(self, result: RunResult, why: str) -> RunResult:
         """Workers failed after training finished (``why``: see :meth:`_training_finished`): warn, never restart, exit 0.
@@ -442,7 +491,11 @@ class FtElasticAgent(LocalElasticAgent):
             diagnosis = exchange.wait(cycle, evidence)
         if diagnosis is not None:
             self._svc.events.write(diagnosis)
-            log.error("cycle %d: %s (evidence: %s)", cycle, diagnosis.headline, diagnosis.evidence)
+            # The one line per hang: the culprit, who waited, why, and where the culprit's stack is.
+            stacks = [h.stack_dump_file for h in self._hangs.values()
+                      if h.rank in diagnosis.culprits and h.stack_dump_file]
+            log.error("cycle %d: %s (evidence: %s)%s", cycle, diagnosis.headline, diagnosis.evidence,
+                      f"; stack: {', '.join(stacks)}" if stacks else "")
         return diagnosis
 
     # -- what ends a cycle --------------------------------------------------
@@ -555,6 +608,10 @@ class FtElasticAgent(LocalElasticAgent):
                     self._svc.events.write(msgspec.structs.replace(ev, stack=None))
                 case CheckpointReported():
                     self._on_progress(ev.iteration, f"rank {ev.rank}")
+                case RankException():
+                    if self._is_current_worker(ev.pid):
+                        self._exceptions.append(ev)
+                    self._svc.events.write(ev)
                 case ConnectionRejected():
                     self._svc.events.write(MonitorConnectionRejected(time=ev.time, pid=ev.pid, reason=ev.reason))
                 case RanksSnapshot():

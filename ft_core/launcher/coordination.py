@@ -46,6 +46,7 @@ import msgspec
 import torch.distributed as dist
 
 from ft_core.deadline import wait_until
+from ft_core.fault_policy import FaultAction, FaultPolicy, Fingerprint, decide_fault
 from ft_core.launcher.job_store import JobStore, job_store_on
 from ft_core.launcher.progress import made_progress
 
@@ -122,6 +123,8 @@ class JobState:
     decision: Optional[Decision] = None
     #: The job-wide stop; once set it never changes.
     stop: Optional[Decision] = None
+    #: The fingerprints of the job's last faults, oldest first (at most :data:`FINGERPRINTS_KEPT`).
+    fingerprints: tuple[Fingerprint, ...] = ()
 
     def encode(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -141,23 +144,40 @@ class RestartPolicy:
     no_restart_exit_code: int
     #: A cycle made progress when the checkpointed iteration grew by at least this much (NVRx's rule).
     min_progress_iterations: int = 1
+    #: The rules on fault fingerprints (:mod:`ft_core.fault_policy`): stop a deterministic fault.
+    faults: FaultPolicy = FaultPolicy()
+
+
+#: Fingerprints the job state keeps: enough for every rule of the fault policy.
+FINGERPRINTS_KEPT = 8
 
 
 def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, progress_active: bool,
-                     best_progress: int, policy: RestartPolicy, node: str) -> JobState:
+                     best_progress: int, policy: RestartPolicy, node: str,
+                     fingerprint: Optional[Fingerprint] = None) -> JobState:
     """The job state after ``cycle`` ended for ``reason`` (a fault, or a membership change).
 
     A fault spends one restart of the job's budget and, when progress is
     tracked, counts as a cycle without progress unless the checkpointed
     iteration (``best_progress``) grew by ``min_progress_iterations`` since the
     previous decision (:func:`~ft_core.launcher.progress.made_progress`). A stop spends no
-    restart. Progress counts as tracked once any checkpoint was seen job-wide.
+    restart. Progress counts as tracked once any checkpoint was seen job-wide. A fault's
+    ``fingerprint`` joins the job's history, and a deterministic fault
+    (:func:`ft_core.fault_policy.decide_fault`) stops the job with the do-not-requeue code.
     """
     restarts = state.restarts + int(fault)
     progressed = made_progress(best_progress, state.progress_mark, policy.min_progress_iterations)
     no_progress = 0 if progressed else state.no_progress + int(fault)
     progress_active = progress_active or best_progress >= 0
-    if fault and progress_active and 0 < policy.max_no_progress_cycles <= no_progress:
+    fingerprints = state.fingerprints
+    verdict = None
+    if fault and fingerprint is not None:
+        fingerprints = (*fingerprints, dataclasses.replace(fingerprint, new_checkpoint=progressed))[-FINGERPRINTS_KEPT:]
+        verdict = decide_fault(fingerprints, policy.faults)
+    if verdict is not None and verdict.action is FaultAction.STOP:
+        decision = Decision(DecisionAction.STOP, verdict.reason, exit_code=policy.no_restart_exit_code,
+                            restarts=state.restarts, node=node)
+    elif fault and progress_active and 0 < policy.max_no_progress_cycles <= no_progress:
         latest = "none yet" if best_progress < 0 else str(best_progress)
         decision = Decision(DecisionAction.STOP,
                             f"no progress: {no_progress} consecutive faulty cycles without a newer checkpoint "
@@ -170,7 +190,7 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
         decision = Decision(DecisionAction.RESTART, reason, restarts=restarts, node=node)
     return JobState(restarts=decision.restarts, no_progress=no_progress, progress_mark=best_progress,
                     cycle=cycle, decision=decision,
-                    stop=decision if decision.action is DecisionAction.STOP else None)
+                    stop=decision if decision.action is DecisionAction.STOP else None, fingerprints=fingerprints)
 
 
 class JobCoordinator:
@@ -183,11 +203,11 @@ class JobCoordinator:
 
     def __init__(self, run_id: str, node: str, max_restarts: int, max_no_progress_cycles: int,
                  no_restart_exit_code: int, store: Optional[JobStore] = None,
-                 min_progress_iterations: int = 1) -> None:
+                 min_progress_iterations: int = 1, faults: FaultPolicy = FaultPolicy()) -> None:
         self.run_id = run_id
         self.node = node
         self.policy = RestartPolicy(max_restarts, max_no_progress_cycles, no_restart_exit_code,
-                                    min_progress_iterations)
+                                    min_progress_iterations, faults)
         self._job = store
         self._rendezvous_count = 0
         # Held so the server lives exactly as long as the cycle it serves.
@@ -285,7 +305,8 @@ class JobCoordinator:
         assert stopped is not None
         return stopped
 
-    def end_cycle(self, cycle: int, reason: str, fault: bool, progress_active: bool) -> Decision:
+    def end_cycle(self, cycle: int, reason: str, fault: bool, progress_active: bool,
+                  fingerprint: Optional[Fingerprint] = None) -> Decision:
         """Decide how ``cycle`` ends after a fault (``fault=True``) or a membership change.
 
         Returns the decision in force, which is another node's if it decided
@@ -297,7 +318,7 @@ class JobCoordinator:
             if state.stop is not None or state.cycle >= cycle:
                 return None
             return decide_cycle_end(state, cycle, reason, fault=fault, progress_active=progress_active,
-                                    best_progress=best, policy=self.policy, node=self.node)
+                                    best_progress=best, policy=self.policy, node=self.node, fingerprint=fingerprint)
 
         state = self._update(decide)
         decision = state.stop or state.decision

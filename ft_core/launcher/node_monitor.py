@@ -46,7 +46,7 @@ class NodeMonitor:
         """Start the monitor; with ``wait=False`` call :meth:`wait_ready` before workers need it."""
         self._proc = RankMonitorServer.run_in_subprocess(
             self.cfg, self.socket_path, token=self._token, events_path=self.events_path,
-            stacks_dir=self.stacks_dir, wait=wait)
+            stacks_dir=self.stacks_dir, wait=wait, launcher_reports_hangs=True)
         self._starting = not wait
         log.debug("rank monitor started (pid %d)", self._proc.pid)
 

@@ -40,6 +40,8 @@ class LauncherOptions:
     max_no_progress_cycles: int = FaultToleranceConfig.max_no_progress_cycles
     #: A cycle made progress if the latest checkpointed iteration grew by at least this much.
     min_progress_iterations: int = FaultToleranceConfig.min_progress_iterations
+    #: Stop after the same deterministic fault this many times in a row (0 disables).
+    max_identical_faults: int = FaultToleranceConfig.max_identical_faults
     #: File holding the latest checkpointed iteration (one integer), read after every cycle.
     checkpoint_iteration_file: Optional[str] = None
     #: Event log path; default ``<log dir>/`` + ``jobdir.LAUNCHER_EVENTS_FILE``.
@@ -74,6 +76,7 @@ class LauncherOptions:
                                               coerce=True),
             max_no_progress_cycles=cfg.max_no_progress_cycles,
             min_progress_iterations=cfg.min_progress_iterations,
+            max_identical_faults=cfg.max_identical_faults,
             checkpoint_iteration_file=cfg.checkpoint_iteration_file,
             events_file=file_path("--ft-events-file", args.ft_events_file),
             verbose=boolean("--verbose", args.verbose, coerce=True),
@@ -92,22 +95,18 @@ class LauncherOptions:
 def _stop_timeouts(args: argparse.Namespace) -> dict[str, float]:
     """``term_timeout`` and ``workers_stop_timeout``, honouring torchrun's ``--shutdown-timeout``.
 
-    torchrun's flag is the one grace period from SIGTERM to SIGKILL; here there are two
-    (after a forwarded signal, and when stopping workers for a restart), so it sets both,
-    unless one of ours is given too: then the two spellings disagree and it is an error.
+    torchrun's flag is its one grace period from SIGTERM to SIGKILL (torch applies it when
+    the job ends); here there are two more (after a forwarded signal, and when stopping
+    workers for a restart): it is the default of both, and a flag of ours given beside it
+    wins for its own phase.
     """
     defaults = LauncherOptions()
     term, stop = args.term_timeout, args.workers_stop_timeout
     shutdown = getattr(args, "shutdown_timeout", None)  # None: not given (torchrun's default is "unset")
     if shutdown is not None:
-        ours = [flag for flag, value in (("--term-timeout", term), ("--workers-stop-timeout", stop))
-                if value is not None]
-        if ours:
-            raise ValidationError("--shutdown-timeout", shutdown,
-                                  f"either torchrun's --shutdown-timeout (it sets both --term-timeout and "
-                                  f"--workers-stop-timeout) or {' and '.join(ours)}",
-                                  problem=f"--shutdown-timeout={shutdown} given with {' and '.join(ours)}")
-        term = stop = non_negative_seconds("--shutdown-timeout", shutdown, coerce=True)
+        shutdown = non_negative_seconds("--shutdown-timeout", shutdown, coerce=True)
+        term = shutdown if term is None else term
+        stop = shutdown if stop is None else stop
     return {
         "term_timeout": defaults.term_timeout if term is None else non_negative_seconds(
             "--term-timeout", term, coerce=True),

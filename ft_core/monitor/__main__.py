@@ -23,6 +23,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--config-json", default="{}", help="FaultToleranceConfig.to_json(), or a JSON object")
     parser.add_argument("--events", default=None, help="JSON-lines event log path")
     parser.add_argument("--stacks-dir", default=None, help="keep the stacks of hung ranks here, named by cycle")
+    parser.add_argument("--launcher-reports-hangs", action="store_true",
+                        help="ft_launcher tells each hang in one line: log each hung rank at DEBUG only")
     args = parser.parse_args(argv)
     cfg = FaultToleranceConfig.from_json(args.config_json)
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
@@ -35,7 +37,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # and still gets its fair share of CPU, so deadlines are met within milliseconds.
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    server = RankMonitorServer(cfg, args.socket, token, args.events, args.stacks_dir)
+    server = RankMonitorServer(cfg, args.socket, token, args.events, args.stacks_dir, args.launcher_reports_hangs)
 
     def _stop(_signum: int, _frame: object) -> None:
         server.stop()

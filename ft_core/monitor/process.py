@@ -26,6 +26,7 @@ def run_in_subprocess(
     env: Optional[dict[str, str]] = None,
     stacks_dir: Optional[str] = None,
     wait: bool = True,
+    launcher_reports_hangs: bool = False,
 ) -> MonitorProcess:
     """Start a monitor in a new process (``python -m ft_core.monitor``) and wait until it serves.
 
@@ -35,7 +36,7 @@ def run_in_subprocess(
     one is generated and exported to ``os.environ`` so that ranks started
     later from this process inherit it. The token is also written to
     ``<socket_path>.token`` (mode 0600) for ranks started elsewhere by the
-    same user. ``stacks_dir``: see :class:`~ft_core.monitor.server.RankMonitorServer`.
+    same user. ``stacks_dir``, ``launcher_reports_hangs``: see :class:`~ft_core.monitor.server.RankMonitorServer`.
     """
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
     os.environ[TOKEN_ENV] = token
@@ -51,6 +52,8 @@ def run_in_subprocess(
         args += ["--events", events_path]
     if stacks_dir:
         args += ["--stacks-dir", stacks_dir]
+    if launcher_reports_hangs:
+        args.append("--launcher-reports-hangs")
     proc = subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE,
                             preexec_fn=procutil.die_with_parent)
     handle = MonitorProcess(proc, socket_path, token, events_path or job_dir.monitor_events)

@@ -49,7 +49,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import Any, NoReturn, Optional
+from typing import NoReturn, Optional
 
 from ft_core import procutil
 from ft_core.config import FaultToleranceConfig, with_fallback
@@ -66,6 +66,7 @@ from ft_core.events import (
     RankConnected,
     RankDisconnected,
     RankEvidence,
+    RankException,
     RankTerminated,
     TimeoutsUpdated,
 )
@@ -93,11 +94,13 @@ from ft_core.protocol import (
     PhaseTime,
     ProtocolError,
     ReportCheckpoint,
+    ReportException,
     Role,
     SectionEnd,
     SectionStart,
     UpdateTimeouts,
     WorkloadControl,
+    check_exception_report,
     check_max_frame_bytes,
     encode,
 )
@@ -110,6 +113,7 @@ from ft_core.timeouts import (
     SectionTimeouts,
     WarmupRule,
     apply_calculated,
+    describe_timeouts,
     warmup_step_timeout,
 )
 
@@ -346,6 +350,7 @@ class RankMonitorServer:
         token: str,
         events_path: Optional[str] = None,
         stacks_dir: Optional[str] = None,
+        launcher_reports_hangs: bool = False,
     ) -> None:
         if not token:
             raise ValueError("token: a non-empty job token is required")
@@ -357,6 +362,9 @@ class RankMonitorServer:
         self.events_path = events_path or self.job_dir.monitor_events
         self.dump_dir = self.job_dir.stacks
         self.stacks_dir = stacks_dir
+        #: ft_launcher tells each hang in one line (its diagnosis: the culprit, its stack): this monitor's line
+        #: per hung rank, often a rank that only waited, then goes to DEBUG. Alone, the monitor's line is the report.
+        self._hang_log_level = logging.DEBUG if launcher_reports_hangs else logging.ERROR
         #: The last timeouts logged at INFO: all ranks send the same values, at every calculation.
         self._logged_timeouts: Optional[str] = None
         self._selector = selectors.DefaultSelector()
@@ -817,7 +825,7 @@ class RankMonitorServer:
                 self._refuse(conn, f"invalid timeouts from rank {rank.rank}: {exc}")
             self._record(TimeoutsUpdated(rank=rank.rank, timeouts=msg.state))
             # All ranks send the same synchronized values, at every calculation: log each change once.
-            text = _timeouts_text(rank.hb.to_dict(), rank.sections.to_dict())
+            text = describe_timeouts(rank.hb, rank.sections)
             log.log(logging.INFO if text != self._logged_timeouts else logging.DEBUG, "timeouts: %s", text)
             self._logged_timeouts = text
             self._reply(conn, Ack())
@@ -831,6 +839,12 @@ class RankMonitorServer:
                           msg.name)
         elif isinstance(msg, ReportCheckpoint):
             self._record(CheckpointReported(rank=rank.rank, iteration=msg.iteration))
+        elif isinstance(msg, ReportException):
+            problem = check_exception_report(msg)
+            if problem is not None:
+                raise ProtocolError(f"rank {rank.rank}: {problem}")
+            self._record(RankException(rank=rank.rank, pid=rank.pid, exception_type=msg.exception_type,
+                                       frames=list(msg.frames), iteration=msg.iteration))
         elif isinstance(msg, Goodbye):
             conn.graceful, conn.training_finished = True, msg.training_finished
             log.debug("rank %d ends monitoring%s", rank.rank, " (training finished)" if msg.training_finished else "")
@@ -951,8 +965,9 @@ class RankMonitorServer:
                 os.kill(rank.pid, sig)
             except ProcessLookupError:
                 action = "it had already exited"
-        # The one line per hang: what, where, what was done, and where its stack is.
-        log.error("%s; %s; stack: %s", hang.report.describe(), action, hang.report.stack_dump_file or "none (no dump)")
+        # What, where, what was done, and where its stack is (the one line per hang without ft_launcher).
+        log.log(self._hang_log_level, "%s; %s; stack: %s", hang.report.describe(), action,
+                hang.report.stack_dump_file or "none (no dump)")
         self._record(RankTerminated(rank=rank.rank, pid=rank.pid, signal=sig.name))
         if stack is not None and self.stacks_dir is not None:
             self._stack_copies.submit(self.stacks_dir, rank.restart_count, rank.rank, rank.pid, stack,
@@ -1003,28 +1018,16 @@ class RankMonitorServer:
         env: Optional[dict[str, str]] = None,
         stacks_dir: Optional[str] = None,
         wait: bool = True,
+        launcher_reports_hangs: bool = False,
     ) -> MonitorProcess:
         """Start a monitor in a new process; see :func:`ft_core.monitor.process.run_in_subprocess`."""
-        return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir, wait)
+        return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir, wait,
+                                 launcher_reports_hangs)
 
 
 def _io_interval(timeout: float) -> float:
     """How long before a deadline the I/O baseline is taken, and how far one extension reaches."""
     return min(IO_LOOK_FRACTION * timeout, IO_LOOK_MAX)
-
-
-def _timeouts_text(hb: dict[str, Any], sections: dict[str, Any]) -> str:
-    """One line for humans: every timeout in seconds, ``*`` marking the learned ones."""
-    learned = set(sections["calculated_sections"])
-
-    def value(seconds: Optional[float], calculated: bool) -> str:
-        return ("off" if seconds is None else f"{seconds:.3g} s") + ("*" if calculated else "")
-
-    parts = [f"{name} {value(seconds, name in learned)}" for name, seconds in sections["section"].items()]
-    parts.append(f"out of section {value(sections['out_of_section'], sections['is_out_of_section_calculated'])}")
-    parts.append(f"heartbeat {value(hb['initial'], hb['were_calculated'])} first / "
-                 f"{value(hb['subsequent'], hb['were_calculated'])} between")
-    return ", ".join(parts) + " (* learned)"
 
 
 def _read_from(path: str, offset: int) -> Optional[str]:

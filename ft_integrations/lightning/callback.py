@@ -23,6 +23,7 @@ from ft_core.validation import (
     int_in_range,
     path_or_none,
 )
+from ft_integrations.checkpoint_guard import LoadResult
 from ft_integrations.fault_injection import FaultInjector, SimulatedFault
 from ft_integrations.lightning._pl import (
     Callback,
@@ -122,6 +123,11 @@ class FaultToleranceCallback(Callback):
             defaults in heartbeats mode; in sections mode the same limits moved onto the
             sections (:data:`DEFAULT_SECTION_CONFIG`), so ``mode="sections"`` works with a plain
             ``ft_launcher`` command line.
+        verify_checkpoints: checkpoint writes through the strategy's ``CheckpointIO`` are atomic
+            (temp file, fsync, rename) with a manifest beside each (size, CRC-32, step), and a
+            resume checks the checkpoint it loads (manifest, loads, finite tensors), falling back
+            to the newest older checkpoint of the same directory that passes, on every rank the
+            same. Local and mounted filesystems only; remote URLs are written and read as they are.
 
     Raises:
         MisconfigurationException: if an argument has an unsupported value, or the monitor's
@@ -152,6 +158,7 @@ class FaultToleranceCallback(Callback):
         exc_handling_policy: Optional[ExceptionPolicy] = None,
         standalone: Union[StandalonePolicy, str] = StandalonePolicy.MONITOR,
         config: Optional[Union[FaultToleranceConfig, Mapping[str, Any], str, os.PathLike[str]]] = None,
+        verify_checkpoints: bool = True,
     ) -> None:
         super().__init__()
         name = "FaultToleranceCallback."
@@ -160,6 +167,7 @@ class FaultToleranceCallback(Callback):
             standalone = enum_member(name + "standalone", standalone, StandalonePolicy)
             boolean(name + "calculate_timeouts", calculate_timeouts)
             boolean(name + "autoresume", autoresume)
+            boolean(name + "verify_checkpoints", verify_checkpoints)
             steps = int_in_range(name + "calculate_timeouts_after_steps", calculate_timeouts_after_steps, 1)
             state_file = path_or_none(name + "state_file", state_file)
             callable_or_none(name + "exc_handling_policy", exc_handling_policy,
@@ -171,6 +179,7 @@ class FaultToleranceCallback(Callback):
         except ValidationError as exc:
             raise MisconfigurationException(f"{name}simulated_fault: {exc}") from None
         self.autoresume = autoresume
+        self.verify_checkpoints = verify_checkpoints
         self.simulated_fault = fault
         self.exc_handling_policy = exc_handling_policy
         self.standalone = standalone
@@ -243,12 +252,14 @@ class FaultToleranceCallback(Callback):
         if self.autoresume and self._session.finished_flag_path() is None:
             rank_zero_warn(f"FaultToleranceCallback(autoresume=True) but {FINISHED_FLAG_ENV} is not set: "
                            "no finished flag will be written")
+        # Lightning's public plugin point for checkpoint writes: wrap it to time the write itself, and to
+        # make writes atomic and resumes verified (which protect a run without a monitor too).
+        self._checkpoint_io = FaultToleranceCheckpointIO(trainer.strategy.checkpoint_io, self,
+                                                         verify=self.verify_checkpoints)
+        trainer.strategy.checkpoint_io = self._checkpoint_io
         if not self._connect():
             return
         self._check_config(self.client.cfg)
-        # Lightning's public plugin point for checkpoint writes: wrap it to time the write itself.
-        self._checkpoint_io = FaultToleranceCheckpointIO(trainer.strategy.checkpoint_io, self)
-        trainer.strategy.checkpoint_io = self._checkpoint_io
         if self.simulated_fault is not None:
             self._injector = FaultInjector(self.simulated_fault, trainer.global_rank, trainer.world_size)
         if self._sections:
@@ -479,6 +490,12 @@ class FaultToleranceCallback(Callback):
             self.client.report_checkpoint(int(iteration))
         self._close_checkpointing()
 
+    def on_checkpoint_loaded_verified(self, result: LoadResult) -> None:
+        """From :class:`FaultToleranceCheckpointIO`: the checkpoint a resume loaded, and the newer ones it skipped."""
+        for rejection in result.rejected:
+            rank_zero_warn(f"FaultToleranceCallback: checkpoint {rejection.path} rejected ({rejection.reason}); "
+                           f"resuming from {result.path}")
+
     def _open_checkpointing(self) -> None:
         if not self._sections:
             self.client.send_heartbeat()
@@ -527,6 +544,8 @@ class FaultToleranceCallback(Callback):
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         graceful = isinstance(exception, SystemExit) and exception.code in (0, None)
+        if not graceful and not isinstance(exception, KeyboardInterrupt):
+            self.client.report_exception(exception)  # the fault's fingerprint, before this rank disconnects
         if not graceful and self.exc_handling_policy is not None:
             self._apply_policy(exception)
         # No collectives here: other ranks may be anywhere, or dead.

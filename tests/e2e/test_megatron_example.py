@@ -8,7 +8,6 @@ timeout; the restarted workers resume from iteration 8 with the timeouts stored 
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -19,6 +18,7 @@ from helpers import REPO_ROOT, python_env
 from integration.launcher_helpers import run_job
 
 from ft_core.events import read_events
+from ft_core.timeouts import describe_timeouts, timeouts_from_state_dict
 
 TRAIN = os.path.join(REPO_ROOT, "examples", "megatron", "train.py")
 HANG_AT, RESUME_AT, TRAIN_ITERS = 12, 8, 20
@@ -76,8 +76,8 @@ def test_hang_in_checkpoint_save_is_caught_and_the_job_resumes_with_learned_time
     assert {"step", "checkpointing"} <= set(learned["calculated_sections"])
     assert learned["section"]["checkpointing"] < 120.0  # learned, not the configured value
     assert {e["timeout"] for e in hangs} == {learned["section"]["checkpointing"]}
-    restored = re.findall(r"timeouts restored from the checkpoint: (\{.*\})", output)
-    assert [ast.literal_eval(text) for text in restored] == [in_checkpoint]
+    restored = re.findall(r"timeouts restored from the checkpoint: (.*\(\* learned\))", output)
+    assert restored == [describe_timeouts(*timeouts_from_state_dict({"current_timeouts": in_checkpoint}))]
 
     # At the end, ft_state.json holds the final values, merged with the restored ones by NVRx's
     # exponential average: they may go down (faster steps), but never below what a step needed

@@ -78,8 +78,8 @@ def _torch_version() -> str:
 
 
 @pytest.fixture(scope="module")
-def scratch(tmp_path_factory) -> Path:
-    """The wheel installed into ``FT_WHEEL_VENV``; a scratch working directory outside the repository."""
+def wheel(tmp_path_factory) -> Path:
+    """ft-suite's wheel, built from a copy of the release sources."""
     build = tmp_path_factory.mktemp("build")
     for name in SOURCES:
         source = Path(REPO_ROOT, name)
@@ -91,11 +91,17 @@ def scratch(tmp_path_factory) -> Path:
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                             "-w", str(wheels), str(build)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
-    [wheel] = wheels.glob("ft_suite-*.whl")
+    [built_wheel] = wheels.glob("ft_suite-*.whl")
+    return built_wheel
+
+
+@pytest.fixture(scope="module")
+def scratch(tmp_path_factory, wheel) -> Path:
+    """The wheel installed into ``FT_WHEEL_VENV``; a scratch working directory outside the repository."""
     torch_before = _torch_version()
     assert not torch_before.startswith(_local_torch()), "FT_WHEEL_VENV must hold another torch than the local one"
     installed = _run([f"{VENV}/bin/python", "-m", "pip", "install", "-q", f"{wheel}[lightning,metrics,report]"],
-                     wheels, timeout=600)
+                     wheel.parent, timeout=600)
     assert installed.returncode == 0, installed.stderr
     assert _torch_version() == torch_before  # pip kept the environment's torch
     return tmp_path_factory.mktemp("scratch")
@@ -112,7 +118,7 @@ def test_the_installed_package_is_the_wheel_and_says_its_version(scratch):
                   "print(ft_core.__version__)"], scratch)
     assert where.returncode == 0, where.stderr
     path, version = where.stdout.split()
-    assert path.startswith(f"{VENV}/lib/") and not path.startswith(REPO_ROOT)
+    assert Path(path).is_relative_to(Path(VENV, "lib")), path  # the venv's site-packages, not the sources
     proc = _run([f"{VENV}/bin/ft_launcher", "--version"], scratch)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"ft_launcher (ft-suite) {version} (Python ")
@@ -143,3 +149,18 @@ def test_a_lightning_trainer_with_the_callback_runs_under_ft_launcher(scratch):
     proc = _run([f"{VENV}/bin/ft_launcher", "--nproc-per-node=1", "--max-restarts=0", "fit.py"], scratch)
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert "trained 8" in proc.stdout
+
+
+def test_pip_keeps_an_nvidia_container_torch(wheel, tmp_path):
+    # NVIDIA's containers ship local pre-release builds; the (metadata of the) one of a 2.12 container.
+    subprocess.run([sys.executable, "-m", "venv", str(tmp_path / "venv")], check=True, timeout=120)
+    site = next((tmp_path / "venv" / "lib").glob("python3.*/site-packages"))
+    dist_info = site / "torch-2.12.0a0+ecf3bae40a.nv25.6.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.12.0a0+ecf3bae40a.nv25.6\n")
+    (dist_info / "RECORD").write_text("")
+    proc = _run([str(tmp_path / "venv" / "bin" / "python"), "-m", "pip", "install", "--dry-run", str(wheel)],
+                tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    would_install = next(line for line in proc.stdout.splitlines() if line.startswith("Would install"))
+    assert "ft-suite" in would_install and "torch" not in would_install

@@ -40,7 +40,7 @@ def test_the_hung_rank_is_named_not_the_rank_waiting_for_it_and_a_slow_rank_is_n
     hung_pid = int(node.events("cycle_start")[0]["workers"]["1"])
     assert diagnosis["headline"].startswith(
         f"rank 1 (node {diagnosis['culprit_nodes'][0]}, pid {hung_pid}) hung in section step at iteration 3 for ")
-    assert diagnosis["headline"].endswith("; ranks 0 were waiting for it"), diagnosis
+    assert diagnosis["headline"].endswith("; rank 0 was waiting for it"), diagnosis
     assert "blocked in a collective" in diagnosis["evidence"], diagnosis
     output = node.output()
     assert diagnosis["headline"] in output

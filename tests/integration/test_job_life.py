@@ -85,3 +85,89 @@ def test_a_recompile_after_learning_is_not_killed_and_a_hang_inside_a_compile_is
     [hang] = [e for e in hang_monitor.events() if e["event"] == "hang_detected"]
     assert (hang["reason"], hang["section"], hang["timeout"]) == ("section", "compile", 3.0)
 
+
+# -- the job-life soak: 10 preemptions at random points, requeued like the sbatch example ----------------
+@pytest.mark.soak
+@pytest.mark.timeout(900)
+def test_soak_ten_preemptions_then_hangs_in_the_last_runs_lightning(tmp_path):
+    import random
+    import subprocess
+    import sys
+    import time
+
+    from helpers import free_port
+    from lightning_scripts.harness import reports
+
+    from ft_core.events import read_events
+
+    rng = random.Random(20)
+    env = base_env(tmp_path)
+    max_steps, every = 150, 3
+
+    def launch(run: int, *extra: str) -> subprocess.Popen:
+        # Variable step times, saves 3-5x a step, start-up varying 2x between runs.
+        step = rng.choice((0.05, 0.08, 0.1))
+        cmd = [sys.executable, "-m", "ft_core.launcher", "--nproc-per-node=1", "--max-restarts=0",
+               "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
+               f"--ft-events-file={tmp_path / f'events{run}.jsonl'}",
+               "--ft-rank-section-timeouts=setup:30,step:20,validation:20,checkpointing:20",
+               "--ft-rank-out-of-section-timeout=30", "--ft-initial-rank-heartbeat-timeout=none",
+               "--ft-rank-heartbeat-timeout=none",
+               str(SCRIPTS / "train.py"), "--mode=sections", f"--max-steps={max_steps}", f"--every-n-steps={every}",
+               f"--step-sleep={step}", f"--save-sleep={step * rng.uniform(3, 5):.3f}",
+               f"--setup-sleep={0.3 * (1 + run % 2)}", f"--ckpt-dir={tmp_path / 'ckpt'}", f"--out-dir={tmp_path / str(run)}",
+               *extra]
+        (tmp_path / str(run)).mkdir()
+        log = open(tmp_path / f"launcher{run}.log", "w")  # noqa: SIM115 - closed with the process below
+        return subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def finish(proc: subprocess.Popen, timeout: float) -> int:
+        try:
+            return proc.wait(timeout=timeout)
+        finally:
+            kill_group(proc)
+
+    def resume_step() -> int:
+        """The step the next run resumes from: the newest checkpoint's."""
+        steps = [int(path.stem.rpartition("step=")[2]) for path in (tmp_path / "ckpt").glob("*step=*.ckpt")]
+        return max(steps, default=0)
+
+    def started(run: int) -> bool:
+        return any((tmp_path / str(run)).glob("report_r*_c*.json"))
+
+    runs = 0
+    codes = []
+    for point in ["start-up"] * 4 + ["training"] * 6:  # preempted at random points
+        proc = launch(runs)
+        if point == "start-up":  # importing, connecting, loading the checkpoint
+            time.sleep(rng.uniform(1.0, 8.0))
+        else:  # mid-step or mid-save (saves are 3-5x a step: about half the time)
+            deadline = time.monotonic() + 180
+            while not started(runs) and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            time.sleep(rng.uniform(0.0, 2.0))
+        proc.send_signal(signal.SIGTERM)
+        codes.append(finish(proc, 120))
+        runs += 1
+    # A hang in a warm-up step of the next run, then in a steady step of the one after: both caught.
+    hang_steps = []
+    for offset in (2, 8):
+        start = resume_step()
+        hang_steps.append(start + offset)
+        proc = launch(runs, f"--fault={json.dumps({'kind': 'hang_step', 'rank': 0, 'step': start + offset})}")
+        codes.append(finish(proc, 400))
+        runs += 1
+    proc = launch(runs)  # the requeue that finishes training
+    codes.append(finish(proc, 400))
+    runs += 1
+    logs = "\n".join((tmp_path / f"launcher{n}.log").read_text()[-1500:] for n in range(runs))
+    assert codes[-1] == 0 and 0 not in codes[:-1], (codes, logs)
+    events = [e for n in range(runs) if (tmp_path / f"events{n}.jsonl").exists()
+              for e in read_events(str(tmp_path / f"events{n}.jsonl"))[0]]
+    hangs = [e for e in events if e["event"] == "hang_detected"]
+    # 0 healthy ranks killed: the only hangs are the two injected ones, each caught once (the warm-up one by
+    # the warm-up budget, max(setup, out-of-section), the steady one by the step timeout).
+    assert [(h["iteration"], h["section"]) for h in hangs] == [(s, "step") for s in hang_steps], hangs
+    finished = [r for n in range(runs) for r in reports(tmp_path / str(n)).values() if r.get("end_step") == max_steps]
+    assert len(finished) == 1  # training finished exactly once
+    assert (tmp_path / "finished.flag").exists()

@@ -164,6 +164,27 @@ def test_a_bad_phase_sample_closes_only_its_connection(monitor, ranks, name, sec
     assert_untouched(monitor, healthy)
 
 
+@pytest.mark.parametrize(("exception_type", "frames", "iteration", "words"), [
+    ("", ["a.py:1 f"], 3, "needs a type"),
+    ("ValueError", [f"a.py:{i} f" for i in range(9)], 3, "at most 8 frames"),
+    ("ValueError", ["a" * 301], 3, "at most 300 characters"),
+    ("Value\x00Error", [], 3, "without NUL"),
+    ("ValueError", [], -1, "invalid iteration"),
+])
+def test_a_bad_exception_report_closes_only_its_connection(monitor, ranks, exception_type, frames, iteration, words):
+    # A fault's fingerprint crosses the socket too: bounded and validated, never trusted.
+    from ft_core.protocol import HelloAck, ReportException, recv_msg, send_msg
+
+    healthy = ranks(monitor, "heartbeat_forever")
+    with connect(monitor) as sock:
+        send_msg(sock, Hello(token=TOKEN, rank=7))
+        assert isinstance(recv_msg(sock, FrameDecoder(), 10), HelloAck)
+        send_msg(sock, ReportException(exception_type=exception_type, frames=frames, iteration=iteration))
+        assert closed_by_peer(sock, 10)
+    assert words in wait_rejection(monitor, words)
+    assert_untouched(monitor, healthy)
+
+
 @pytest.mark.parametrize("dump_path, words", [
     ("{stacks}/rank7\x00.txt", "NUL"),
     ("relative/rank7.txt", "absolute"),

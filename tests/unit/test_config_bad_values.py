@@ -127,6 +127,10 @@ BAD_VALUES = [
     ("min_progress_iterations", "range", 0, COUNT.format(1)),
     ("min_progress_iterations", "empty", "", COUNT.format(1)),
     ("min_progress_iterations", "non-finite", NAN, COUNT.format(1)),
+    ("max_identical_faults", "type", "twice", COUNT.format(0)),
+    ("max_identical_faults", "range", -1, COUNT.format(0)),
+    ("max_identical_faults", "empty", "", COUNT.format(0)),
+    ("max_identical_faults", "non-finite", INF, COUNT.format(0)),
     ("checkpoint_iteration_file", "type", 3, "a file path, or none"),
     ("checkpoint_iteration_file", "range", os.sep, "a file path, or none"),  # a directory
     ("checkpoint_iteration_file", "empty", "", "a file path, or none"),

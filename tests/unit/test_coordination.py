@@ -17,8 +17,7 @@ from collections.abc import Callable
 
 import pytest
 import torch.distributed as dist
-from etcd_cluster import EtcdCluster
-from helpers import wait_for
+from etcd_cluster import EtcdCluster, assert_rides_out_an_outage
 
 from ft_core.launcher.coordination import (
     CoordinationError,
@@ -204,19 +203,7 @@ def test_etcd_job_store_rides_out_a_short_outage(tmp_path, caplog, etcd_server):
     cluster = EtcdCluster(str(tmp_path), size=1).start()
     try:
         store = EtcdJobStore(cluster.client(), "/ft_launcher/outage", unavailable_timeout=60)
-        store.set("k", "before")
-        (member,) = cluster.members
-        member.kill()
-        result: list = []
-        writer = threading.Thread(target=lambda: result.append(store.compare_set("k", "before", "after")))
-        writer.start()
-        wait_for(lambda: any("etcd job store" in r.getMessage() and "retrying" in r.getMessage()
-                             for r in caplog.records), 30, "the write to fail once and be retried")
-        # Restarted from this thread: an etcd started from a thread would die with it (PR_SET_PDEATHSIG).
-        cluster.restart(member)
-        writer.join(60)
-        assert result == ["after"]
-        assert store.get("k") == "after"
+        assert_rides_out_an_outage(cluster, store, caplog.records, "etcd job store")
     finally:
         cluster.stop()
 

@@ -37,7 +37,7 @@ def test_stacks_name_the_rank_outside_the_collective_even_when_the_waiter_expire
     assert ranks(verdict) == ([1], [0])
     # Rank 1's own deadline had not passed: it is named "silent", not "hung".
     assert verdict.headline() == ("rank 1 (node h:1, pid 101) silent in section step at iteration 25 for 2.9 s; "
-                                  "ranks 0 were waiting for it")
+                                  "rank 0 was waiting for it")
     event = verdict.to_event(cycle=4, decided_by="h:1")
     assert (event.culprits, event.waiting, event.culprit_nodes, event.cycle) == ([1], [0], ["h:1"], 4)
 
@@ -71,7 +71,7 @@ def test_a_stopped_rank_is_the_culprit_whatever_its_stack_shows():
     # its stack, which then shows an ordinary step, while its peer errored out of the collective.
     verdict = diagnose([ev(0, in_collective=False), ev(1, in_collective=False, stopped=True)])
     assert ranks(verdict) == ([1], [0])
-    assert "ranks 1 stopped by a signal" in verdict.evidence
+    assert "rank 1 stopped by a signal" in verdict.evidence
     assert ranks(diagnose([ev(0, stopped=True), ev(1, stopped=True)])) == ([0, 1], [])
 
 
@@ -80,7 +80,7 @@ def test_a_rank_without_a_stack_is_the_suspect_when_its_peers_wait_in_a_collecti
     # peer that waits for it in the all-reduce can. No iteration is known to either.
     verdict = diagnose([ev(0, in_collective=True), ev(1)])
     assert ranks(verdict) == ([1], [0])
-    assert "without a stack (1)" in verdict.evidence
+    assert "without a stack (rank 1)" in verdict.evidence
 
 
 def test_collective_stacks_tell_nothing_when_every_rank_is_in_one():
@@ -134,7 +134,7 @@ def test_a_rank_that_never_connected_is_the_first_suspect():
     verdict = diagnose([ev(0, hung=True, stalled_for=90.0, timeout=90.0), ev(1, hung=True, stalled_for=90.0,
                         timeout=90.0)], world_size=3)
     assert ranks(verdict) == ([2], [0, 1])
-    assert "ranks 2 never connected" in verdict.evidence
+    assert "rank 2 never connected" in verdict.evidence
     assert verdict.headline().startswith("rank 2 never connected to its node's monitor; ranks 0, 1 were waiting")
     # Connected but no sign of life ever (stuck in its imports): the same.
     silent = diagnose([ev(0, hung=True, stalled_for=90.0), ev(1, last_activity=None)], world_size=2)
@@ -149,7 +149,7 @@ def test_a_rank_alive_within_its_timeout_is_not_named_while_another_suspect_rema
     verdict = diagnose([ev(0, iteration=9, hung=True, stalled_for=3.0, timeout=3.0, in_collective=False),
                         ev(1, iteration=8, stalled_for=0.0, timeout=3.0, in_collective=False)])
     assert ranks(verdict) == ([0], [1])
-    assert "ranks 1 alive within their timeouts" in verdict.evidence
+    assert "rank 1 alive within their timeouts" in verdict.evidence
     # The real hang is still named: silent past its timeout, the rank at the lowest iteration is the culprit.
     real = diagnose([ev(0, iteration=9, hung=True, stalled_for=3.0, timeout=3.0, in_collective=False),
                      ev(1, iteration=8, stalled_for=3.5, timeout=3.0, in_collective=False)])

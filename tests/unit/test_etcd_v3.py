@@ -8,7 +8,6 @@ pieces is tested in tests/integration (test_launcher_multi_node.py, test_node_lo
 from __future__ import annotations
 
 import datetime
-import threading
 import time
 import uuid
 
@@ -141,7 +140,7 @@ def test_endpoints():
 
 def test_an_outage_shorter_than_the_retry_window_is_ridden_out(tmp_path, caplog):
     """No false failure: a write issued while etcd is down completes once it is back, within the window."""
-    from etcd_cluster import EtcdCluster
+    from etcd_cluster import EtcdCluster, assert_rides_out_an_outage
 
     from ft_core.launcher.job_store import EtcdV3JobStore
 
@@ -150,18 +149,7 @@ def test_an_outage_shorter_than_the_retry_window_is_ridden_out(tmp_path, caplog)
     lease = JobLease(client, "/ft_launcher/outage/lease", 60)
     try:
         store = EtcdV3JobStore(client, "/ft_launcher/outage/job", lease)
-        store.set("k", "before")
-        (member,) = cluster.members
-        member.kill()
-        result: list = []
-        writer = threading.Thread(target=lambda: result.append(store.compare_set("k", "before", "after")))
-        writer.start()
-        wait_for(lambda: any("did not answer" in r.getMessage() and "retrying" in r.getMessage()
-                             for r in caplog.records), 30, "the write to fail once and be retried")
-        # Restarted from this thread: an etcd started from a thread would die with it (PR_SET_PDEATHSIG).
-        cluster.restart(member)
-        writer.join(60)
-        assert result == ["after"] and store.get("k") == "after"
+        assert_rides_out_an_outage(cluster, store, caplog.records, "did not answer")
     finally:
         lease.close()
         cluster.stop()

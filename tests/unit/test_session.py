@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import signal
@@ -13,6 +12,7 @@ from helpers import wait_for
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.monitor import read_events
+from ft_core.timeouts import describe_timeouts, timeouts_from_state_dict
 from ft_integrations.session import (
     FINISHED_FLAG_ENV,
     FaultToleranceSession,
@@ -264,7 +264,8 @@ def test_heartbeat_schedule_learns_heartbeat_timeouts(start_monitor, sessions):
     session.learn_at_end()
     assert session.client.hb_timeouts.were_calculated
     assert messages.learned() == [f"test: learned timeouts at the end of training: "
-                                  f"{session.client.hb_timeouts.to_dict()}"]
+                                  f"{describe_timeouts(session.client.hb_timeouts, session.client.section_timeouts)}"]
+    assert "heartbeat" in messages.learned()[0] and "* first" in messages.learned()[0]  # one line, the learned marked
 
 
 def test_a_disabled_schedule_never_calculates(start_monitor, sessions):
@@ -318,9 +319,9 @@ def test_state_file_round_trip_rides_the_next_handshake(start_monitor, sessions,
     assert fresh.load_state_file() and fresh.has_state
     fresh.client.init_workload_monitoring()
     assert fresh.client.section_timeouts.to_dict() == saved["current_timeouts"]["section"]
-    prefix = f"test: timeouts restored from {state_file}: "
-    assert len(messages.info) == 1 and messages.info[0].startswith(prefix)
-    assert ast.literal_eval(messages.info[0][len(prefix):]) == saved["current_timeouts"]
+    assert messages.info == [f"test: timeouts restored from {state_file}: "
+                             f"{describe_timeouts(*timeouts_from_state_dict(saved))}"]
+    assert "'section'" not in messages.info[0]  # a line for people, not a nested dict
 
 
 @pytest.mark.parametrize(
@@ -377,8 +378,9 @@ def test_restore_from_a_checkpoint_applies_at_once_or_warns(start_monitor, sessi
     assert session.client.section_timeouts.section["step"] == 123.0
     assert wait_for(lambda: updates(monitor)[1:], 10, "the restored values")[0]["timeouts"] == \
         session.client.state_dict()
-    current = session.client.state_dict()["current_timeouts"]
-    assert messages.info[-1] == f"test: timeouts restored from the checkpoint: {current}"
+    described = describe_timeouts(session.client.hb_timeouts, session.client.section_timeouts)
+    assert messages.info[-1] == f"test: timeouts restored from the checkpoint: {described}"
+    assert "step 123 s*" in described
 
 
 def test_state_dict_is_empty_until_connected_or_restored(sessions):

@@ -14,6 +14,7 @@ FT_TEST_FAULT_CYCLES  for a single kind: "0,2" | "all" | "<50" (cycles below 50)
 FT_TEST_FAULT_RANK    global rank that faults (default 0); "local0" = local rank 0 of every node
                       ("forever" applies to every rank: all step until they are stopped)
 FT_TEST_FAULT_STEP    step at which the fault happens (default 1)
+FT_TEST_FAULT_STEP_BY_CYCLE  comma-separated: the fault's step in cycle 0, 1, ... (overrides FT_TEST_FAULT_STEP)
 FT_TEST_FAULT_AFTER   path: the fault waits until this file exists; cycles that start before it
                       exists step until they are stopped
 FT_TEST_STEPS         steps per cycle (default 5); "forever" runs until signalled
@@ -196,7 +197,9 @@ def main() -> int:
     client.send_heartbeat()
     record(event="first_heartbeat", time=time.time(), imported=imported)
 
-    fault_step = int(os.environ.get("FT_TEST_FAULT_STEP", "1"))
+    by_cycle = os.environ.get("FT_TEST_FAULT_STEP_BY_CYCLE", "").split(",")
+    fault_step = int(by_cycle[CYCLE] if CYCLE < len(by_cycle) and by_cycle[CYCLE]
+                     else os.environ.get("FT_TEST_FAULT_STEP", "1"))
     trigger_file = os.environ.get("FT_TEST_FAULT_AFTER")
     # Cycles that start before the trigger file exists step until they are stopped.
     waiting = trigger_file is not None and not os.path.exists(trigger_file)

@@ -1,0 +1,50 @@
+"""The finite check and the fallback order of a verified load (one process, no process group)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ft_core.checkpoint_manifest import save_file_atomically
+from ft_integrations.checkpoint_guard import (
+    NoGoodCheckpointError,
+    fallback_candidates,
+    load_verified,
+    nonfinite_tensors,
+)
+
+NAN, INF = float("nan"), float("inf")
+
+
+def test_nonfinite_tensors_names_exactly_the_tensors_holding_nan_or_infinity():
+    state = {
+        "ok": torch.ones(10), "huge_but_finite": torch.full((4,), 3e38),  # a float32 sum would overflow
+        "nan": torch.tensor([1.0, NAN]), "infs": torch.tensor([INF, -INF]),  # +inf and -inf sum to NaN
+        "f64_huge": torch.tensor([1e308, 1e308], dtype=torch.float64),  # its sum overflows: checked elementwise
+        "f64_inf": torch.tensor([1e308, INF], dtype=torch.float64),
+        "bf16_nan": torch.tensor([1.0, NAN], dtype=torch.bfloat16), "complex_nan": torch.tensor([1 + 1j, complex(NAN)]),
+        "ints": torch.arange(3), "empty": torch.empty(0), "nested": [{"w": torch.tensor([INF])}],
+    }
+    assert nonfinite_tensors(state, limit=10) == ["nan", "infs", "f64_inf", "bf16_nan", "complex_nan", "nested[0].w"]
+    assert nonfinite_tensors(state) == ["nan", "infs", "f64_inf"]  # stops at the limit
+
+
+def _save(path, weight: float, step: int) -> None:
+    state = {"state_dict": {"w": torch.tensor([weight])}, "step": step}
+    save_file_atomically(str(path), lambda temp: torch.save(state, temp), global_step=step)
+
+
+def test_load_verified_takes_the_requested_one_else_the_newest_fallback_that_passes(tmp_path):
+    for step, weight in ((10, 1.0), (20, NAN), (30, 3.0)):
+        _save(tmp_path / f"step={step}.ckpt", weight, step)
+    _save(tmp_path / "last.ckpt", NAN, 30)
+    last = str(tmp_path / "last.ckpt")
+    assert fallback_candidates(last) == [str(tmp_path / f"step={s}.ckpt") for s in (30, 20, 10)]
+    load = lambda p: torch.load(p, weights_only=True)  # noqa: E731
+    result = load_verified(last, fallback_candidates(last), load, weights=lambda s: s["state_dict"])
+    assert result.path == str(tmp_path / "step=30.ckpt") and result.state["step"] == 30
+    assert [r.reason for r in result.rejected] == ["non-finite values in w"]
+    # Without the finite check the requested one loads as it is.
+    assert load_verified(last, [], load).path == last
+    with pytest.raises(NoGoodCheckpointError, match="step=20.ckpt: non-finite values in w"):
+        load_verified(str(tmp_path / "step=20.ckpt"), [], load, weights=lambda s: s["state_dict"])

@@ -1,0 +1,117 @@
+"""The restart policy from fault fingerprints: a pure function of the job's faults (no processes)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ft_core.fault_policy import FaultAction, FaultKind, FaultPolicy, Fingerprint, decide_fault
+
+CKPT = "/ckpt/step=20.ckpt"
+
+
+def value_error(iteration: int = 30, *, resumed_step: int = 20, new_checkpoint: bool = False, node: str = "n1",
+                resumed_from: str = CKPT) -> Fingerprint:
+    return Fingerprint(FaultKind.EXCEPTION, culprits=(1,), nodes=(node,), iteration=iteration,
+                       exception_type="ValueError", frames=("train.py:42 training_step",),
+                       resumed_from=resumed_from, resumed_step=resumed_step, new_checkpoint=new_checkpoint)
+
+
+def test_the_same_exception_twice_from_the_same_checkpoint_stops_with_a_headline():
+    # Resumed at 0 (a fresh start), the fault at step 30: not "right after a resume".
+    first, second = value_error(resumed_step=0, resumed_from=None), value_error(resumed_step=0, resumed_from=None)
+    assert decide_fault([first]).action is FaultAction.RESTART
+    verdict = decide_fault([first, second])
+    assert verdict.action is FaultAction.STOP
+    assert verdict.reason == ("ValueError at train.py:42 training_step on rank 1 at iteration 30, 2 times in a row "
+                              "with no new checkpoint in between: a deterministic fault, restarting cannot help")
+
+
+def test_a_fault_at_another_iteration_or_rank_is_not_the_same_fault():
+    first = value_error(resumed_step=0, resumed_from=None)
+    assert decide_fault([first, value_error(31, resumed_step=0, resumed_from=None)]).action is FaultAction.RESTART
+    other_rank = dataclasses_replace(first, culprits=(0,))
+    assert decide_fault([first, other_rank]).action is FaultAction.RESTART
+
+
+def test_a_new_checkpoint_in_between_means_the_job_moved_on():
+    first, second = (value_error(resumed_step=0, resumed_from=None, new_checkpoint=written) for written in (True, False))
+    assert decide_fault([first, second]).action is FaultAction.STOP  # written before the first fault: not "in between"
+    assert decide_fault([second, first]).action is FaultAction.RESTART  # written by the second fault's cycle
+
+
+def test_crashes_and_signals_never_count_as_the_same_fault():
+    """Without an exception or a stack nothing places a fault: the same rank killed twice may be two transients."""
+    for kind, sig in ((FaultKind.SIGNAL, "SIGKILL"), (FaultKind.CRASH, None)):
+        fault = Fingerprint(kind, culprits=(1,), iteration=None, signal=sig)
+        assert decide_fault([fault] * 5).action is FaultAction.RESTART
+    hang_without_stack = Fingerprint(FaultKind.HANG, culprits=(1,), iteration=30)
+    assert decide_fault([hang_without_stack] * 5).action is FaultAction.RESTART
+    hang = dataclasses_replace(hang_without_stack, frames=("data.py:10 next_batch",))
+    assert decide_fault([hang] * 2).action is FaultAction.STOP
+
+
+def test_the_rule_can_be_switched_off_or_made_patient():
+    faults = [value_error(resumed_step=0, resumed_from=None)] * 2
+    assert decide_fault(faults, FaultPolicy(max_identical_faults=0)).action is FaultAction.RESTART
+    assert decide_fault(faults, FaultPolicy(max_identical_faults=3)).action is FaultAction.RESTART
+    assert decide_fault(faults * 2, FaultPolicy(max_identical_faults=3)).action is FaultAction.STOP
+
+
+def test_a_fault_right_after_resuming_twice_from_one_checkpoint_marks_it_bad_once():
+    faults = [value_error(22), value_error(22)]  # 2 steps after resuming from step 20, twice
+    verdict = decide_fault(faults)
+    assert (verdict.action, verdict.checkpoint) == (FaultAction.MARK_CHECKPOINT_BAD, CKPT)
+    assert "twice within 10 steps of resuming from /ckpt/step=20.ckpt" in verdict.reason
+    # Once it is marked, the same fault from the same checkpoint again is a deterministic fault.
+    assert decide_fault(faults, marked_bad=frozenset({CKPT})).action is FaultAction.STOP
+    assert decide_fault(faults, FaultPolicy(suspect_checkpoint_steps=0)).action is FaultAction.STOP
+
+
+def test_a_nonfinite_loss_right_after_a_resume_marks_the_checkpoint_bad_at_once():
+    nan = Fingerprint(FaultKind.NONFINITE_LOSS, culprits=(0,), iteration=21, resumed_from=CKPT, resumed_step=20)
+    verdict = decide_fault([nan])
+    assert (verdict.action, verdict.checkpoint) == (FaultAction.MARK_CHECKPOINT_BAD, CKPT)
+    assert verdict.reason == f"non-finite loss 1 step(s) after resuming from {CKPT}"
+
+
+def test_faults_that_follow_one_node_exclude_it_when_a_spare_waits_else_name_it():
+    faults = [Fingerprint(FaultKind.SIGNAL, culprits=(r,), nodes=("n7",), iteration=i, signal="SIGSEGV")
+              for r, i in ((3, 100), (2, 250), (3, 410))]
+    spare = decide_fault(faults, spare_waiting=True)
+    assert (spare.action, spare.node) == (FaultAction.EXCLUDE_NODE, "n7")
+    alone = decide_fault(faults)
+    assert (alone.action, alone.node) == (FaultAction.RESTART, "n7") and "no spare waits" in alone.reason
+    moved = faults[:2] + [dataclasses_replace(faults[2], nodes=("n2",))]
+    assert decide_fault(moved, spare_waiting=True).action is FaultAction.RESTART
+
+
+def dataclasses_replace(fingerprint: Fingerprint, **changes) -> Fingerprint:
+    import dataclasses
+
+    return dataclasses.replace(fingerprint, **changes)
+
+
+def test_transient_faults_always_restart():
+    """Random kills and hangs on random ranks and nodes at random steps: never a stop, never a mark (x20 jobs)."""
+    rng = random.Random(7)
+    for _ in range(20):
+        history: list[Fingerprint] = []
+        resumed = 0
+        for _fault in range(8):
+            iteration = resumed + rng.randint(15, 400)
+            kind = rng.choice([FaultKind.SIGNAL, FaultKind.HANG, FaultKind.CRASH])
+            rank = rng.randrange(16)
+            history.append(Fingerprint(kind, culprits=(rank,), nodes=(f"n{rank // 8}{rng.randrange(100)}",),
+                                       iteration=iteration, signal="SIGKILL" if kind is FaultKind.SIGNAL else None,
+                                       frames=(f"train.py:{rng.randrange(500)} step",) if kind is FaultKind.HANG
+                                       else (), resumed_from=f"/ckpt/{resumed}", resumed_step=resumed,
+                                       new_checkpoint=True))
+            assert decide_fault(history, spare_waiting=True).action is FaultAction.RESTART, history[-3:]
+            resumed = iteration - rng.randint(0, 10)
+
+
+def test_an_empty_history_is_a_programming_error():
+    with pytest.raises(ValueError, match="history is empty"):
+        decide_fault([])
