@@ -306,8 +306,16 @@ class RankMonitorClient:
             self._compile_watch.install()
         log.debug("rank %d connected to the rank monitor at %s", self.rank, socket_path)
 
-    def shutdown_workload_monitoring(self) -> None:
-        """Say goodbye to the monitor (it will not kill this rank) and disconnect. Idempotent."""
+    def shutdown_workload_monitoring(self, training_finished: bool = False) -> None:
+        """Say goodbye to the monitor (it will not kill this rank) and disconnect. Idempotent.
+
+        Args:
+            training_finished: this rank reports that training is complete (``max_steps`` or
+                ``max_epochs`` reached, the final save done). Once every rank of the job reported
+                it, ``ft_launcher`` treats a worker that fails afterwards (a crash at interpreter
+                exit) as a warning and exits 0 instead of restarting a finished job. Never pass it
+                on a time limit or a failure: the job would not be requeued.
+        """
         if not self.is_initialized:
             return
         self.is_initialized = False
@@ -320,7 +328,7 @@ class RankMonitorClient:
             sock.settimeout(REQUEST_TIMEOUT)
             if not self._monitor_lost:
                 sock.sendall(bytes(self._unsent))
-                request(sock, self._decoder, Goodbye(), REQUEST_TIMEOUT)
+                request(sock, self._decoder, Goodbye(training_finished=bool(training_finished)), REQUEST_TIMEOUT)
         except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
             log.warning("rank monitor did not confirm the shutdown: %s", exc)
         finally:

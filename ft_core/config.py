@@ -231,7 +231,7 @@ def _score_threshold(name: str, value: Any) -> float:
 
 def _min_phase_seconds(name: str, value: Any) -> float:
     seconds: float = convert(name, value, Annotated[float, msgspec.Meta(ge=0, le=3600)],
-                             "a number of seconds from 0 to 3600 (0 scores every phase)", coerce=True)
+                             "a number of seconds from 0 to 3600 (0: only the 5 % of the step floor)", coerce=True)
     return seconds
 
 
@@ -616,8 +616,8 @@ _FIELD_HELP = {
                            "straggler",
     "straggler_consecutive_reports": "... for this many consecutive reports",
     "straggler_window": "phase durations kept per rank and phase (the window the medians are taken over)",
-    "straggler_min_phase_seconds": "a phase whose job-wide median is shorter is never scored (0: score every "
-                                   "phase)",
+    "straggler_min_phase_seconds": "a phase whose job-wide median is shorter, or under 5 % of the step section's, "
+                                   "is never scored (0: only the 5 % floor)",
     "straggler_action": "what to do about a straggler: report, restart (the cycle) or exclude-node",
     "metrics_port": "port of the launcher's Prometheus endpoint (0: any free port, logged), or none "
                     "(needs the 'metrics' extra: prometheus-client)",

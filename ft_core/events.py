@@ -130,6 +130,7 @@ class RestartKind(str, enum.Enum):
     MONITOR = "monitor"  # the node's rank monitor died
     UNHEALTHY = "unhealthy"  # a worker is stuck in uninterruptible sleep
     EXCLUDED = "excluded"  # a rank asked for ExcludeThisNode
+    NODE_FAULT = "node-fault"  # a rank asked for ExcludeThisNode, but the job cannot go on without the node
     SHUTDOWN = "shutdown"  # a rank asked for ShutdownWorkload
     PEER = "peer"  # another node decided
     MEMBERSHIP = "membership"  # new nodes are waiting to join
@@ -143,7 +144,8 @@ class RestartKind(str, enum.Enum):
 
 #: A straggler restart is not a fault: the job was healthy, only slow. It neither spends the budget nor
 #: counts for no-progress; straggler detection restarts at most once per node (see ft_core.launcher.stragglers).
-_FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY})
+_FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY,
+                     RestartKind.NODE_FAULT})
 
 
 class Event(msgspec.Struct, kw_only=True, frozen=True, tag_field="event", omit_defaults=True):
@@ -175,6 +177,8 @@ class RankDisconnected(Event, frozen=True, tag=EventName.RANK_DISCONNECTED.value
     rank: int
     pid: int
     graceful: bool
+    #: The rank's goodbye reported that training is complete (``shutdown_workload_monitoring(training_finished=True)``).
+    training_finished: bool = False
 
 
 class HangDetected(Event, frozen=True, tag=EventName.HANG_DETECTED.value):

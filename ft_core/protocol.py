@@ -163,8 +163,16 @@ class PhaseTime(msgspec.Struct, tag="phase", forbid_unknown_fields=True):
     seconds: float
 
 
-class Goodbye(msgspec.Struct, tag="bye", forbid_unknown_fields=True):
-    """Explicit end of monitoring: the monitor forgets the rank and never kills it."""
+class Goodbye(msgspec.Struct, tag="bye", forbid_unknown_fields=True, omit_defaults=True):
+    """Explicit end of monitoring: the monitor forgets the rank and never kills it.
+
+    ``training_finished``: the rank reports that training is complete (its integration saw
+    ``max_steps``/``max_epochs`` reached); once every rank of the job did, the launcher treats a
+    worker's failure at exit as a warning, not a fault. Omitted on the wire when False, so a
+    plain goodbye is the same frame it always was.
+    """
+
+    training_finished: bool = False
 
 
 class WorkloadControl(msgspec.Struct, tag="workload", forbid_unknown_fields=True):

@@ -21,6 +21,15 @@ Scores (1.0 is typical, lower is slower):
   median, per phase;
 * *individual* = this rank's best window median so far / its current median.
 
+Phases too short to judge are not scored: a phase whose job-wide median is
+below ``max(min_phase_seconds, MIN_PHASE_STEP_FRACTION x the step)`` -- the
+step being the job-wide median of the ``step`` section's durations, which the
+monitor keeps in the same windows under :data:`STEP_PHASE` when ranks mark
+that section -- gets no score: at that scale work that one rank does alone
+(rank 0's progress bar, a log line) outweighs any difference in speed, and it
+costs the job little. The ``step`` itself is only this reference, never scored
+(every rank waits for the slowest inside it).
+
 Only the relative score judges: a job-wide slowdown (a slow file system, a
 busy data source, a loaded host) lowers every rank's individual score and is
 not a straggler -- restarting would not help. The individual score is
@@ -51,17 +60,21 @@ import statistics
 from collections.abc import Iterable
 from typing import Optional
 
+from ft_core.timeouts import STEP_SECTION
+
 __all__ = [
     "DEFAULT_MIN_PHASE_SECONDS",
     "DEFAULT_WINDOW",
     "MAX_PHASE_NAME",
     "MAX_PHASES_PER_RANK",
+    "MIN_PHASE_STEP_FRACTION",
     "Phase",
     "PhaseMedian",
     "PhaseScore",
     "PhaseWindows",
     "StragglerAction",
     "StragglerJudge",
+    "STEP_PHASE",
     "StragglerReport",
     "check_phase_sample",
     "score_phases",
@@ -71,6 +84,11 @@ __all__ = [
 DEFAULT_WINDOW = 64
 #: Phases whose job-wide median is below this are not scored (``straggler_min_phase_seconds``).
 DEFAULT_MIN_PHASE_SECONDS = 0.001
+#: ... and below this fraction of the job-wide median of the ``step`` section, when ranks mark it.
+MIN_PHASE_STEP_FRACTION = 0.05
+#: The phase under which the monitor keeps each rank's ``step`` section durations: the reference of
+#: the relative floor, never scored itself.
+STEP_PHASE = STEP_SECTION
 #: Distinct phases the monitor keeps per rank; more are ignored (a hostile or buggy client cannot grow
 #: the monitor without bound).
 MAX_PHASES_PER_RANK = 16
@@ -243,15 +261,29 @@ class StragglerJudge:
         self.consecutive = consecutive
         #: A phase whose job-wide median is below this is not scored: no score, never a straggler.
         self.min_phase_seconds = min_phase_seconds
+        #: The job-wide median of the ``step`` durations in the latest report that had them; None: unknown.
+        self.step_seconds: Optional[float] = None
         self._best: dict[tuple[int, str], float] = {}
         self._below: dict[tuple[int, str], int] = {}
+
+    @property
+    def min_phase(self) -> float:
+        """The shortest job-wide median a phase needs to be scored: ``min_phase_seconds``, or
+        :data:`MIN_PHASE_STEP_FRACTION` of the step when the step is known and that is longer."""
+        if self.step_seconds is None:
+            return self.min_phase_seconds
+        return max(self.min_phase_seconds, MIN_PHASE_STEP_FRACTION * self.step_seconds)
 
     def judge(self, medians: Iterable[PhaseMedian]) -> StragglerReport:
         medians = list(medians)
         by_phase: dict[str, list[float]] = collections.defaultdict(list)
         for m in medians:
             by_phase[m.phase].append(m.median)
-        scored = {phase for phase, values in by_phase.items() if statistics.median(values) >= self.min_phase_seconds}
+        steps = by_phase.pop(STEP_PHASE, None)
+        if steps:
+            self.step_seconds = statistics.median(steps)
+        floor = self.min_phase
+        scored = {phase for phase, values in by_phase.items() if statistics.median(values) >= floor}
         scores = score_phases([m for m in medians if m.phase in scored], self._best)
         stragglers = []
         for score in scores:

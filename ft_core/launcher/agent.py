@@ -96,6 +96,8 @@ SPARE_RELEASE_TIMEOUT = 10.0
 LEFT_UNFINISHED_EXIT_CODE = 75
 #: ``worker_exit.cause`` of a worker that failed once training was finished (not a fault: no restart).
 FINISHED_EXIT_CAUSE = "exit after training finished"
+#: Why training counts as finished when no flag file says so (see ``FtElasticAgent._training_finished``).
+RANKS_FINISHED = "every rank reported training complete and shut its client down"
 #: How long a worker that exited with code 1 may take to have its exception report reach us (it sends it
 #: before it exits; the monitor records it within milliseconds): only such a crash waits, at most this.
 EXCEPTION_REPORT_WAIT = 0.5
@@ -166,6 +168,12 @@ class FtElasticAgent(LocalElasticAgent):
         self._snapshot: Optional[RanksSnapshot] = None
         #: Why exclude-node fell back to report, each said once.
         self._exclusion_warned: set[str] = set()
+        #: Pids of this cycle's workers whose graceful goodbye reported training complete.
+        self._reported_finished: set[int] = set()
+        #: This cycle's workers all reported training complete (told to the job store once).
+        self._node_finished = False
+        #: Why training is finished, decided at the cycle's first worker failure; None: it is not.
+        self._finished_reason: Optional[str] = None
         self.outcome = Outcome(1, "the launcher stopped before the job ended")
 
     # -- seams: rendezvous, environment, start, stop, monitor ---------------
@@ -202,6 +210,9 @@ class FtElasticAgent(LocalElasticAgent):
         self._exceptions.clear()
         self._failed.clear()
         self._evidence = None
+        self._reported_finished.clear()
+        self._node_finished = False
+        self._finished_reason = None
         self._svc.monitor.wait_ready()  # started in parallel with the first rendezvous
         with workers_die_with_agent(self._svc.factory):
             pids = super()._start_workers(worker_group)
@@ -247,11 +258,14 @@ class FtElasticAgent(LocalElasticAgent):
         if failed and not self._failed:
             self._failed = failed
             self._failed_at = time.time()
-            if training_finished():
-                # Training is done: the others may still be saving or exiting; let them end on their own.
+            self._read_monitor_events()
+            if training_finished() or self._reported_finished:
+                # Training is done (or a rank said so): the others may still be saving, saying goodbye
+                # or exiting; let them end on their own (a goodbye is recorded before its rank exits).
                 wait_until(lambda: all(h.proc.poll() is not None for h in handlers.values()),
                            self._opts.workers_stop_timeout)
-            self._read_monitor_events()
+                self._read_monitor_events()
+            self._finished_reason = self._training_finished()
             if any(pid in self._hangs for pid, _code in failed.values()):
                 self._take_evidence()  # before the survivors are stopped: what were they doing?
             # Torch's poll would stop the survivors with a fixed 30 s grace period; use ours.
@@ -292,8 +306,8 @@ class FtElasticAgent(LocalElasticAgent):
             self._svc.events.write(WorkersSucceeded(cycle=self._cycle.cycle if self._cycle else None))
             self._exit_barrier()
             return self._finish(Outcome(0, "all workers finished successfully"), result)
-        if result.state == WorkerState.FAILED and training_finished():
-            return self._finished_anyway(result)
+        if result.state == WorkerState.FAILED and self._finished_reason is not None:
+            return self._finished_anyway(result, self._finished_reason)
 
         # A rank's request goes first: when the rank exits right after asking (an exception policy
         # does), its exit and its peers' failures are the effect of the request, not a fault to restart.
@@ -344,6 +358,30 @@ class FtElasticAgent(LocalElasticAgent):
         self._restart_workers(self._worker_group)
         return None
 
+    def _training_finished(self) -> Optional[str]:
+        """Why training is finished, or None: the finished flag exists, or every rank of the job reported it.
+
+        A rank reports it in its goodbye (``shutdown_workload_monitoring(training_finished=True)``).
+        This launcher sees its own ranks' goodbyes; the other nodes' come through the job store
+        (each node counts itself in once all its ranks reported), waited for up to
+        ``--workers-stop-timeout``. A rank that never reported keeps the job unfinished: without the
+        job store, with several nodes, nothing but the flag can say so.
+        """
+        if training_finished():
+            return f"{finished_flag_path()} exists"
+        if not self._node_finished:
+            return None
+        nodes = self._worker_group.group_world_size or 1
+        if nodes > 1:
+            cycle = self._cycle_number()
+            try:
+                if not wait_until(lambda: self._coord.nodes_finished(cycle) >= nodes, self._opts.workers_stop_timeout):
+                    return None
+            except Exception as exc:  # noqa: BLE001 - the store host may be gone: then nothing says it is finished
+                log.warning("cannot read which nodes finished training: %s", exc)
+                return None
+        return RANKS_FINISHED
+
     def _fingerprint(self, trigger: _Trigger) -> Optional[Fingerprint]:
         """This node's fingerprint of the fault that ends the cycle (:mod:`ft_core.fault_policy`), recorded.
 
@@ -382,8 +420,8 @@ class FtElasticAgent(LocalElasticAgent):
             frames=list(fingerprint.frames), signal=fingerprint.signal))
         return fingerprint
 
-    def _finished_anyway(self, result: RunResult) -> RunResult:
-        """Workers failed after training finished (the flag exists): warn, never restart, exit 0.
+    def _finished_anyway(self, result: RunResult, why: str) -> RunResult:
+        """Workers failed after training finished (``why``: see :meth:`_training_finished`): warn, never restart, exit 0.
 
         A worker may die at interpreter exit after its last step and its final save (a C++
         destructor's ``terminate called without an active exception``: SIGABRT); restarting
@@ -395,12 +433,12 @@ class FtElasticAgent(LocalElasticAgent):
             self._svc.events.write(WorkerExit(
                 time=self._failed_at, cycle=self._cycle_number(), rank=workers.get(local_rank), local_rank=local_rank,
                 pid=pid, cause=FINISHED_EXIT_CAUSE, exit_code=exit_code, signal=sig))
-            log.warning("rank %s (pid %d) %s after training finished (%s exists): not restarted",
+            log.warning("rank %s (pid %d) %s after training finished (%s): not restarted",
                         workers.get(local_rank), pid, f"exited with code {code}" if sig is None else f"was killed by {sig}",
-                        finished_flag_path())
+                        why)
         self._exit_barrier()
-        return self._finish(Outcome(0, f"training is finished ({finished_flag_path()} exists); "
-                                       f"{len(self._failed)} worker(s) failed at exit"), result)
+        return self._finish(Outcome(0, f"training is finished ({why}); {len(self._failed)} worker(s) failed at exit"),
+                            result)
 
     # -- who hung, who waited (diagnosis) -------------------------------------
     def _take_evidence(self) -> list[RankEvidence]:
@@ -540,7 +578,15 @@ class FtElasticAgent(LocalElasticAgent):
         why = f"rank {request.rank} requested {request.action.name}" + (
             f": {request.description}" if request.description else "")
         if request.action == WorkloadAction.ExcludeThisNode:
-            return _Trigger(RestartKind.EXCLUDED, why, request.time)
+            blocker = self._exclusion_blocker()
+            if blocker is None:
+                return _Trigger(RestartKind.EXCLUDED, why, request.time)
+            # The rank says its node is faulty, but leaving would end the job unfinished: restart every
+            # worker as after a fault instead (the budget and the no-progress rule bound a node that
+            # stays faulty), never report only (the rank often exits right after asking).
+            log.warning("rank %d requested ExcludeThisNode, but the job cannot go on without this node (%s): "
+                        "restarting the workers as after a fault", request.rank, blocker)
+            return _Trigger(RestartKind.NODE_FAULT, f"{why}; not excluded: {blocker}", request.time)
         if request.action == WorkloadAction.ShutdownWorkload:
             return _Trigger(RestartKind.SHUTDOWN, why, request.time)
         return None  # Continue: nothing to do
@@ -549,8 +595,12 @@ class FtElasticAgent(LocalElasticAgent):
         """Act on the monitor's records; forward to the job's event log those it carries."""
         for ev in self._svc.monitor.poll_events():
             match ev:
-                case RankConnected() | RankDisconnected() | RankTerminated():
+                case RankConnected() | RankTerminated():
                     self._svc.events.write(ev)
+                case RankDisconnected():
+                    self._svc.events.write(ev)
+                    if ev.graceful and ev.training_finished and self._is_current_worker(ev.pid):
+                        self._on_rank_finished(ev.pid)
                 case HangDetected():
                     if self._is_current_worker(ev.pid):
                         self._hangs[ev.pid] = ev
@@ -573,6 +623,18 @@ class FtElasticAgent(LocalElasticAgent):
                     wg = self._worker_group
                     if self._stragglers is not None and wg.group_rank is not None:
                         self._stragglers.publish(ev, self._cycle_number(), wg.group_rank)
+
+    def _on_rank_finished(self, pid: int) -> None:
+        """A worker of this cycle reported training complete; once all did, the job store counts this node."""
+        self._reported_finished.add(pid)
+        if self._node_finished or self._pcontext is None or not set(self._pcontext.pids().values()) <= self._reported_finished:
+            return
+        self._node_finished = True
+        log.info("cycle %d: every rank of this node reported training complete", self._cycle_number())
+        try:
+            self._coord.node_finished(self._cycle_number())
+        except Exception as exc:  # noqa: BLE001 - the store host may be gone: the other nodes then see no finish
+            log.warning("cannot tell the job store that this node finished training: %s", exc)
 
     def _read_progress_file(self) -> None:
         iteration = self._progress.poll_file()

@@ -27,6 +27,10 @@ etcd cluster with ``--rdzv-backend=etcd-v3`` or ``etcd-v2``):
   with the same code. A launcher learns about both with one read per pass.
 * **Progress.** The highest checkpointed iteration any node has seen
   (key ``progress``, an atomic max built on compare-and-set).
+* **Finished ranks.** Per cycle, how many nodes saw every one of their ranks
+  report training complete in a graceful goodbye (key ``finished/<cycle>``,
+  a counter): the job's training is complete when it reaches the number of
+  nodes (see ``FtElasticAgent``).
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ STATE_KEY = "state"
 CYCLES_KEY = "cycles"
 PROGRESS_KEY = "progress"
 SPARES_RELEASED_KEY = "spares_released"
+#: Prefix of the per-cycle count of nodes whose ranks all reported training complete.
+FINISHED_NODES_KEY = "finished/"
 
 
 class CoordinationError(RuntimeError):
@@ -337,6 +343,16 @@ class JobCoordinator:
             return True
         store = self._job
         return bool(wait_until(lambda: int(store.get(SPARES_RELEASED_KEY) or 0) >= count, timeout))
+
+    # -- training complete ------------------------------------------------
+    def node_finished(self, cycle: int) -> None:
+        """Every rank of this node reported training complete in ``cycle`` (call once per cycle)."""
+        if self._job is not None:
+            self._job.add(f"{FINISHED_NODES_KEY}{cycle}", 1)
+
+    def nodes_finished(self, cycle: int) -> int:
+        """How many nodes said :meth:`node_finished` for ``cycle`` (0 without a job store)."""
+        return self._get_int(f"{FINISHED_NODES_KEY}{cycle}", 0) if self._job is not None else 0
 
     # -- progress ---------------------------------------------------------
     def publish_progress(self, iteration: int) -> None:

@@ -105,7 +105,7 @@ from ft_core.protocol import (
     encode,
 )
 from ft_core.ratelimit import LogThrottle
-from ft_core.straggler import MAX_PHASES_PER_RANK, PhaseWindows, check_phase_sample
+from ft_core.straggler import MAX_PHASES_PER_RANK, STEP_PHASE, PhaseWindows, check_phase_sample
 from ft_core.timeouts import (
     COMPILE_SECTION,
     STEP_SECTION,
@@ -317,6 +317,8 @@ class _Connection:
         self.peer_pid = _peer_pid(sock)
         self.rank: Optional[WatchedRank] = None
         self.graceful = False
+        #: The rank's Goodbye reported training complete.
+        self.training_finished = False
 
 
 def _peer_pid(sock: socket.socket) -> int:
@@ -785,10 +787,14 @@ class RankMonitorServer:
         if rank is not None and log_it:
             if rank.hang is None and not conn.graceful:
                 log.warning("rank %d (pid %d) disconnected without shutdown", rank.rank, rank.pid)
-            self._record(RankDisconnected(rank=rank.rank, pid=rank.pid, graceful=conn.graceful))
+            self._record_disconnect(conn, rank)
         if rank is not None:
             self._phases.forget(rank.rank)
         conn.rank = None
+
+    def _record_disconnect(self, conn: _Connection, rank: WatchedRank) -> None:
+        self._record(RankDisconnected(rank=rank.rank, pid=rank.pid, graceful=conn.graceful,
+                                      training_finished=conn.training_finished))
 
     # -- messages ---------------------------------------------------------
     def _handle(self, conn: _Connection, msg: Message, now: float) -> None:
@@ -804,6 +810,10 @@ class RankMonitorServer:
         elif isinstance(msg, SectionEnd):
             if not rank.section_end(msg.name, now):
                 log.debug("rank %d closed section %r that was not open", rank.rank, msg.name)
+            elif (msg.name == STEP_PHASE and self.cfg.straggler_report_interval is not None
+                  and rank.last_step_seconds is not None):
+                # The reference of straggler detection's relative floor (never scored itself).
+                self._phases.add(rank.rank, STEP_PHASE, rank.last_step_seconds)
             self._ack_section(conn)
         elif isinstance(msg, EndAllSections):
             rank.end_all_sections(now)
@@ -836,10 +846,16 @@ class RankMonitorServer:
             self._record(RankException(rank=rank.rank, pid=rank.pid, exception_type=msg.exception_type,
                                        frames=list(msg.frames), iteration=msg.iteration))
         elif isinstance(msg, Goodbye):
-            conn.graceful = True
-            log.debug("rank %d ends monitoring", rank.rank)
-            self._reply(conn, Ack())
-            self._drop(conn)
+            conn.graceful, conn.training_finished = True, msg.training_finished
+            log.debug("rank %d ends monitoring%s", rank.rank, " (training finished)" if msg.training_finished else "")
+            # Recorded before the Ack: the rank may exit, even fail at exit, right after it, and the
+            # launcher must already find the record when it sees that exit.
+            self._record_disconnect(conn, rank)
+            try:
+                conn.sock.send(encode(Ack()))
+            except OSError:
+                pass  # the rank is gone already: it said goodbye, there is nothing more to tell it
+            self._drop(conn, log_it=False)
         elif isinstance(msg, WorkloadControl):
             self._reply(conn, Ack(ok=False, error=f"workload control requests go to {LAUNCHER_SOCKET_ENV}"))
         else:

@@ -328,8 +328,12 @@ class FaultToleranceCallback(Callback):
         if stage == "fit":
             self._disconnect(trainer)
 
-    def _disconnect(self, trainer: pl.Trainer) -> None:
-        """Leave the monitor (it stops watching this rank); local only, never a collective."""
+    def _disconnect(self, trainer: pl.Trainer, training_finished: bool = False) -> None:
+        """Leave the monitor (it stops watching this rank); local only, never a collective.
+
+        ``training_finished``: report training complete in the goodbye (see
+        ``RankMonitorClient.shutdown_workload_monitoring``).
+        """
         callbacks = _callbacks(trainer)
         callbacks[:] = [c for c in callbacks if not (isinstance(c, _DataPhaseStart) and c.owner is self)]
         if self._injector is not None:
@@ -341,7 +345,7 @@ class FaultToleranceCallback(Callback):
             self._checkpoint_io = None
         if self.client.is_initialized:
             self.client.end_all_sections()
-            self.client.shutdown_workload_monitoring()
+            self.client.shutdown_workload_monitoring(training_finished=training_finished)
         self._save_pending = self._in_setup = self._checkpointing_open = False
 
     # -- training ---------------------------------------------------------
@@ -416,8 +420,10 @@ class FaultToleranceCallback(Callback):
         self._session.learn_at_end("at the end of training")
         # Training is over: leave the monitor now. Lightning's teardown that follows is out of
         # section, and an out-of-section timeout just learned from a short run would kill a rank
-        # that is merely slow to tear down (a false kill), with nothing left to protect.
-        self._disconnect(trainer)
+        # that is merely slow to tear down (a false kill), with nothing left to protect. With
+        # max_steps/max_epochs reached the goodbye reports training complete: the launcher then
+        # never restarts the job for a crash at exit (a time limit's stop is not complete).
+        self._disconnect(trainer, training_finished=_training_complete(trainer))
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -140,8 +140,10 @@ def setup(args: Any, *, megatron_lm: bool = False) -> None:
 def shutdown(training_finished: bool = False) -> None:
     """Normal end of training on every rank: last timeout calculation (a collective), then disconnect.
 
-    With ``training_finished=True`` local rank 0 also creates the file named by
-    ``FAULT_TOL_FINISHED_FLAG_FILE`` (if set), so an auto-resume loop stops requeueing.
+    With ``training_finished=True`` the rank's goodbye reports training complete (once every
+    rank did, ``ft_launcher`` never restarts the job for a crash at exit), and local rank 0 also
+    creates the file named by ``FAULT_TOL_FINISHED_FLAG_FILE`` (if set), so an auto-resume loop
+    stops requeueing.
     """
     state = get_state()
     session = _session("shutdown")
@@ -150,7 +152,7 @@ def shutdown(training_finished: bool = False) -> None:
     session.client.end_all_sections()
     state.in_setup = state.in_step = state.in_eval_step = False
     session.learn_at_end("at shutdown")
-    session.client.shutdown_workload_monitoring()
+    session.client.shutdown_workload_monitoring(training_finished=training_finished)
     state.session = None
     if training_finished:
         session.write_finished_flag()

@@ -86,6 +86,29 @@ def test_excluded_node_is_replaced_by_the_hot_spare(launchers, tmp_path, rdzv):
     assert launchers.alive_now() == [], "a process of the job outlived its launcher"
 
 
+@pytest.mark.parametrize("rdzv", ["c10d"], indirect=True)  # the job store rule is the same on every backend
+@pytest.mark.parametrize("reported", ["all", "0"], ids=["every_rank_reported_0", "rank_1_never_reported_1"])
+def test_a_finished_job_is_known_from_every_nodes_ranks(launchers, rdzv, reported):
+    # Both ranks finish; B's rank aborts at exit. When every rank of the job reported training complete
+    # (no flag file), both launchers exit 0 after one cycle, no restart. When one rank never reported it,
+    # the abort is a fault: with no restart left, every launcher exits 1.
+    flags = rdzv.flags("2", max_restarts=0)
+    env = {"FT_TEST_REPORT_FINISHED": reported, "FT_TEST_STEPS": "3"}
+    a = launchers.start(*flags, name="A", nproc=1, **env)
+    rdzv.wait_ready()
+    b = launchers.start(*flags, name="B", nproc=1, FT_TEST_FAULT="abort_at_exit", FT_TEST_FAULT_RANK="local0", **env)
+    for node in (b, a):
+        assert node.wait(120) == (0 if reported == "all" else 1), node.output()[-3000:]
+        assert [e["cycle"] for e in node.events("cycle_start")] == [0] and node.events("restart") == []
+    (abort,) = [e for e in b.events("worker_exit") if e.get("signal") == "SIGABRT"]
+    if reported == "all":
+        assert abort["cause"] == "exit after training finished"
+        assert "every rank reported training complete" in exit_event(b)["reason"]
+    else:
+        assert abort["cause"] == "crash"
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
+
+
 def test_shutdown_workload_stops_every_launcher(launchers, tmp_path, rdzv):
     a, b, c = start_job_with_spare(launchers, tmp_path, rdzv, FT_TEST_FAULT="shutdown", FT_TEST_FAULT_RANK="local0")
     for node in (b, a, c):

@@ -98,26 +98,46 @@ def test_explicit_flag_equal_to_the_default_wins_over_the_workers_fallback(launc
     assert node.events("hang_detected") == [] and node.events("restart") == []
 
 
-@pytest.mark.parametrize("finished", [True, False], ids=["flag_written_0", "no_flag_1"])
-def test_a_worker_aborting_at_exit_restarts_only_an_unfinished_job(launchers, tmp_path, finished):
+@pytest.mark.parametrize(("flag", "reported", "finished"), [
+    (True, None, True), (False, "all", True), (False, "1", False), (False, None, False),
+], ids=["flag_written_0", "all_ranks_reported_finished_0", "rank_0_never_reported_1", "no_flag_1"])
+def test_a_worker_aborting_at_exit_restarts_only_an_unfinished_job(launchers, tmp_path, flag, reported, finished):
     # Both ranks finish and shut their clients down, then rank 0 dies of SIGABRT at interpreter exit.
-    # With the finished flag written the job is done: exit 0, one cycle, the abort a warning. Without
-    # it the same abort is a fault: with no restart left, exit 1.
-    flag = tmp_path / "finished.flag"
-    node = launchers.start("--max-restarts=0", FT_TEST_FAULT="abort_at_exit", FAULT_TOL_FINISHED_FLAG_FILE=str(flag),
-                           FT_TEST_MARK_FINISHED="1" if finished else "0")
+    # With the finished flag written, or with every rank's shutdown reporting training complete, the job
+    # is done: exit 0, one cycle, the abort a warning. Without either (rank 0 never reported it) the same
+    # abort is a fault: with no restart left, exit 1.
+    node = launchers.start("--max-restarts=0", FT_TEST_FAULT="abort_at_exit",
+                           FAULT_TOL_FINISHED_FLAG_FILE=str(tmp_path / "finished.flag"),
+                           FT_TEST_MARK_FINISHED="1" if flag else "0", FT_TEST_REPORT_FINISHED=reported or "")
     assert node.wait(120) == (0 if finished else 1), node.output()[-3000:]
     assert [e["cycle"] for e in node.events("cycle_start")] == [0]
     assert node.events("restart") == []
     (abort,) = [e for e in node.events("worker_exit") if e.get("signal") == "SIGABRT"]
     assert launchers.alive_now() == [], "a process of the job outlived its launcher"
+    disconnected = {e["rank"]: e.get("training_finished", False) for e in node.events("rank_disconnected")}
+    assert disconnected == {0: reported == "all", 1: reported is not None}
     if finished:
         assert abort["cause"] == "exit after training finished"
         assert "training is finished" in exit_event(node)["reason"]
+        assert ("exists" if flag else "every rank reported training complete") in exit_event(node)["reason"]
         assert "after training finished" in node.output() and "SIGABRT" in node.output()
     else:
         assert abort["cause"] == "crash"
         assert "restart budget spent" in exit_event(node)["reason"]
+
+
+def test_exclude_this_node_on_a_node_the_job_cannot_lose_restarts_as_a_fault(launchers):
+    # Rank 0 asks ExcludeThisNode on the only node (it hosts the c10d store): leaving would end the job
+    # unfinished. One warning names why; every worker restarts as after a fault (a restart spent) and the
+    # next cycle finishes: exit 0. (A node the job can lose leaves: test_excluded_node_is_replaced_by_the_hot_spare.)
+    node = launchers.start("--max-restarts=1", FT_TEST_FAULT="exclude")
+    assert node.wait(120) == 0, node.output()[-3000:]
+    (restart,) = node.events("restart")
+    assert restart["kind"] == "node-fault" and "ExcludeThisNode" in restart["reason"]
+    assert "not excluded: the node hosts the c10d rendezvous store" in restart["reason"]
+    assert [(e["cycle"], e["restarts"]) for e in node.events("cycle_start")] == [(0, 0), (1, 1)]
+    assert node.output().count("requested ExcludeThisNode, but the job cannot go on without this node") == 1
+    assert launchers.alive_now() == [], "a process of the job outlived its launcher"
 
 
 def test_children_of_a_crashed_worker_do_not_outlive_its_cycle(launchers):

@@ -72,10 +72,11 @@ def events(proc, name: str) -> list[dict]:
     return [e for e in proc.events() if e["event"] == name]
 
 
-def disconnects(proc) -> list[bool]:
-    """``graceful`` of each disconnect (the monitor records one just after its reply: wait for it)."""
+def disconnects(proc, field: str = "graceful") -> list[bool]:
+    """``graceful`` (or ``training_finished``) of each disconnect (the fit runs in this process, the monitor
+    in another: wait for the record)."""
     wait_for(lambda: events(proc, "rank_disconnected"), 30, "a rank_disconnected event")
-    return [e["graceful"] for e in events(proc, "rank_disconnected")]
+    return [e.get(field, False) for e in events(proc, "rank_disconnected")]  # written only when true
 
 
 @pytest.mark.timeout(120)
@@ -92,6 +93,7 @@ def test_sections_mode_learns_checkpoints_and_flags_a_finished_run(tmp_path, mon
     assert all(0 < saved["section"][name] < 300 for name in saved["calculated_sections"])
     assert events(proc, "timeouts_updated")
     assert disconnects(proc) == [True]
+    assert disconnects(proc, "training_finished") == [True]  # max_steps reached: ft_launcher is told
     assert (tmp_path / "finished.flag").exists()
 
     # A resumed run with nothing left to do restores the timeouts and flags the run again.
@@ -173,7 +175,7 @@ def test_exception_sends_policy_request_and_disconnects_without_flag(tmp_path, m
         server.close()
     assert len(seen) == 1 and isinstance(seen[0], SimulatedFaultError)
     assert request is not None and request.action == WorkloadAction.ShutdownWorkload
-    assert disconnects(proc) == [True]
+    assert disconnects(proc) == [True] and disconnects(proc, "training_finished") == [False]
     assert not (tmp_path / "finished.flag").exists()
 
 
@@ -185,7 +187,7 @@ def test_system_exit_zero_is_a_graceful_stop(tmp_path, monitor):
     with pytest.raises(SystemExit):
         fit(tmp_path, [callback, RaiseAt(2, SystemExit(0))])
     assert seen == []
-    assert disconnects(proc) == [True]
+    assert disconnects(proc) == [True] and disconnects(proc, "training_finished") == [False]  # stopped early
     assert not (tmp_path / "finished.flag").exists()
 
 

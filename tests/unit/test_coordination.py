@@ -146,6 +146,17 @@ def test_progress_is_the_highest_iteration_any_node_published(new_store):
     assert new_store().get("progress") == "90"
 
 
+def test_finished_nodes_are_counted_per_cycle(new_store):
+    # Each node counts itself in once all its ranks reported training complete; a later cycle starts at 0.
+    nodes = [coordinator(new_store) for _ in range(3)]
+    for node in nodes[:2]:
+        node.node_finished(4)
+    assert [node.nodes_finished(4) for node in nodes] == [2, 2, 2]  # not 3: the job is not finished
+    nodes[2].node_finished(4)
+    assert nodes[0].nodes_finished(4) == 3 and nodes[0].nodes_finished(5) == 0
+    assert JobCoordinator("test", "static", 0, 0, 93).nodes_finished(4) == 0  # no job store yet: nothing known
+
+
 def test_cycle_numbers_and_the_workers_store_are_agreed_after_each_rendezvous(new_store):
     store = new_store()
     a = JobCoordinator("test", "a", 3, 0, 93, store=store)

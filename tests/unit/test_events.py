@@ -164,6 +164,8 @@ def test_event_names_are_plain_strings_in_the_json():
     (ev.RestartKind.PEER, False), (ev.RestartKind.MEMBERSHIP, False),
     # A straggler is slow, not broken: its restart spends no budget and is not "no progress".
     (ev.RestartKind.STRAGGLER, False),
+    # ExcludeThisNode on a node the job cannot lose: the node is said to be faulty; a restart is spent.
+    (ev.RestartKind.NODE_FAULT, True),
 ])
 def test_which_restart_kinds_are_faults(kind, fault):
     assert kind.is_fault is fault

@@ -11,6 +11,7 @@ import pytest
 from ft_core.protocol import (
     EndAllSections,
     FrameDecoder,
+    Goodbye,
     Heartbeat,
     Hello,
     ProtocolError,
@@ -84,3 +85,10 @@ def test_unknown_role_is_a_protocol_error():
     raw = msgspec.msgpack.encode({"type": "hello", "token": "t", "rank": 0, "role": "admin"})
     with pytest.raises(ProtocolError, match="role"):
         FrameDecoder().feed(len(raw).to_bytes(4, "big") + raw)
+
+
+def test_a_plain_goodbye_is_the_frame_it_always_was_and_a_finished_one_says_so():
+    # training_finished is omitted when False: a monitor of an earlier release still accepts the plain goodbye.
+    assert encode(Goodbye())[4:] == msgspec.msgpack.encode({"type": "bye"})
+    (decoded,) = FrameDecoder().feed(encode(Goodbye(training_finished=True)))
+    assert decoded == Goodbye(training_finished=True)

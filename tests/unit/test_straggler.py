@@ -247,5 +247,26 @@ def test_a_phase_below_the_floor_is_never_scored_a_longer_one_is():
     # A real straggler in a phase above the floor is still named, in the same round.
     slow = [PhaseMedian(0, "forward", 0.1, 9), PhaseMedian(1, "forward", 0.1, 9), PhaseMedian(2, "forward", 0.2, 9)]
     assert [(s.rank, s.phase) for s in judge.judge([*tiny, *slow]).stragglers] == [(2, "forward")]
-    # Configurable: 0 scores every phase.
+    # Configurable: 0 scores every phase while the step is unknown (no 5 %-of-the-step floor yet).
     assert [s.rank for s in StragglerJudge(0.75, 1, min_phase_seconds=0).judge(tiny).stragglers] == [0]
+
+
+def test_a_phase_under_five_percent_of_the_step_is_never_scored_a_sizeable_one_is():
+    # Steps of 200 ms: rank 0's data phase of 6 ms against 2 ms elsewhere (score 0.33) is above the 1 ms
+    # floor but under 5 % of the step (10 ms): not scored. The step itself (every rank waits in it) never is.
+    judge = StragglerJudge(0.75, 1)
+    step = [PhaseMedian(r, "step", 0.2 + 0.1 * (r == 2), 9) for r in range(3)]
+    data = [PhaseMedian(0, "data", 6e-3, 9), PhaseMedian(1, "data", 2e-3, 9), PhaseMedian(2, "data", 2e-3, 9)]
+    slow = [PhaseMedian(0, "forward", 0.1, 9), PhaseMedian(1, "forward", 0.1, 9), PhaseMedian(2, "forward", 0.2, 9)]
+    report = judge.judge([*step, *data, *slow])
+    assert judge.step_seconds == 0.2 and judge.min_phase == pytest.approx(0.01)
+    assert {s.phase for s in report.scores} == {"forward"}
+    assert [(s.rank, s.phase) for s in report.stragglers] == [(2, "forward")]  # a real straggler still named
+    # A later round without step medians keeps the known step.
+    assert judge.judge(data).scores == []
+    # Twin: with 20 ms steps the same data phase is a sizeable part of the step: scored, rank 0 named.
+    short = StragglerJudge(0.75, 1)
+    fast_step = [PhaseMedian(r, "step", 0.02, 9) for r in range(3)]
+    assert [(s.rank, s.phase) for s in short.judge([*fast_step, *data]).stragglers] == [(0, "data")]
+    # Unknown step (no rank marks it): only straggler_min_phase_seconds applies.
+    assert [s.rank for s in StragglerJudge(0.75, 1).judge(data).stragglers] == [0]

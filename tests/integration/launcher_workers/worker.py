@@ -32,6 +32,8 @@ FT_TEST_CHECKPOINT    report this checkpointed iteration at step 0 (default: non
 FT_TEST_ON_SIGTERM    "exit0" (exit 0 on SIGTERM) | "ignore"; default: Python's default
 FT_TEST_FALLBACK      JSON object: the fallback_config this worker offers the monitor
 FT_TEST_MARK_FINISHED "1": every rank creates the finished flag (FAULT_TOL_FINISHED_FLAG_FILE) after its last step
+FT_TEST_REPORT_FINISHED "all" | a global rank: the ranks whose client shutdown reports training complete
+                      (shutdown_workload_monitoring(training_finished=True)); default: none
 FT_TEST_CHILD         "1": every worker starts a child process that ignores SIGTERM and sleeps (a data loader
                       worker blocked in I/O), in the worker's process group; each worker records the children of
                       earlier cycles still alive when it starts ("earlier_children_alive")
@@ -243,7 +245,8 @@ def main() -> int:
         step += 1
         if resume_file and RANK == 0:
             write_resume_step(resume_file, resumed + step)
-    client.shutdown_workload_monitoring()
+    report_finished = os.environ.get("FT_TEST_REPORT_FINISHED")
+    client.shutdown_workload_monitoring(training_finished=report_finished in ("all", str(RANK)))
     if use_torch:
         dist.destroy_process_group()
     if os.environ.get("FT_TEST_MARK_FINISHED") == "1":
