@@ -616,8 +616,8 @@ _FIELD_HELP = {
                            "straggler",
     "straggler_consecutive_reports": "... for this many consecutive reports",
     "straggler_window": "phase durations kept per rank and phase (the window the medians are taken over)",
-    "straggler_min_phase_seconds": "a phase whose job-wide median is shorter, or under 5 % of the step section's, "
-                                   "is never scored (0: only the 5 % floor)",
+    "straggler_min_phase_seconds": "a phase whose job-wide median is shorter, or under 5 percent of the step section's, "
+                                   "is never scored (0: only the 5 percent floor)",
     "straggler_action": "what to do about a straggler: report, restart (the cycle) or exclude-node",
     "metrics_port": "port of the launcher's Prometheus endpoint (0: any free port, logged), or none "
                     "(needs the 'metrics' extra: prometheus-client)",
