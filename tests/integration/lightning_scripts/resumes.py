@@ -19,35 +19,26 @@ import os
 import time
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
+from train import SlowModel  # this directory's train.py (on the path: the script's own directory)
 
 from ft_integrations.lightning import FaultToleranceCallback
 
 
-class Model(LightningModule):
-    def __init__(self, step_sleep: float, save_sleep: float, setup_sleep: float, hang_step: int) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-        self.step_sleep, self.save_sleep, self.setup_sleep, self.hang_step = step_sleep, save_sleep, setup_sleep, hang_step
+class Model(SlowModel):
+    """train.py's model that hangs (a real sleep, no heartbeat) in step ``hang_step``."""
 
-    def setup(self, stage):
-        time.sleep(self.setup_sleep)
+    def __init__(self, step_sleep: float, save_sleep: float, setup_sleep: float, hang_step: int) -> None:
+        super().__init__(step_sleep, save_sleep, setup_sleep)
+        self.hang_step = hang_step
 
     def training_step(self, batch, batch_idx):
         if self.global_step == self.hang_step:
             print(f"hanging at step {self.global_step}", flush=True)
             time.sleep(3600)
-        time.sleep(self.step_sleep)
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
-
-    def on_save_checkpoint(self, checkpoint):
-        time.sleep(self.save_sleep)
+        return super().training_step(batch, batch_idx)
 
 
 class Report(Callback):
@@ -74,7 +65,7 @@ def main() -> None:
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args()
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(256, 4), torch.randn(256, 1))
+    data = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
     every = args.every
     for run in range(args.resumes + 1):
         # The fresh run ends one step past its second save; each resume one step past its only save.
