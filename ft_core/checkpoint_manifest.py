@@ -15,8 +15,8 @@ Where the manifest lives:
   listing every file under it.
 
 A file that is overwritten in place (Lightning's ``last.ckpt``) is written to a
-temp file first, and the manifest lists the new content *and* the one it
-replaces until the rename is done (:func:`save_file_atomically`): a kill at any
+temp file first, and the manifest lists the new content *and* the ones it
+may replace until the rename is done (:func:`save_file_atomically`): a kill at any
 instant leaves a file that matches one of the manifest's entries, so a complete
 checkpoint is never rejected for the moment it was killed in, and a torn one
 always is.
@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Optional
 
-from ft_core.fileutil import atomic_replace, atomic_write_json
+from ft_core.fileutil import atomic_replace, atomic_write_json, read_json
 
 __all__ = [
     "DIR_MANIFEST",
@@ -60,6 +60,9 @@ DIR_MANIFEST = "ft_manifest.json"
 _FILE_MANIFEST_SUFFIX = ".manifest.json"
 _BAD_SUFFIX = ".bad.json"
 _CHUNK = 8 << 20
+#: Contents a manifest lists at most: more than one only while saves of the same file are killed before
+#: their rename, one after another (the file on disk is then the oldest listed).
+MAX_VERSIONS = 16
 FORMAT_VERSION = 1
 
 
@@ -143,12 +146,9 @@ def read_manifest(checkpoint: str) -> Optional[Manifest]:
     """The manifest of ``checkpoint``; None when it has none. Raises ``ValueError`` for a malformed one."""
     path = manifest_path(checkpoint)
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        return Manifest.from_dict(read_json(path))
     except FileNotFoundError:
         return None
-    try:
-        return Manifest.from_dict(json.loads(text))
     except json.JSONDecodeError as exc:
         raise ValueError(f"malformed checkpoint manifest {path}: {exc}") from None
 
@@ -163,26 +163,30 @@ def save_file_atomically(path: str, write: Callable[[str], None], *, global_step
 
     The steps, each crash-safe: ``write`` into a temp file beside ``path`` (the temp
     files of killed writers are removed first) and fsync it; list the new content in
-    the manifest beside the content it replaces; rename the temp file over ``path``
-    and fsync the directory; drop the replaced content from the manifest. Only
-    local paths: a remote URL (``s3://``) has no rename.
+    the manifest before the contents it already lists (one of them is on disk now);
+    rename the temp file over ``path`` and fsync the directory; keep only the new
+    content in the manifest. The old file is not read again: a load's check finds
+    which listed content is there. Only local paths: a remote URL (``s3://``) has no
+    rename.
     """
     mpath = manifest_path(path)
     with atomic_replace(path) as temp:
         write(temp)
         size, crc = checksum(temp)
         new = Version((FileEntry(os.path.basename(path), size, crc),), global_step, run, time.time())
-        previous = _current_version(path)
-        _write_manifest(mpath, [new, previous] if previous else [new])
+        _write_manifest(mpath, [new, *_listed_versions(path)][:MAX_VERSIONS])
     _write_manifest(mpath, [new])
 
 
-def _current_version(path: str) -> Optional[Version]:
-    """The version of ``path`` on disk now, if its manifest vouches for it (a file about to be replaced)."""
+def _listed_versions(path: str) -> tuple[Version, ...]:
+    """The contents the manifest of the file ``path`` lists now (none for a new or unreadable one)."""
     if not os.path.isfile(path):
-        return None
-    found = verified_version(path)
-    return found if isinstance(found, Version) else None
+        return ()
+    try:
+        manifest = read_manifest(path)
+    except (OSError, ValueError):
+        return ()
+    return manifest.versions if manifest is not None else ()
 
 
 def write_dir_manifest(directory: str, *, global_step: Optional[int] = None, run: Optional[str] = None) -> Manifest:
@@ -231,8 +235,7 @@ def mark_bad(checkpoint: str, reason: str) -> None:
 
 def _marked_bad(checkpoint: str) -> Optional[str]:
     try:
-        with open(checkpoint.rstrip("/") + _BAD_SUFFIX, encoding="utf-8") as handle:
-            data = json.load(handle)
+        data = read_json(checkpoint.rstrip("/") + _BAD_SUFFIX)
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
