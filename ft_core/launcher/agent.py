@@ -396,7 +396,6 @@ class FtElasticAgent(LocalElasticAgent):
                 return bool(self._exceptions)
 
             wait_until(reported, EXCEPTION_REPORT_WAIT, interval=0.02)
-        workers = {w.local_rank: w.global_rank for w in self._worker_group.workers}
         if self._exceptions:
             first = self._exceptions[0]
             fingerprint = Fingerprint(FaultKind.EXCEPTION, culprits=(first.rank,), iteration=first.iteration,
@@ -409,7 +408,7 @@ class FtElasticAgent(LocalElasticAgent):
         elif trigger.kind is RestartKind.CRASH and self._failed:
             local_rank, (_pid, code) = min(self._failed.items())
             _exit_code, sig = _exit_status(code)
-            rank = workers.get(local_rank)
+            rank = self._global_ranks().get(local_rank)
             fingerprint = Fingerprint(FaultKind.SIGNAL if sig else FaultKind.CRASH,
                                       culprits=() if rank is None else (rank,), signal=sig)
         else:
@@ -427,7 +426,7 @@ class FtElasticAgent(LocalElasticAgent):
         destructor's ``terminate called without an active exception``: SIGABRT); restarting
         a finished job would redo it, or fail it once the budget is spent.
         """
-        workers = {w.local_rank: w.global_rank for w in self._worker_group.workers}
+        workers = self._global_ranks()
         for local_rank, (pid, code) in sorted(self._failed.items()):
             exit_code, sig = _exit_status(code)
             self._svc.events.write(WorkerExit(
@@ -520,7 +519,7 @@ class FtElasticAgent(LocalElasticAgent):
         return None
 
     def _failure_trigger(self, result: RunResult, now: float) -> _Trigger:
-        workers = {w.local_rank: w.global_rank for w in self._worker_group.workers}
+        workers = self._global_ranks()
         reasons, kind = [], RestartKind.CRASH
         for local_rank, (pid, code) in sorted(self._failed.items()):
             hang = self._hangs.get(pid)
@@ -698,6 +697,10 @@ class FtElasticAgent(LocalElasticAgent):
             return self._coord.stop_decision()
         except Exception:  # noqa: BLE001 - the store host may be gone already; then nobody left a decision
             return None
+
+    def _global_ranks(self) -> dict[int, int]:
+        """Local rank -> global rank of this cycle's workers."""
+        return {w.local_rank: w.global_rank for w in self._worker_group.workers}
 
     def _is_current_worker(self, pid: int) -> bool:
         return self._pcontext is not None and pid in self._pcontext.pids().values()
