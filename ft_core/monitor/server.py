@@ -589,11 +589,15 @@ class RankMonitorServer:
         return max(sleep, 0.0)
 
     # -- slow storage: I/O progress extends a section's deadline --------------
+    def _io_section(self, rank: WatchedRank, expiry: Expiry) -> Optional[OpenSection]:
+        """The open section whose deadline ``expiry`` is, when slow-storage extensions apply to it."""
+        if self.cfg.io_progress_cap is None or expiry.reason is not HangReason.SECTION or rank.pid <= 0:
+            return None
+        return rank.open_sections.get(expiry.section or "")
+
     def _io_look(self, rank: WatchedRank, expiry: Expiry, now: float) -> None:
         """Shortly before a section's deadline, note the rank's I/O byte count: the baseline of its progress."""
-        if self.cfg.io_progress_cap is None or expiry.reason is not HangReason.SECTION or rank.pid <= 0:
-            return
-        section = rank.open_sections.get(expiry.section or "")
+        section = self._io_section(rank, expiry)
         if section is None or section.io_look is not None or now < expiry.deadline - _io_interval(expiry.timeout):
             return
         count = procutil.io_bytes(rank.pid)
@@ -609,12 +613,13 @@ class RankMonitorServer:
         the first extension of a section is recorded (``deadline_extended``) and logged. Without
         progress, or past the cap, the rank is judged as before (returns False).
         """
-        cap = self.cfg.io_progress_cap
-        if cap is None or expiry.reason is not HangReason.SECTION or rank.pid <= 0:
+        section = self._io_section(rank, expiry)
+        if section is None or section.io_look is None:
             return False
-        section = rank.open_sections.get(expiry.section or "")
+        cap = self.cfg.io_progress_cap
+        assert cap is not None  # _io_section returns a section only when extensions are on
         limit = expiry.since + cap * expiry.timeout
-        if section is None or section.io_look is None or now >= limit:
+        if now >= limit:
             return False
         count = procutil.io_bytes(rank.pid)
         if count is None or count <= section.io_look[1]:
