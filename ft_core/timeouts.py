@@ -660,9 +660,13 @@ class TimeoutsCalc:
                 "cannot calculate heartbeat timeouts yet: no rank has sent two heartbeats "
                 "(pass skip_if_not_ready=True to skip instead)"
             )
+        return self._merged_hb(current, initial if calc_initial else None, subsequent)
+
+    def _merged_hb(self, current: HeartbeatTimeouts, initial: Optional[float], subsequent: float) -> HeartbeatTimeouts:
+        """``current`` merged with the observed first-heartbeat delay (None: keep it) and longest gap."""
         return HeartbeatTimeouts(
-            initial=self._merged("heartbeat.initial", current.initial, current.were_calculated, initial)
-            if calc_initial else current.initial,
+            initial=current.initial if initial is None else self._merged(
+                "heartbeat.initial", current.initial, current.were_calculated, initial),
             subsequent=self._merged("heartbeat.subsequent", current.subsequent, current.were_calculated, subsequent),
             were_calculated=True,
         )
@@ -774,12 +778,8 @@ class TimeoutsCalc:
             raise TimeoutsNotReadyError("not enough data for heartbeat timeouts: the first heartbeat and a "
                                         "second one are needed")
         assert self.first_hb_delay is not None and self.max_hb_interval is not None
-        current = current if current is not None else HeartbeatTimeouts()
-        return HeartbeatTimeouts(
-            initial=self._merged("heartbeat.initial", current.initial, current.were_calculated, self.first_hb_delay),
-            subsequent=self._merged("heartbeat.subsequent", current.subsequent, current.were_calculated,
-                                    self.max_hb_interval),
-            were_calculated=True)
+        return self._merged_hb(current if current is not None else HeartbeatTimeouts(), self.first_hb_delay,
+                               self.max_hb_interval)
 
     def _selected(self, selected_sections: Optional[Collection[str]]) -> Collection[str]:
         unknown = sorted(set(selected_sections or ()) - set(self.sections))
