@@ -8,9 +8,9 @@ Megatron-LM job needs one line in the job script and no edit of Megatron-LM's fi
     export PYTHONPATH="$(python -m ft_integrations.nvrx_alias)${PYTHONPATH:+:$PYTHONPATH}"
 
 ``python -m ft_integrations.nvrx_alias`` prints :data:`SHIM_PATH`. The shim holds only
-``nvidia_resiliency_ext`` and ``nvidia_resiliency_ext.fault_tolerance``; the names it
-serves are ``ft_core``'s public API (``RankMonitorClient``, ``FaultToleranceConfig``,
-``WorkloadAction``, ...). It shadows a real NVRx installation on purpose: NVRx's client
+``nvidia_resiliency_ext.fault_tolerance`` and NVRx's public submodules of it (``config``,
+``data``, ``timeouts_calc``, ``rank_monitor_client``); the names it serves are ``ft_core``'s
+public API (``RankMonitorClient``, ``FaultToleranceConfig``, ``WorkloadAction``, ...). It shadows a real NVRx installation on purpose: NVRx's client
 cannot talk to this monitor.
 """
 

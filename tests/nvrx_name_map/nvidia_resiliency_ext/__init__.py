@@ -13,48 +13,33 @@ absent, so the tests that need it fail, and ``docs/migrating_from_nvrx.md``
     cd <checkout>/tests/fault_tolerance/unit
     PYTHONPATH=<ft-suite>:<ft-suite>/tests/nvrx_name_map python -m pytest \\
         test_config.py test_timeouts_calc.py test_rank_monitor_client.py
+
+The names are the product's import alias (``ft_integrations.nvrx_alias``: what a
+Megatron-LM job imports); this package only adds what NVRx's tests reach beyond
+it, its launcher's argument parser.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import types
-from typing import Any
 
+from ft_integrations.nvrx_alias import SHIM_PATH
 
-def _module(name: str, **names: Any) -> types.ModuleType:
-    """A module named ``name`` holding ``names``, registered in ``sys.modules``."""
-    module = types.ModuleType(name)
-    module.__dict__.update(names)
-    module.__path__ = []  # a package: its submodules are mapped too
-    sys.modules[name] = module
-    return module
+# The alias's nvidia_resiliency_ext holds the submodules: this package is that one, plus the launcher.
+__path__.append(os.path.join(SHIM_PATH, "nvidia_resiliency_ext"))  # noqa: F821 (a package's __path__)
 
 
 def install() -> None:
-    """Make ``nvidia_resiliency_ext.fault_tolerance`` and the submodules NVRx's tests import name ours."""
-    from ft_core import client, config, data, timeouts
+    """Add ``nvidia_resiliency_ext.fault_tolerance.launcher`` (NVRx's tests build its parser) on top of the alias."""
+    import nvidia_resiliency_ext.fault_tolerance as fault_tolerance
     from ft_core.launcher.cli import build_parser
-    from ft_core.monitor import RankMonitorServer
 
-    ft = "nvidia_resiliency_ext.fault_tolerance"
-    fault_tolerance = _module(
-        ft, FaultToleranceConfig=config.FaultToleranceConfig, RankMonitorClient=client.RankMonitorClient,
-        RankMonitorClientError=client.RankMonitorClientError, RankMonitorServer=RankMonitorServer,
-        WorkloadAction=data.WorkloadAction, WorkloadControlRequest=data.WorkloadControlRequest)
-    globals()["fault_tolerance"] = fault_tolerance
-    submodules = {
-        "config": {"FaultToleranceConfig": config.FaultToleranceConfig},
-        "data": {"HeartbeatTimeouts": timeouts.HeartbeatTimeouts, "SectionTimeouts": timeouts.SectionTimeouts,
-                 "SectionAction": timeouts.SectionAction, "WorkloadAction": data.WorkloadAction,
-                 "WorkloadControlRequest": data.WorkloadControlRequest},
-        "timeouts_calc": {"TimeoutsCalc": timeouts.TimeoutsCalc, "TimeoutsCalcError": timeouts.TimeoutsCalcError},
-        "rank_monitor_client": {"RankMonitorClient": client.RankMonitorClient,
-                                "RankMonitorClientError": client.RankMonitorClientError},
-        "launcher": {"get_args_parser": build_parser},
-    }
-    for name, names in submodules.items():
-        setattr(fault_tolerance, name, _module(f"{ft}.{name}", **names))
+    launcher = types.ModuleType(f"{fault_tolerance.__name__}.launcher")
+    launcher.get_args_parser = build_parser
+    sys.modules[launcher.__name__] = launcher
+    fault_tolerance.launcher = launcher
 
 
 install()

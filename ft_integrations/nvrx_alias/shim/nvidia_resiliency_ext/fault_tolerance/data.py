@@ -1,0 +1,6 @@
+"""``nvidia_resiliency_ext.fault_tolerance.data`` as served by ``ft_core``."""
+
+from ft_core.data import WorkloadAction, WorkloadControlRequest
+from ft_core.timeouts import HeartbeatTimeouts, SectionAction, SectionTimeouts
+
+__all__ = ["HeartbeatTimeouts", "SectionAction", "SectionTimeouts", "WorkloadAction", "WorkloadControlRequest"]
