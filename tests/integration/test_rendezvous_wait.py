@@ -28,7 +28,10 @@ def test_a_node_waiting_for_its_peer_reports_the_count_until_the_rendezvous_ends
         handler.shutdown()
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for nodes")]
     assert len(lines) >= 3, lines
-    assert all(re.fullmatch(r"waiting for nodes: 1 of 2 joined, \d+ s \(c10d rendezvous, run wait-test\)", line)
+    # A line may come before this node's join is in the state it reads, or after the join timeout took it out
+    # again (0 of 2, on a loaded machine); while it waits joined, it says so: 1 of 2, the peer never came.
+    assert all(re.fullmatch(r"waiting for nodes: [01] of 2 joined, \d+ s \(c10d rendezvous, run wait-test\)", line)
                for line in lines), lines
+    assert any(line.startswith("waiting for nodes: 1 of 2 joined, ") for line in lines), lines
     # The reporter thread ended with the wait: no line more after it (it would come within 0.5 s).
     assert not [t for t in threading.enumerate() if t.name == "ft-rendezvous-wait"]
