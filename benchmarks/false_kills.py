@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import emit, summarize  # noqa: E402
 
 from ft_core.config import FaultToleranceConfig  # noqa: E402
-from ft_core.deadline import wait_until  # noqa: E402
 from ft_core.monitor import RankMonitorServer  # noqa: E402
+from ft_core.utils.deadline import wait_until  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWARM = os.path.join(REPO, "tests", "integration", "core_workers", "swarm.py")

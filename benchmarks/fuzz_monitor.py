@@ -41,7 +41,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import emit, rss_mb  # noqa: E402
 
 from ft_core.config import FaultToleranceConfig  # noqa: E402
-from ft_core.deadline import wait_until  # noqa: E402
 from ft_core.events import read_events  # noqa: E402
 from ft_core.monitor import RankMonitorServer  # noqa: E402
 from ft_core.monitor.server import HANDSHAKE_TIMEOUT  # noqa: E402
@@ -54,6 +53,7 @@ from ft_core.protocol import (  # noqa: E402
     SectionStart,
     encode,
 )
+from ft_core.utils.deadline import wait_until  # noqa: E402
 
 RANK_CODE = """
 import os, time

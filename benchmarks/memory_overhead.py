@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import emit  # noqa: E402
 
-from ft_core.deadline import wait_until  # noqa: E402
+from ft_core.utils.deadline import wait_until  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "_sleeping_worker.py")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ft_core.lazy import lazy_exports
+from ft_core.utils.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ft_core.client import RankMonitorClient, RankMonitorClientError

@@ -36,7 +36,7 @@ import zlib
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Optional
 
-from ft_core.fileutil import atomic_replace, atomic_write_json, read_json
+from ft_core.utils.fileutil import atomic_replace, atomic_write_json, read_json
 
 __all__ = [
     "DIR_MANIFEST",

@@ -88,7 +88,7 @@ from ft_core.protocol import (
     request,
     send_msg,
 )
-from ft_core.straggler import check_phase_sample
+from ft_core.straggler_scoring import check_phase_sample
 from ft_core.timeouts import (
     COMPILE_SECTION,
     CURRENT_TIMEOUTS_KEY,
@@ -433,7 +433,7 @@ class RankMonitorClient:
         ``with client.timed("forward"): loss = model(batch)`` sends one small
         one-way message when the block ends (not when it raises). Nothing is
         sent while straggler detection is off (``straggler_report_interval``
-        none). See :mod:`ft_core.straggler` for why a phase must not contain a
+        none). See :mod:`ft_core.straggler_scoring` for why a phase must not contain a
         collective.
         """
         started = time.monotonic()

@@ -10,7 +10,7 @@ Example::
     >>> sorted(cfg.explicit_keys)  # what the user set: it wins over a rank's fallback values
     ['rank_heartbeat_timeout', 'rank_section_timeouts']
 
-Values are checked and converted by :mod:`ft_core.validation`; a bad one
+Values are checked and converted by :mod:`ft_core.utils.validation`; a bad one
 raises :class:`ConfigError` naming the key, the value and what is allowed.
 
 NVRx compatibility: a YAML file or keyword arguments written for
@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import msgspec
 
 from ft_core.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES_LIMIT
-from ft_core.straggler import DEFAULT_MIN_PHASE_SECONDS, DEFAULT_WINDOW, StragglerAction
-from ft_core.validation import (
+from ft_core.straggler_scoring import DEFAULT_MIN_PHASE_SECONDS, DEFAULT_WINDOW, StragglerAction
+from ft_core.utils.validation import (
     ValidationError,
     boolean,
     convert,
@@ -361,7 +361,7 @@ class FaultToleranceConfig:
     max_identical_faults: int = 2
     #: File holding the latest checkpointed iteration (one integer), read by ft_launcher.
     checkpoint_iteration_file: Optional[str] = None
-    #: Seconds between straggler reports (see :mod:`ft_core.straggler`); None disables detection. Costs
+    #: Seconds between straggler reports (see :mod:`ft_core.straggler_scoring`); None disables detection. Costs
     #: nothing while no rank marks phases.
     straggler_report_interval: Optional[float] = 60.0
     #: A rank whose relative score (typical phase median / its median) stays below this is a straggler.
@@ -527,7 +527,7 @@ class FaultToleranceConfig:
         """Write ``{"fault_tolerance": {...}}`` atomically (temp file + fsync + rename)."""
         import yaml
 
-        from ft_core.fileutil import atomic_write_text
+        from ft_core.utils.fileutil import atomic_write_text
 
         atomic_write_text(path, yaml.safe_dump({"fault_tolerance": self.to_dict()}, sort_keys=False))
 

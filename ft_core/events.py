@@ -34,7 +34,7 @@ from typing import Any, Optional, Union
 import msgspec
 
 from ft_core.jobdir import open_private_log
-from ft_core.straggler import PhaseMedian, StragglerAction
+from ft_core.straggler_scoring import PhaseMedian, StragglerAction
 
 __all__ = [
     "CheckpointReported",
@@ -143,7 +143,7 @@ class RestartKind(str, enum.Enum):
 
 
 #: A straggler restart is not a fault: the job was healthy, only slow. It neither spends the budget nor
-#: counts for no-progress; straggler detection restarts at most once per node (see ft_core.launcher.stragglers).
+#: counts for no-progress; straggler detection restarts at most once per node (see ft_core.launcher.straggler_exchange).
 _FAULTS = frozenset({RestartKind.CRASH, RestartKind.HANG, RestartKind.MONITOR, RestartKind.UNHEALTHY,
                      RestartKind.NODE_FAULT})
 

@@ -27,7 +27,7 @@ from typing import Any, Optional, Union
 
 import msgspec
 
-from ft_core.validation import int_in_range
+from ft_core.utils.validation import int_in_range
 
 __all__ = [
     "Ack",
@@ -157,7 +157,7 @@ def check_exception_report(msg: ReportException) -> Optional[str]:
 
 
 class PhaseTime(msgspec.Struct, tag="phase", forbid_unknown_fields=True):
-    """One rank-local phase ended after ``seconds`` (straggler detection; see :mod:`ft_core.straggler`)."""
+    """One rank-local phase ended after ``seconds`` (straggler detection; see :mod:`ft_core.straggler_scoring`)."""
 
     name: str
     seconds: float

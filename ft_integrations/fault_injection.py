@@ -24,14 +24,14 @@ from typing import Annotated, Any, Optional, Union
 
 import msgspec
 
-from ft_core.validation import (
+from ft_core.utils.strenum import StrEnum
+from ft_core.utils.validation import (
     ValidationError,
     convert,
     enum_member,
     int_in_range,
     non_negative_seconds,
 )
-from ft_integrations.strenum import StrEnum
 
 __all__ = ["FAULT_KINDS", "FaultInjector", "FaultKind", "SimulatedFault", "SimulatedFaultError"]
 

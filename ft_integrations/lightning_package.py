@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-from ft_integrations.strenum import StrEnum
+from ft_core.utils.strenum import StrEnum
 
 
 class LightningPackage(StrEnum):

@@ -38,7 +38,6 @@ from typing import Any, Optional, Union
 
 from ft_core import autoresume
 from ft_core.client import RankMonitorClient, RankMonitorClientError
-from ft_core.fileutil import atomic_write_json, read_json
 from ft_core.jobdir import FINISHED_FLAG_ENV  # re-exported: the integrations' name for it
 from ft_core.timeouts import (
     CURRENT_TIMEOUTS_KEY,
@@ -48,7 +47,8 @@ from ft_core.timeouts import (
     describe_timeouts,
     timeouts_from_state_dict,
 )
-from ft_integrations.strenum import StrEnum
+from ft_core.utils.fileutil import atomic_write_json, read_json
+from ft_core.utils.strenum import StrEnum
 
 __all__ = [
     "FINISHED_FLAG_ENV",

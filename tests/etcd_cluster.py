@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from helpers import free_port, wait_for
 
-from ft_core.procutil import die_with_parent
+from ft_core.utils.procutil import die_with_parent
 
 #: How to get etcd where `make test` could not install it.
 INSTALL_HINT = "apt-get install -y etcd-server (Debian/Ubuntu), then put `etcd` on PATH"

@@ -32,7 +32,7 @@ from megatron.core.model_parallel_config import ModelParallelConfig
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.transformer.module import MegatronModule
 
-from ft_core.fileutil import atomic_write_text
+from ft_core.utils.fileutil import atomic_write_text
 from ft_integrations import megatron as ft
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"

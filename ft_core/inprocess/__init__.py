@@ -9,9 +9,9 @@ from .call_wrapper import CallWrapper
 from .compose import Compose
 from .exceptions import HealthCheckError, RankShouldRestart, RestartAbort, RestartError
 from .health_check import FaultCounter
+from .hook_context import RankAssignmentCtx, State
 from .initialize import RetryController
 from .rank_assignment import ActiveWorldSize, FillGaps, ShiftRanks
-from .state import RankAssignmentCtx, State
 from .store import StoreFactory, TCPStoreFactory
 from .wrapper import Wrapper
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from .state import State
+from .hook_context import State
 
 __all__ = ["AbortTorchDistributed"]
 

@@ -2,7 +2,7 @@
 
 When one rank fails, its peers fail too, inside the collectives they were
 running with it, often sooner than the faulty rank's own report reaches the
-store. The first report of an iteration decides whom a fault is blamed on
+store. The first report of an attempt decides whom a fault is blamed on
 (``FaultCounter`` retires ranks by it), so a rank whose failure happened
 inside ``torch.distributed`` gives the others a moment to report first.
 """

@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, Optional
 
+from .hook_context import State
 from .interruption import Interruptor
 from .progress_watchdog import Progress
-from .state import State
 
 if TYPE_CHECKING:
     import torch.distributed

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ft_core.validation import callable_or_none
+from ft_core.utils.validation import callable_or_none
 
 __all__ = ["Compose"]
 

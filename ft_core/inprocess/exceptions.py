@@ -24,7 +24,7 @@ class RestartAbort(RestartError):
     """In-process restart gives up: the process should exit non-zero.
 
     Raised out of the wrapped call on every rank when the job cannot go on in
-    process (iterations exhausted, too few ranks, a barrier timed out, the
+    process (attempts exhausted, too few ranks, a barrier timed out, the
     coordination store is gone). A launcher such as ``ft_launcher`` then
     restarts the workers (in-job restart).
     """

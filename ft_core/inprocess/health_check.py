@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from ft_core.validation import int_in_range
+from ft_core.utils.validation import int_in_range
 
 from .exceptions import HealthCheckError
-from .state import State
+from .hook_context import State
 
 __all__ = ["FaultCounter"]
 
@@ -14,7 +14,7 @@ class FaultCounter:
     """Retire a rank after ``max_rank_faults`` faults were blamed on it.
 
     A fault is blamed on a rank when its function raised first in an
-    iteration or when it hit the soft timeout; ranks that only failed because
+    attempt or when it hit the soft timeout; ranks that only failed because
     another rank's fault broke their collectives are not blamed. A retired rank
     stays alive but never runs the function again.
     """

@@ -1,13 +1,13 @@
-"""Built-in ``initialize`` hooks (run by every rank at the start of each iteration)."""
+"""Built-in ``initialize`` hooks (run by every rank at the start of each attempt)."""
 
 from __future__ import annotations
 
 from typing import Optional
 
-from ft_core.validation import int_in_range
+from ft_core.utils.validation import int_in_range
 
 from .exceptions import RestartAbort
-from .state import State
+from .hook_context import State
 
 __all__ = ["RetryController"]
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ft_core.validation import int_in_range
+from ft_core.utils.validation import int_in_range
 
-from .state import RankAssignmentCtx
+from .hook_context import RankAssignmentCtx
 
 __all__ = ["ActiveWorldSize", "FillGaps", "ShiftRanks"]
 
@@ -44,7 +44,7 @@ class FillGaps:
 class ActiveWorldSize:
     """Run the function on at most ``world_size`` ranks; the other members wait as warm spares.
 
-    Ranks that were active in the previous iteration stay active; when one is
+    Ranks that were active in the previous attempt stay active; when one is
     lost, the spare with the lowest initial rank takes its place. With fewer
     members than ``world_size`` all of them are active (combine with
     ``RetryController(min_world_size=...)`` to give up instead).

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any, Optional
 from .blame import raised_in_torch_distributed
 from .call_wrapper import CallWrapper
 from .exceptions import RankShouldRestart, RestartAbort
+from .hook_context import RankAssignmentCtx, State
 from .interruption import Interruptor
-from .monitor_process import MonitorConfig, RankWatchdogProcess
-from .monitor_thread import MonitorThread
 from .progress_watchdog import Progress, ProgressWatchdog
-from .shared_state import Phase, SharedState
-from .state import RankAssignmentCtx, State
+from .shared_state import RestartPhase, SharedState
 from .store import CoordinationStore
+from .watchdog_process import RankWatchdogProcess, WatchdogConfig
+from .watchdog_thread import WatchdogThread
 
 if TYPE_CHECKING:
     from .wrapper import Hook, Wrapper
@@ -43,11 +43,11 @@ _EXPORTED_ENV = ("RANK", "WORLD_SIZE")
 class _Outcome:
     done: bool = False
     result: Any = None
-    faulted: bool = False  # the iteration's fault is blamed on this rank
+    faulted: bool = False  # the attempt's fault is blamed on this rank
 
 
 class _AbortOnce:
-    """Runs the abort hook once per iteration, from whichever thread gets there first."""
+    """Runs the abort hook once per attempt, from whichever thread gets there first."""
 
     def __init__(self, hook: Optional[Hook], state: State) -> None:
         self._hook = hook
@@ -101,13 +101,13 @@ def _restore_env(saved: dict[str, Optional[str]]) -> None:
 
 
 class RestartLoop:
-    """One rank's run of ``fn`` under ``options``: setup, iterations, teardown."""
+    """One rank's run of ``fn`` under ``options``: setup, attempts, teardown."""
 
     def __init__(self, options: Wrapper, fn: Callable[..., Any]) -> None:
         self.o = options
         self.fn = fn
         self.takes_call_wrapper = "call_wrapper" in inspect.signature(fn).parameters
-        self.iteration = 0
+        self.attempt = 0
 
     def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         self.rank, self.world_size = _read_identity()
@@ -128,8 +128,8 @@ class RestartLoop:
             cleanup.callback(self.interruptor.uninstall)
             return self._run_with_store()
 
-    def _monitor_config(self) -> MonitorConfig:
-        return MonitorConfig(
+    def _monitor_config(self) -> WatchdogConfig:
+        return WatchdogConfig(
             store_factory=self.o.store_factory,
             rank=self.rank,
             world_size=self.world_size,
@@ -170,8 +170,8 @@ class RestartLoop:
             return
         try:
             store.abort(str(exc))
-            # Ranks still running this iteration must leave it to learn about the abort.
-            store.report_restart(self.iteration, None, f"in-process restart aborted: {exc}")
+            # Ranks still running this attempt must leave it to learn about the abort.
+            store.report_restart(self.attempt, None, f"in-process restart aborted: {exc}")
             self._leave(store)
         except dist.DistError as store_exc:
             log.debug("rank %d: could not record the abort: %s", self.rank, store_exc)
@@ -185,7 +185,7 @@ class RestartLoop:
             if missing:
                 log.warning("rank 0: ranks %s did not leave within %s s", sorted(missing), self.o.barrier_timeout)
 
-    # -- iterations ---------------------------------------------------------------------------
+    # -- attempts ---------------------------------------------------------------------------
 
     def _loop(self, store: CoordinationStore) -> Any:
         previous: dict[int, int] = {}
@@ -193,22 +193,22 @@ class RestartLoop:
         healthy = True
         self.monitor.wait_ready(self.shared, self.o.barrier_timeout)
         while True:
-            self.shared.enter(self.iteration, Phase.BARRIER)
-            members = store.join(self.iteration, self.rank, self.o.barrier_timeout)
+            self.shared.enter(self.attempt, RestartPhase.BARRIER)
+            members = store.join(self.attempt, self.rank, self.o.barrier_timeout)
             if self.rank not in members:
                 raise RestartAbort(f"rank {self.rank} was recorded as terminated by its peers")
             ctx = self._assign(members, store.excluded(), previous)
-            store.publish_active(self.iteration, ctx.active)
-            self.shared.enter(self.iteration, Phase.MEMBER)
-            state = State(self.iteration, self.rank, self.world_size, ctx.ranks.get(self.rank), len(ctx.active), faults)
+            store.publish_active(self.attempt, ctx.active)
+            self.shared.enter(self.attempt, RestartPhase.MEMBER)
+            state = State(self.attempt, self.rank, self.world_size, ctx.ranks.get(self.rank), len(ctx.active), faults)
             if state.active:
                 os.environ["RANK"], os.environ["WORLD_SIZE"] = str(state.rank), str(state.world_size)
             if state.active:
-                log.info("rank %d: iteration %d, running as rank %d of %d", self.rank, self.iteration,
+                log.info("rank %d: attempt %d, running as rank %d of %d", self.rank, self.attempt,
                          state.rank, state.world_size)
             else:
-                log.info("rank %d: iteration %d, inactive (%d ranks run the function)", self.rank,
-                         self.iteration, state.world_size)
+                log.info("rank %d: attempt %d, inactive (%d ranks run the function)", self.rank,
+                         self.attempt, state.world_size)
             outcome = self._run_iteration(store, state)
             if outcome.done:
                 return outcome.result
@@ -217,23 +217,23 @@ class RestartLoop:
                 healthy = False
                 store.mark_excluded(self.rank)
             previous = dict(ctx.ranks)
-            self.iteration += 1
+            self.attempt += 1
 
     def _assign(self, members: tuple[int, ...], excluded: set[int], previous: dict[int, int]) -> RankAssignmentCtx:
         healthy = tuple(m for m in members if m not in excluded)
-        ctx = RankAssignmentCtx(self.iteration, healthy, healthy, previous)
+        ctx = RankAssignmentCtx(self.attempt, healthy, healthy, previous)
         if self.o.rank_filter is not None:
             ctx = self.o.rank_filter(ctx)
         ctx = self.o.rank_assignment(ctx)
         if not ctx.active:
-            raise RestartAbort(f"iteration {self.iteration}: no healthy rank left to run the function")
+            raise RestartAbort(f"attempt {self.attempt}: no healthy rank left to run the function")
         if not (
             set(ctx.active) <= set(healthy)
             and set(ctx.ranks) == set(ctx.active)
             and sorted(ctx.ranks.values()) == list(range(len(ctx.active)))
         ):
             raise RestartAbort(
-                f"iteration {self.iteration}: invalid rank assignment {dict(ctx.ranks)} for active ranks "
+                f"attempt {self.attempt}: invalid rank assignment {dict(ctx.ranks)} for active ranks "
                 f"{ctx.active} (members {healthy}); ranks must be 0..{len(ctx.active) - 1}"
             )
         return ctx
@@ -246,21 +246,21 @@ class RestartLoop:
                 raise
             except Exception as exc:
                 log.exception("rank %d: initialize failed", self.rank)
-                decision = store.report_restart(self.iteration, self.rank, f"initialize failed: {exc!r}")
+                decision = store.report_restart(self.attempt, self.rank, f"initialize failed: {exc!r}")
                 return _Outcome(faulted=decision.rank == self.rank)
         if not state.active:
-            return _Outcome(done=store.wait_decision(self.iteration).done)
+            return _Outcome(done=store.wait_decision(self.attempt).done)
         return self._run_active(store, state)
 
     def _run_active(self, store: CoordinationStore, state: State) -> _Outcome:
         import torch.distributed as dist
 
         abort = _AbortOnce(self.o.abort, state)
-        user_store = dist.PrefixStore(f"it/{self.iteration}/user", self.user_store)
+        user_store = dist.PrefixStore(f"it/{self.attempt}/user", self.user_store)
         call_wrapper = CallWrapper(state, user_store, self.progress, self.interruptor)
         kwargs = dict(self.kwargs, call_wrapper=call_wrapper) if self.takes_call_wrapper else self.kwargs
-        monitor = MonitorThread(
-            store=store, iteration=self.iteration, rank=self.rank, progress=self.progress,
+        monitor = WatchdogThread(
+            store=store, attempt=self.attempt, rank=self.rank, progress=self.progress,
             interruptor=self.interruptor, abort=abort, soft_timeout=self.o.soft_timeout,
             hard_timeout=self.o.hard_timeout, interval=self.o.monitor_thread_interval,
         )
@@ -273,8 +273,8 @@ class RestartLoop:
         if completed:
             monitor.stop()
             self.shared.armed = False
-            store.complete(self.iteration, state.world_size)
-            if store.wait_decision(self.iteration).done:
+            store.complete(self.attempt, state.world_size)
+            if store.wait_decision(self.attempt).done:
                 return _Outcome(done=True, result=value)
         elif not isinstance(value, RankShouldRestart):
             faulted = self._report_failure(store, value, monitor, abort)
@@ -286,17 +286,17 @@ class RestartLoop:
         abort()
         gc.collect()  # the same for frames caught in reference cycles
         self.shared.armed = False
-        store.record_interrupted(self.iteration, self.rank)
+        store.record_interrupted(self.attempt, self.rank)
         return _Outcome(faulted=faulted or monitor.blamed)
 
     def _report_failure(
-        self, store: CoordinationStore, exc: BaseException, monitor: MonitorThread, abort: _AbortOnce
+        self, store: CoordinationStore, exc: BaseException, monitor: WatchdogThread, abort: _AbortOnce
     ) -> bool:
         """Ask for a restart because the function raised ``exc``; True if the fault is this rank's."""
         reason = f"{type(exc).__name__}: {exc}"[:300]
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: this process leaves
             store.mark_terminated(self.rank)
-            store.report_restart(self.iteration, self.rank, f"rank {self.rank} exits ({reason})")
+            store.report_restart(self.attempt, self.rank, f"rank {self.rank} exits ({reason})")
             monitor.stop()
             abort()
             raise exc
@@ -304,15 +304,15 @@ class RestartLoop:
         if raised_in_torch_distributed(exc):
             # Probably a peer's fault broke the collective: let that peer (or
             # the monitor process that saw it die) report first.
-            decision = store.decision_within(self.iteration, 2 * self.o.monitor_process_interval)
+            decision = store.decision_within(self.attempt, 2 * self.o.monitor_process_interval)
         if decision is None:
-            decision = store.report_restart(self.iteration, self.rank, reason)
+            decision = store.report_restart(self.attempt, self.rank, reason)
         if decision.rank == self.rank:
-            log.error("rank %d: iteration %d failed; restarting all ranks", self.rank, self.iteration, exc_info=exc)
+            log.error("rank %d: attempt %d failed; restarting all ranks", self.rank, self.attempt, exc_info=exc)
             return True
         # Name the decision (who failed and why), not only what this rank saw of it.
-        log.info("rank %d: iteration %d restarts (rank %s: %s); here it ended with %s", self.rank,
-                 self.iteration, decision.rank, decision.reason, reason)
+        log.info("rank %d: attempt %d restarts (rank %s: %s); here it ended with %s", self.rank,
+                 self.attempt, decision.rank, decision.reason, reason)
         return False
 
     def _recover(self, state: State) -> bool:
@@ -324,6 +324,6 @@ class RestartLoop:
             try:
                 hook(state)
             except Exception as exc:
-                log.error("rank %d: %s failed (%s); excluded from further iterations", self.rank, name, exc)
+                log.error("rank %d: %s failed (%s); excluded from further attempts", self.rank, name, exc)
                 return False
         return True

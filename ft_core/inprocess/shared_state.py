@@ -15,25 +15,25 @@ import os
 import struct
 import tempfile
 
-__all__ = ["Phase", "SharedState"]
+__all__ = ["RestartPhase", "SharedState"]
 
 _DOUBLE = struct.Struct("d")
-_PROGRESS, _ARMED, _ITERATION, _PHASE, _MONITOR_READY = range(5)
+_PROGRESS, _ARMED, _ATTEMPT, _PHASE, _MONITOR_READY = range(5)
 _SIZE = _DOUBLE.size * 5
 
 
-class Phase(enum.IntEnum):
+class RestartPhase(enum.IntEnum):
     """Where the rank is in its restart loop (``SharedState.phase``; stored as its number)."""
 
-    #: Waiting for the other ranks to join the iteration.
+    #: Waiting for the other ranks to join the attempt.
     BARRIER = 0
-    #: A member of iteration ``SharedState.iteration`` (running, completed or spare).
+    #: A member of attempt ``SharedState.attempt`` (running, completed or spare).
     MEMBER = 1
 
 
 class SharedState:
     """``progress`` (``time.monotonic()`` of the last sign of progress), ``armed``
-    (1 while the hard timeout applies), ``iteration`` and ``phase``, written by
+    (1 while the hard timeout applies), ``attempt`` and ``phase``, written by
     the rank; ``monitor_ready``, written by the monitor process once it is
     connected to the store."""
 
@@ -75,12 +75,12 @@ class SharedState:
         self._set(_ARMED, 1.0 if value else 0.0)
 
     @property
-    def iteration(self) -> int:
-        return int(self._get(_ITERATION))
+    def attempt(self) -> int:
+        return int(self._get(_ATTEMPT))
 
     @property
-    def phase(self) -> Phase:
-        return Phase(int(self._get(_PHASE)))
+    def phase(self) -> RestartPhase:
+        return RestartPhase(int(self._get(_PHASE)))
 
     @property
     def monitor_ready(self) -> bool:
@@ -90,7 +90,7 @@ class SharedState:
     def monitor_ready(self, value: bool) -> None:
         self._set(_MONITOR_READY, 1.0 if value else 0.0)
 
-    def enter(self, iteration: int, phase: Phase) -> None:
-        # Phase last: a reader that sees MEMBER also sees the iteration it belongs to.
-        self._set(_ITERATION, float(iteration))
+    def enter(self, attempt: int, phase: RestartPhase) -> None:
+        # RestartPhase last: a reader that sees MEMBER also sees the attempt it belongs to.
+        self._set(_ATTEMPT, float(attempt))
         self._set(_PHASE, float(phase))

@@ -2,8 +2,8 @@
 
 Layout (below the factory's prefix, so every launcher cycle gets a fresh
 namespace). Per-process records are global; everything that belongs to one
-restart iteration lives under ``it/<k>/``, so keys left over from an earlier
-iteration can never be mistaken for the current one.
+restart attempt lives under ``it/<k>/``, so keys left over from an earlier
+attempt can never be mistaken for the current one.
 
 =====================  ===========================================================
 ``hb/<r>``             heartbeat counter of initial rank ``r`` (its monitor process)
@@ -11,10 +11,10 @@ iteration can never be mistaken for the current one.
 ``excluded``           ``r,`` for each process that failed its health check
 ``abort``              why in-process restart gave up (first writer wins)
 ``left``               ``r,`` for each process that left the final barrier
-``it/<k>/arrived``     ``r,`` for each process that joined iteration ``k``
-``it/<k>/members``     the processes of iteration ``k`` (first writer wins)
-``it/<k>/active``      the processes that run the function in iteration ``k``
-``it/<k>/decision``    how iteration ``k`` ends: ``done`` or ``restart|r|reason``
+``it/<k>/arrived``     ``r,`` for each process that joined attempt ``k``
+``it/<k>/members``     the processes of attempt ``k`` (first writer wins)
+``it/<k>/active``      the processes that run the function in attempt ``k``
+``it/<k>/decision``    how attempt ``k`` ends: ``done`` or ``restart|r|reason``
 ``it/<k>/completed``   counter of active processes whose function returned
 ``it/<k>/interrupted`` ``r,`` for each active process that restarted
 ``it/<k>/user/...``    the store handed to the function (``call_wrapper.store``)
@@ -33,15 +33,15 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Optional, Protocol, cast
 
-from ft_core.deadline import wait_until
-from ft_core.validation import ValidationError, int_in_range
+from ft_core.utils.deadline import wait_until
+from ft_core.utils.validation import ValidationError, int_in_range
 
 from .exceptions import RestartAbort
 
 if TYPE_CHECKING:
     import torch.distributed
 
-__all__ = ["CoordinationStore", "IterationDecision", "StoreFactory", "TCPStoreFactory"]
+__all__ = ["CoordinationStore", "AttemptDecision", "StoreFactory", "TCPStoreFactory"]
 
 #: Environment variable naming the port of the coordination store.
 STORE_PORT_ENV = "FT_INPROCESS_STORE_PORT"
@@ -125,8 +125,8 @@ def _env_port(name: str, value: Optional[str]) -> int:
 
 
 @dataclass(frozen=True)
-class IterationDecision:
-    """How an iteration ends: all active ranks completed (``done``) or a restart."""
+class AttemptDecision:
+    """How an attempt ends: all active ranks completed (``done``) or a restart."""
 
     done: bool
     rank: Optional[int] = None  # the rank blamed for the restart, if any
@@ -136,7 +136,7 @@ class IterationDecision:
         return "done" if self.done else f"restart|{'' if self.rank is None else self.rank}|{self.reason}"
 
     @classmethod
-    def decode(cls, raw: bytes) -> IterationDecision:
+    def decode(cls, raw: bytes) -> AttemptDecision:
         text = raw.decode()
         if text == "done":
             return cls(True)
@@ -220,14 +220,14 @@ class CoordinationStore:
         raw = self._get("abort")
         return raw.decode() if raw is not None else None
 
-    # -- iteration barrier -------------------------------------------------------------------
+    # -- attempt barrier -------------------------------------------------------------------
 
-    def join(self, iteration: int, rank: int, timeout: float) -> tuple[int, ...]:
-        """Wait until every process that is not terminated joined ``iteration``; return the members.
+    def join(self, attempt: int, rank: int, timeout: float) -> tuple[int, ...]:
+        """Wait until every process that is not terminated joined ``attempt``; return the members.
 
         Raises ``RestartAbort`` when in-process restart was aborted or after ``timeout``.
         """
-        key = f"it/{iteration}/"
+        key = f"it/{attempt}/"
         self.store.append(key + "arrived", f"{rank},")
         missing: set[int] = set()
 
@@ -247,46 +247,46 @@ class CoordinationStore:
 
         if not wait_until(members_recorded, timeout, self.poll_interval):
             raise RestartAbort(
-                f"iteration {iteration}: ranks {sorted(missing)} did not join within barrier_timeout={timeout} s"
+                f"attempt {attempt}: ranks {sorted(missing)} did not join within barrier_timeout={timeout} s"
             )
         return tuple(sorted(self._id_set(key + "members")))
 
-    def publish_active(self, iteration: int, active: tuple[int, ...]) -> None:
-        self._first_wins(f"it/{iteration}/active", _fmt(active))
+    def publish_active(self, attempt: int, active: tuple[int, ...]) -> None:
+        self._first_wins(f"it/{attempt}/active", _fmt(active))
 
-    def active(self, iteration: int) -> Optional[set[int]]:
-        raw = self._get(f"it/{iteration}/active")
+    def active(self, attempt: int) -> Optional[set[int]]:
+        raw = self._get(f"it/{attempt}/active")
         return _ids(raw) if raw is not None else None
 
-    # -- how an iteration ends ----------------------------------------------------------------
+    # -- how an attempt ends ----------------------------------------------------------------
 
-    def report_restart(self, iteration: int, rank: Optional[int], reason: str) -> IterationDecision:
-        """Ask for a restart of ``iteration``; returns the decision that stands (maybe an earlier one)."""
-        raw = self._first_wins(f"it/{iteration}/decision", IterationDecision(False, rank, reason).encode())
-        return IterationDecision.decode(raw)
+    def report_restart(self, attempt: int, rank: Optional[int], reason: str) -> AttemptDecision:
+        """Ask for a restart of ``attempt``; returns the decision that stands (maybe an earlier one)."""
+        raw = self._first_wins(f"it/{attempt}/decision", AttemptDecision(False, rank, reason).encode())
+        return AttemptDecision.decode(raw)
 
-    def decision(self, iteration: int) -> Optional[IterationDecision]:
-        raw = self._get(f"it/{iteration}/decision")
-        return IterationDecision.decode(raw) if raw is not None else None
+    def decision(self, attempt: int) -> Optional[AttemptDecision]:
+        raw = self._get(f"it/{attempt}/decision")
+        return AttemptDecision.decode(raw) if raw is not None else None
 
-    def complete(self, iteration: int, world_size: int) -> None:
+    def complete(self, attempt: int, world_size: int) -> None:
         """Count this rank's function as returned; the last one decides ``done``."""
-        if self.store.add(f"it/{iteration}/completed", 1) == world_size:
-            self._first_wins(f"it/{iteration}/decision", IterationDecision(True).encode())
+        if self.store.add(f"it/{attempt}/completed", 1) == world_size:
+            self._first_wins(f"it/{attempt}/decision", AttemptDecision(True).encode())
 
-    def decision_within(self, iteration: int, timeout: float) -> Optional[IterationDecision]:
-        """The decision of ``iteration``, waiting for it at most ``timeout`` seconds."""
-        return wait_until(lambda: self.decision(iteration), timeout, self.poll_interval)
+    def decision_within(self, attempt: int, timeout: float) -> Optional[AttemptDecision]:
+        """The decision of ``attempt``, waiting for it at most ``timeout`` seconds."""
+        return wait_until(lambda: self.decision(attempt), timeout, self.poll_interval)
 
-    def wait_decision(self, iteration: int) -> IterationDecision:
-        """The decision of ``iteration``, however long it takes: the ranks still running the
+    def wait_decision(self, attempt: int) -> AttemptDecision:
+        """The decision of ``attempt``, however long it takes: the ranks still running the
         function are watched by their soft and hard timeouts, and lost ranks by their monitors."""
-        decision = self.decision_within(iteration, math.inf)
+        decision = self.decision_within(attempt, math.inf)
         assert decision is not None
         return decision
 
-    def record_interrupted(self, iteration: int, rank: int) -> None:
-        self.store.append(f"it/{iteration}/interrupted", f"{rank},")
+    def record_interrupted(self, attempt: int, rank: int) -> None:
+        self.store.append(f"it/{attempt}/interrupted", f"{rank},")
 
     # -- final barrier ----------------------------------------------------------------------
 

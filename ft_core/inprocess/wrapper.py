@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Optional, TypeVar
 
-from ft_core.validation import ValidationError, callable_or_none, positive_seconds
+from ft_core.utils.validation import ValidationError, callable_or_none, positive_seconds
 
 from .abort import AbortTorchDistributed
+from .hook_context import RankAssignmentCtx, State
 from .interruption import DEFAULT_INTERRUPT_SIGNAL
 from .rank_assignment import ShiftRanks
 from .restart_loop import RestartLoop
-from .state import RankAssignmentCtx, State
 from .store import StoreFactory, TCPStoreFactory
 
 __all__ = ["Wrapper"]

@@ -32,7 +32,6 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 
 from ft_core.autoresume import finished_flag_path, training_finished
 from ft_core.data import WorkloadAction
-from ft_core.deadline import wait_until
 from ft_core.diagnosis import evidence_of_hang
 from ft_core.events import (
     CheckpointReported,
@@ -63,6 +62,7 @@ from ft_core.events import (
 )
 from ft_core.fault_policy import FaultKind, FaultPolicy, Fingerprint
 from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV
+from ft_core.launcher.checkpointed_iteration import CheckpointedIterationTracker
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.coordination import (
     CycleInfo,
@@ -72,17 +72,17 @@ from ft_core.launcher.coordination import (
     spares_waiting,
 )
 from ft_core.launcher.culprit import CulpritExchange
-from ft_core.launcher.events import EventLog
+from ft_core.launcher.event_log import EventLog
 from ft_core.launcher.job_store import open_job_store
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.prewarm import WorkerFactory
-from ft_core.launcher.process import kill_process_groups, signal_process_groups, workers_die_with_agent
-from ft_core.launcher.progress import ProgressTracker
 from ft_core.launcher.rendezvous_wait import reporting_rendezvous_wait
-from ft_core.launcher.stragglers import StragglerDetector, StragglerRound, exclusion_blocker
-from ft_core.procutil import listens_on_tcp_port
-from ft_core.straggler import StragglerAction
+from ft_core.launcher.straggler_exchange import StragglerDetector, StragglerRound, exclusion_blocker
+from ft_core.launcher.workers import kill_process_groups, signal_process_groups, workers_die_with_agent
+from ft_core.straggler_scoring import StragglerAction
+from ft_core.utils.deadline import wait_until
+from ft_core.utils.procutil import listens_on_tcp_port
 
 __all__ = ["LEFT_UNFINISHED_EXIT_CODE", "FtElasticAgent", "Outcome", "Services", "left_job_outcome", "signal_outcome"]
 
@@ -150,7 +150,7 @@ class FtElasticAgent(LocalElasticAgent):
                                      store=open_job_store(spec.rdzv_handler),
                                      min_progress_iterations=options.min_progress_iterations,
                                      faults=FaultPolicy(max_identical_faults=options.max_identical_faults))
-        self._progress = ProgressTracker(options.checkpoint_iteration_file)
+        self._progress = CheckpointedIterationTracker(options.checkpoint_iteration_file)
         self._stragglers = None if options.straggler_report_interval is None else StragglerDetector(
             options.straggler_report_interval, options.straggler_threshold, options.straggler_consecutive_reports,
             options.straggler_action, services.events.node, lambda: self._coord.job_store,

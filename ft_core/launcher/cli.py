@@ -20,7 +20,7 @@ from ft_core.config import FaultToleranceConfig, LogLevel
 from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
 from ft_core.launcher.slurm import apply_slurm_defaults, derive_nnodes
-from ft_core.validation import ValidationError
+from ft_core.utils.validation import ValidationError
 from ft_core.version import version_line
 
 __all__ = ["build_parser", "main"]

@@ -42,7 +42,7 @@ from ft_core.protocol import (
     recv_msg,
     send_msg,
 )
-from ft_core.ratelimit import LogThrottle
+from ft_core.utils.ratelimit import LogThrottle
 
 __all__ = ["ControlRequest", "MAX_PENDING_REQUESTS", "WorkloadControlServer"]
 

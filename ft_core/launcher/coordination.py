@@ -45,10 +45,10 @@ from typing import Any, Optional
 import msgspec
 import torch.distributed as dist
 
-from ft_core.deadline import wait_until
 from ft_core.fault_policy import FaultAction, FaultPolicy, Fingerprint, decide_fault
+from ft_core.launcher.checkpointed_iteration import made_progress
 from ft_core.launcher.job_store import JobStore, job_store_on
-from ft_core.launcher.progress import made_progress
+from ft_core.utils.deadline import wait_until
 
 __all__ = [
     "CoordinationError",
@@ -160,7 +160,7 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
     A fault spends one restart of the job's budget and, when progress is
     tracked, counts as a cycle without progress unless the checkpointed
     iteration (``best_progress``) grew by ``min_progress_iterations`` since the
-    previous decision (:func:`~ft_core.launcher.progress.made_progress`). A stop spends no
+    previous decision (:func:`~ft_core.launcher.checkpointed_iteration.made_progress`). A stop spends no
     restart. Progress counts as tracked once any checkpoint was seen job-wide. A fault's
     ``fingerprint`` joins the job's history, and a deterministic fault
     (:func:`ft_core.fault_policy.decide_fault`) stops the job with the do-not-requeue code.

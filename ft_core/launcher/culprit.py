@@ -23,10 +23,10 @@ from typing import Optional
 
 import msgspec
 
-from ft_core.deadline import wait_until
 from ft_core.diagnosis import diagnose
 from ft_core.events import Diagnosis, RankEvidence
 from ft_core.launcher.job_store import JobStore
+from ft_core.utils.deadline import wait_until
 
 __all__ = ["EVIDENCE_TIMEOUT", "CulpritExchange"]
 

@@ -48,7 +48,7 @@ from torch.distributed.elastic.rendezvous import (
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend, Token, create_handler
 
 from ft_core.launcher.job_store import NAMESPACE, JobStoreUnavailable
-from ft_core.validation import ValidationError, int_in_range, one_of, positive_seconds
+from ft_core.utils.validation import ValidationError, int_in_range, one_of, positive_seconds
 
 if TYPE_CHECKING:
     from etcd3gw.client import Etcd3Client

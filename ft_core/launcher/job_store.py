@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Optional, Protocol, TypeVar
 
 import torch.distributed as dist
 
-from ft_core.deadline import wait_until
+from ft_core.utils.deadline import wait_until
 
 if TYPE_CHECKING:
     from torch.distributed.elastic.rendezvous import RendezvousHandler

@@ -25,7 +25,7 @@ from ft_core.jobdir import claim_job_dir, saved_stacks_dir
 from ft_core.launcher.agent import FtElasticAgent, Outcome, Services, signal_outcome
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.etcd_v3 import register as register_etcd_v3
-from ft_core.launcher.events import EVENTS_FILE_NAME, EventLog
+from ft_core.launcher.event_log import EVENTS_FILE_NAME, EventLog
 from ft_core.launcher.metrics import SCRAPE_TARGETS_DIR, LauncherMetrics
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions

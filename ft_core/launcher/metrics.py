@@ -43,13 +43,13 @@ from ft_core.events import (
     WorkerExit,
     WorkersStopped,
 )
-from ft_core.fileutil import atomic_write_text
 from ft_core.monitor.status import read_status
+from ft_core.utils.fileutil import atomic_write_text
 from ft_core.version import python_version, torch_version, version
 
 if TYPE_CHECKING:
-    from ft_core.launcher.events import EventLog
-    from ft_core.launcher.stragglers import StragglerRound
+    from ft_core.launcher.event_log import EventLog
+    from ft_core.launcher.straggler_exchange import StragglerRound
 
 __all__ = ["SCRAPE_TARGETS_DIR", "LauncherMetrics", "MetricsUnavailableError"]
 
@@ -107,7 +107,7 @@ class LauncherMetrics:
 
     # -- inputs ---------------------------------------------------------------
     def observe(self, record: Event) -> None:
-        """Account one record the launcher wrote (called by its :class:`~ft_core.launcher.events.EventLog`)."""
+        """Account one record the launcher wrote (called by its :class:`~ft_core.launcher.event_log.EventLog`)."""
         with self._lock:
             match record:
                 case CycleStart():

@@ -10,8 +10,8 @@ from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
-from ft_core.straggler import StragglerAction
-from ft_core.validation import (
+from ft_core.straggler_scoring import StragglerAction
+from ft_core.utils.validation import (
     ValidationError,
     boolean,
     file_path,
@@ -68,7 +68,7 @@ class LauncherOptions:
         """Validate the parsed flags; the no-progress settings come from ``cfg`` (YAML or ``--ft-*`` flag).
 
         Raises:
-            ft_core.validation.ValidationError: naming the flag, the value and what is allowed.
+            ft_core.utils.validation.ValidationError: naming the flag, the value and what is allowed.
         """
         return cls(
             **_stop_timeouts(args),

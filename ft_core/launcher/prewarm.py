@@ -39,8 +39,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional, Union
 
-from ft_core import procutil
-from ft_core.deadline import wait_until
 from ft_core.launcher.zygote import (
     EntryKind,
     FactoryChannel,
@@ -56,6 +54,8 @@ from ft_core.launcher.zygote import (
     Retired,
     bootstrap_command,
 )
+from ft_core.utils import procutil
+from ft_core.utils.deadline import wait_until
 
 __all__ = ["AdoptedProcess", "WorkerFactory"]
 

@@ -33,7 +33,7 @@ from typing import Optional
 
 from torch.distributed.run import parse_min_max_nnodes
 
-from ft_core.validation import ValidationError, int_in_range
+from ft_core.utils.validation import ValidationError, int_in_range
 
 __all__ = ["apply_slurm_defaults", "derive_nnodes", "first_host", "job_id", "launch_rdzv_id"]
 
@@ -62,7 +62,7 @@ def derive_nnodes(args: argparse.Namespace, environ: Optional[Mapping[str, str]]
     which depend on the number of nodes.
 
     Raises:
-        ft_core.validation.ValidationError: ``$SLURM_STEP_NUM_NODES`` is not a positive integer.
+        ft_core.utils.validation.ValidationError: ``$SLURM_STEP_NUM_NODES`` is not a positive integer.
     """
     env = os.environ if environ is None else environ
     if args.nnodes is not None:
@@ -82,7 +82,7 @@ def apply_slurm_defaults(args: argparse.Namespace, environ: Optional[Mapping[str
     """Fill in the rendezvous settings of ``args`` from SLURM's environment; returns what was set.
 
     Raises:
-        ft_core.validation.ValidationError: naming the environment variable that is missing or invalid.
+        ft_core.utils.validation.ValidationError: naming the environment variable that is missing or invalid.
     """
     env = os.environ if environ is None else environ
     job_id = env.get(JOB_ID_ENV)

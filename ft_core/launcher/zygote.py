@@ -51,7 +51,7 @@ from typing import Any, Optional, Union
 
 import msgspec
 
-from ft_core import procutil
+from ft_core.utils import procutil
 
 __all__ = [
     "EntryKind",
@@ -362,7 +362,7 @@ def _fork_worker(channel: FactoryChannel, stdio: list[int], inherited: list[int]
 
     Returns the child's pid (0 in the child). Nothing waits for the child: until
     it leads its session, the launcher signals its pid instead of its group
-    (see ``ft_core.launcher.process``).
+    (see ``ft_core.launcher.workers``).
     """
     for stream in (sys.stdout, sys.stderr):
         stream.flush()  # nothing buffered may be written twice

@@ -20,17 +20,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ft_core.lazy import lazy_exports
+from ft_core.utils.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from ft_core.events import read_events
     from ft_core.jobdir import stack_dump_dir
-    from ft_core.monitor.process import MonitorProcess
     from ft_core.monitor.server import RankMonitorServer
+    from ft_core.monitor.spawn import MonitorProcess
 
 #: public name -> the module that owns it (``read_events`` and ``stack_dump_dir`` stay importable from here).
 _EXPORTS = {
-    "MonitorProcess": "ft_core.monitor.process",
+    "MonitorProcess": "ft_core.monitor.spawn",
     "RankMonitorServer": "ft_core.monitor.server",
     "read_events": "ft_core.events",
     "stack_dump_dir": "ft_core.jobdir",

@@ -51,7 +51,6 @@ import time
 from collections.abc import Callable
 from typing import NoReturn, Optional
 
-from ft_core import procutil
 from ft_core.config import FaultToleranceConfig, with_fallback
 from ft_core.events import (
     CheckpointReported,
@@ -77,8 +76,8 @@ from ft_core.jobdir import (
     saved_stack_path,
 )
 from ft_core.monitor.hang import DumpWait, Expiry, Hang
-from ft_core.monitor.process import MonitorProcess, run_in_subprocess
 from ft_core.monitor.snapshot import Snapshot
+from ft_core.monitor.spawn import MonitorProcess, run_in_subprocess
 from ft_core.monitor.stack_copy import STACK_COPY_CLOSE_TIMEOUT, StackCopier
 from ft_core.monitor.status import STATUS_INTERVAL, MonitorStatus, RankStatus, status_path, write_status
 from ft_core.protocol import (
@@ -104,8 +103,7 @@ from ft_core.protocol import (
     check_max_frame_bytes,
     encode,
 )
-from ft_core.ratelimit import LogThrottle
-from ft_core.straggler import MAX_PHASES_PER_RANK, STEP_PHASE, PhaseWindows, check_phase_sample
+from ft_core.straggler_scoring import MAX_PHASES_PER_RANK, STEP_PHASE, PhaseWindows, check_phase_sample
 from ft_core.timeouts import (
     COMPILE_SECTION,
     STEP_SECTION,
@@ -116,6 +114,8 @@ from ft_core.timeouts import (
     describe_timeouts,
     warmup_step_timeout,
 )
+from ft_core.utils import procutil
+from ft_core.utils.ratelimit import LogThrottle
 
 __all__ = [
     "AWAKE_TICK", "HANDSHAKE_TIMEOUT", "LATE_THRESHOLD", "MAX_PENDING_HANDSHAKES", "OpenSection", "RankMonitorServer",
@@ -1025,7 +1025,7 @@ class RankMonitorServer:
         wait: bool = True,
         launcher_reports_hangs: bool = False,
     ) -> MonitorProcess:
-        """Start a monitor in a new process; see :func:`ft_core.monitor.process.run_in_subprocess`."""
+        """Start a monitor in a new process; see :func:`ft_core.monitor.spawn.run_in_subprocess`."""
         return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir, wait,
                                  launcher_reports_hangs)
 

@@ -14,8 +14,9 @@ from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorCli
 from ft_core.config import FALLBACK_FIELDS, FaultToleranceConfig
 from ft_core.data import WorkloadControlRequest
 from ft_core.monitor.standalone import connect_standalone
-from ft_core.straggler import Phase
-from ft_core.validation import (
+from ft_core.straggler_scoring import Phase
+from ft_core.utils.strenum import StrEnum
+from ft_core.utils.validation import (
     ValidationError,
     boolean,
     callable_or_none,
@@ -40,7 +41,6 @@ from ft_integrations.session import (
     MonitoringMode,
     Section,
 )
-from ft_integrations.strenum import StrEnum
 
 __all__ = ["FaultToleranceCallback", "StandalonePolicy"]
 

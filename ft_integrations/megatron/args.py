@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
-from ft_core.validation import ValidationError, int_in_range
+from ft_core.utils.validation import ValidationError, int_in_range
 
 __all__ = ["DEFAULT_CALC_TIMEOUTS_AFTER_ITERS", "DEFAULT_NUM_WARMUP_ITERS", "add_ft_args"]
 

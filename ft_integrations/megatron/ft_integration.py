@@ -32,7 +32,7 @@ import sys
 from typing import Any, Optional
 
 from ft_core.client import RankMonitorClient
-from ft_core.validation import ValidationError
+from ft_core.utils.validation import ValidationError
 from ft_integrations.fault_injection import FaultInjector, FaultKind, SimulatedFault
 from ft_integrations.megatron import hooks
 from ft_integrations.megatron.args import add_ft_args

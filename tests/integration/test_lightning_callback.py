@@ -19,9 +19,9 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException  # 
 
 from ft_core.config import FaultToleranceConfig  # noqa: E402
 from ft_core.data import WorkloadAction, WorkloadControlRequest  # noqa: E402
-from ft_core.fileutil import read_json  # noqa: E402
 from ft_core.launcher.control import WorkloadControlServer  # noqa: E402
 from ft_core.monitor.standalone import standalone_socket_path, stop_standalone_monitors  # noqa: E402
+from ft_core.utils.fileutil import read_json  # noqa: E402
 from ft_integrations.lightning import (  # noqa: E402
     FaultToleranceCallback,
     FaultToleranceCheckpointIO,

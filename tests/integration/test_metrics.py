@@ -17,7 +17,7 @@ import pytest
 from helpers import wait_for
 from launcher_helpers import LauncherGroup
 
-from ft_core.deadline import wait_until
+from ft_core.utils.deadline import wait_until
 
 pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402

@@ -1,4 +1,4 @@
-"""``ft_core.procutil`` against real processes: what the kernel says about a rank."""
+"""``ft_core.utils.procutil`` against real processes: what the kernel says about a rank."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import signal
 import subprocess
 import sys
 
-from ft_core.deadline import wait_until
-from ft_core.procutil import cpu_sample, is_stopped
+from ft_core.utils.deadline import wait_until
+from ft_core.utils.procutil import cpu_sample, is_stopped
 
 
 def test_a_sigstopped_process_is_seen_stopped_and_a_continued_one_is_not():

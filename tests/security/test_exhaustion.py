@@ -21,15 +21,15 @@ import pytest
 from helpers import python_env, wait_for
 from security_helpers import TOKEN, closed_by_peer
 
-from ft_core import procutil
 from ft_core.config import FaultToleranceConfig
 from ft_core.data import WorkloadAction
 from ft_core.events import read_events
 from ft_core.jobdir import JobDir
 from ft_core.launcher import control
 from ft_core.launcher.control import WorkloadControlServer
-from ft_core.monitor.process import MonitorProcess
+from ft_core.monitor.spawn import MonitorProcess
 from ft_core.protocol import Ack, FrameDecoder, Hello, Role, WorkloadControl, recv_msg, send_msg
+from ft_core.utils import procutil
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -13,9 +13,10 @@ import pytest
 from helpers import kill_group, python_env, spawn_python, wait_for
 from security_helpers import VICTIM_TEXT, file_mode
 
-from ft_core import fileutil, jobdir
+from ft_core import jobdir
 from ft_core.events import EventWriter, Progress, RankConnected, read_records
-from ft_core.launcher.events import EventLog
+from ft_core.launcher.event_log import EventLog
+from ft_core.utils import fileutil
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -108,7 +109,7 @@ def test_temp_files_of_a_killed_atomic_write_are_removed_by_the_next_write(tmp_p
     # A writer killed between creating its temp file and the rename (fsync blocks forever here).
     code = textwrap.dedent(f"""
         import os, time
-        from ft_core import fileutil
+        from ft_core.utils import fileutil
         os.fsync = lambda fd: time.sleep(3600)
         fileutil.atomic_write_text({str(target)!r}, "never renamed")
     """)

@@ -24,7 +24,7 @@ from ft_core.launcher.etcd_v3 import (
     job_prefix,
 )
 from ft_core.launcher.job_store import JobStoreUnavailable
-from ft_core.validation import ValidationError
+from ft_core.utils.validation import ValidationError
 
 pytest.importorskip("etcd3gw", reason="etcd-v3 tests need etcd3gw (pip install -e '.[etcd]')")
 

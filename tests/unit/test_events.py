@@ -9,7 +9,7 @@ import typing
 import pytest
 
 from ft_core import events as ev
-from ft_core.straggler import PhaseMedian, StragglerAction
+from ft_core.straggler_scoring import PhaseMedian, StragglerAction
 
 #: One instance of every record type, with every field set (optional ones too).
 SAMPLES: list[ev.Event] = [

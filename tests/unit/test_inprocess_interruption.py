@@ -12,7 +12,7 @@ from ft_core.inprocess import RankShouldRestart
 from ft_core.inprocess.call_wrapper import Atomic
 from ft_core.inprocess.interruption import DEFAULT_INTERRUPT_SIGNAL, Interruptor
 from ft_core.inprocess.progress_watchdog import Progress, ProgressWatchdog
-from ft_core.inprocess.shared_state import Phase, SharedState
+from ft_core.inprocess.shared_state import RestartPhase, SharedState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -112,11 +112,11 @@ def test_shared_state_is_visible_through_another_mapping():
     shared = SharedState.create()
     other = SharedState(os.dup(shared.fd))
     try:
-        shared.enter(3, Phase.MEMBER)
+        shared.enter(3, RestartPhase.MEMBER)
         shared.armed = True
         shared.progress = 12.5
         other.monitor_ready = True
-        assert (other.iteration, other.phase, other.armed, other.progress) == (3, Phase.MEMBER, True, 12.5)
+        assert (other.attempt, other.phase, other.armed, other.progress) == (3, RestartPhase.MEMBER, True, 12.5)
         assert shared.monitor_ready
     finally:
         other.close()

@@ -18,7 +18,7 @@ from ft_core.inprocess import (
     TCPStoreFactory,
     Wrapper,
 )
-from ft_core.validation import ValidationError
+from ft_core.utils.validation import ValidationError
 
 FAST = dict(soft_timeout=1.0, hard_timeout=2.0, heartbeat_timeout=5.0, barrier_timeout=10.0,
             monitor_process_interval=0.5, progress_watchdog_interval=0.5, termination_grace_time=1.0)

@@ -6,7 +6,7 @@ import pytest
 from helpers import free_port
 
 from ft_core.inprocess import RestartAbort, TCPStoreFactory
-from ft_core.inprocess.store import CoordinationStore, IterationDecision
+from ft_core.inprocess.store import AttemptDecision, CoordinationStore
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,14 +37,14 @@ def test_barrier_gives_up_on_missing_ranks_or_abort(stores):
 
 def test_first_decision_wins(stores):
     assert stores[0].decision(0) is None
-    assert stores[1].report_restart(0, 1, "ValueError: boom") == IterationDecision(False, 1, "ValueError: boom")
-    assert stores[2].report_restart(0, 2, "RuntimeError: x|y") == IterationDecision(False, 1, "ValueError: boom")
+    assert stores[1].report_restart(0, 1, "ValueError: boom") == AttemptDecision(False, 1, "ValueError: boom")
+    assert stores[2].report_restart(0, 2, "RuntimeError: x|y") == AttemptDecision(False, 1, "ValueError: boom")
     for store in stores:
         store.complete(0, 3)  # completions after a restart decision do not turn it into "done"
     assert stores[0].wait_decision(0).done is False
     for store in stores:
         store.complete(1, 3)
-    assert stores[0].wait_decision(1) == IterationDecision(True)
+    assert stores[0].wait_decision(1) == AttemptDecision(True)
     assert stores[0].decision_within(2, 0.05) is None
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ft_core.launcher.events import EventLog
+from ft_core.launcher.event_log import EventLog
 
 
 def test_summary_reports_monitor_lateness(tmp_path):

@@ -21,11 +21,11 @@ from ft_core.events import (
     RestartKind,
     Straggler,
 )
-from ft_core.launcher.events import EventLog
+from ft_core.launcher.event_log import EventLog
 from ft_core.launcher.metrics import LauncherMetrics
-from ft_core.launcher.stragglers import StragglerRound
+from ft_core.launcher.straggler_exchange import StragglerRound
 from ft_core.monitor.status import MonitorStatus, RankStatus, write_status
-from ft_core.straggler import PhaseScore, StragglerAction
+from ft_core.straggler_scoring import PhaseScore, StragglerAction
 
 prometheus_client = pytest.importorskip("prometheus_client")
 

@@ -13,7 +13,7 @@ import pytest
 
 from ft_core.config import ConfigError, FaultToleranceConfig
 from ft_core.launcher.options import DEFAULT_NO_RESTART_EXIT_CODE, LauncherOptions, add_launcher_args
-from ft_core.validation import ValidationError
+from ft_core.utils.validation import ValidationError
 
 
 def _options(*argv: str) -> LauncherOptions:

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from ft_core.launcher.process import _DieWithAgentHandler
+from ft_core.launcher.workers import _DieWithAgentHandler
 
 
 def test_close_signals_the_pid_of_a_worker_without_its_own_group_yet():
@@ -25,7 +25,7 @@ def test_close_signals_the_pid_of_a_worker_without_its_own_group_yet():
 
 
 def test_wait_child_exited_leaves_the_child_to_reap():
-    from ft_core.procutil import wait_child_exited
+    from ft_core.utils.procutil import wait_child_exited
 
     quick = subprocess.Popen([sys.executable, "-c", "pass"])
     slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

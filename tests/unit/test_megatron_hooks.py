@@ -13,8 +13,8 @@ from helpers import kill_group, python_env, spawn_python, wait_for, wait_for_eve
 
 from ft_core.client import RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
-from ft_core.deadline import wait_until
 from ft_core.events import read_events
+from ft_core.utils.deadline import wait_until
 from ft_integrations import megatron as ft
 
 SECTIONS = {"setup": 60.0, "step": 60.0, "eval": 60.0, "checkpointing": 60.0}

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
+from ft_core.launcher.checkpointed_iteration import made_progress
 from ft_core.launcher.coordination import JobCoordinator
 from ft_core.launcher.job_store import C10dJobStore
-from ft_core.launcher.progress import made_progress
 
 
 @pytest.mark.parametrize(("latest", "mark", "minimum", "expected"), [

@@ -42,8 +42,8 @@ def test_importing_the_client_does_not_import_the_monitor_server():
 def test_the_monitor_package_keeps_its_import_paths():
     from ft_core import RankMonitorServer as FromTop
     from ft_core.monitor import MonitorProcess, RankMonitorServer
-    from ft_core.monitor.process import MonitorProcess as FromProcess
     from ft_core.monitor.server import RankMonitorServer as FromServer
+    from ft_core.monitor.spawn import MonitorProcess as FromProcess
 
     assert FromTop is RankMonitorServer is FromServer
     assert MonitorProcess is FromProcess

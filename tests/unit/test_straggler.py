@@ -13,13 +13,13 @@ import torch.distributed as dist
 from ft_core.config import ConfigError, FaultToleranceConfig
 from ft_core.events import PhaseMedians
 from ft_core.launcher.job_store import C10dJobStore
-from ft_core.launcher.stragglers import (
+from ft_core.launcher.straggler_exchange import (
     StragglerDetector,
     StragglerRound,
     exclusion_blocker,
     straggler_action_for,
 )
-from ft_core.straggler import (
+from ft_core.straggler_scoring import (
     MAX_PHASES_PER_RANK,
     PhaseMedian,
     PhaseWindows,

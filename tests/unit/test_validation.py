@@ -1,4 +1,4 @@
-"""ft_core.validation: the one error type and message format, and the forms each check accepts."""
+"""ft_core.utils.validation: the one error type and message format, and the forms each check accepts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import signal
 
 import pytest
 
-from ft_core.validation import (
+from ft_core.utils.validation import (
     ValidationError,
     ValidationTypeError,
     boolean,

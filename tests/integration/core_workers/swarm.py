@@ -18,8 +18,8 @@ import traceback
 
 import rank as rank_worker
 
-from ft_core import procutil
 from ft_core.client import RankMonitorClient
+from ft_core.utils import procutil
 
 
 def run_rank(index: int, args, connected: int, go: int) -> int:

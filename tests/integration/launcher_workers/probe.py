@@ -62,7 +62,7 @@ def main() -> None:
     print(f"probe rank {os.environ['RANK']} on stderr", file=sys.stderr)
     if cycle == "0" and os.environ.get("FT_TEST_RAISE_RANK") == os.environ["RANK"]:
         # Raise only once every rank has recorded itself: the launcher then stops them all.
-        from ft_core.deadline import wait_until
+        from ft_core.utils.deadline import wait_until
 
         others = [os.path.join(os.path.dirname(path), f"probe_r{rank}_c0.json")
                   for rank in range(int(os.environ["WORLD_SIZE"]))]

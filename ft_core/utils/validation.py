@@ -12,7 +12,7 @@ environment) also the text forms ``"2.5"``, ``"true"``, ``"none"``...
 
 Example::
 
-    >>> from ft_core.validation import ValidationError, positive_seconds
+    >>> from ft_core.utils.validation import ValidationError, positive_seconds
     >>> positive_seconds("--term-timeout", " 2.5", coerce=True)
     2.5
     >>> try:

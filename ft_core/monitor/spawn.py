@@ -9,10 +9,10 @@ import subprocess
 import sys
 from typing import Any, Optional
 
-from ft_core import procutil
 from ft_core.config import FaultToleranceConfig
 from ft_core.events import read_events
 from ft_core.jobdir import TOKEN_ENV, JobDir, make_private_dir, token_path, write_private_file
+from ft_core.utils import procutil
 
 __all__ = ["MonitorProcess", "run_in_subprocess"]
 

@@ -6,8 +6,8 @@ holding the GIL stops every thread of the rank). Its jobs:
 * heartbeat to the coordination store, so other ranks can tell that this
   rank (with its monitor) is alive;
 * notice peers whose heartbeat stopped (a lost node) and record them as
-  terminated; if one of them runs the function in the current iteration,
-  decide that the iteration restarts;
+  terminated; if one of them runs the function in the current attempt,
+  decide that the attempt restarts;
 * notice that its own rank process is gone and record it at once, so the
   others need not wait for a heartbeat timeout;
 * enforce the hard timeout: when the rank's main thread made no progress
@@ -19,9 +19,9 @@ It never outlives its rank: ``PR_SET_PDEATHSIG``, end of file on its stdin
 and a parent-pid check each detect the rank's death, and an alarm bounds the
 time it may spend reporting it.
 
-The rank talks to it through stdin (a pickled ``MonitorConfig`` at start, a
+The rank talks to it through stdin (a pickled ``WatchdogConfig`` at start, a
 stop byte at the end; the pipe is private to the two processes) and through
-``SharedState`` (progress, iteration, phase).
+``SharedState`` (progress, attempt, phase).
 """
 
 from __future__ import annotations
@@ -41,24 +41,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Optional
 
-from ft_core.deadline import wait_until
+from ft_core.utils.deadline import wait_until
 
 from .exceptions import RestartAbort
-from .shared_state import Phase, SharedState
+from .shared_state import RestartPhase, SharedState
 from .store import CoordinationStore, StoreFactory
 
-__all__ = ["MonitorConfig", "RankWatchdogProcess"]
+__all__ = ["WatchdogConfig", "RankWatchdogProcess"]
 
 log = logging.getLogger("ft_core.inprocess")
 
 _STOP = b"S"
 _LENGTH = struct.Struct("!I")
-_ENTRY = "from ft_core.inprocess.monitor_process import main; main()"
+_ENTRY = "from ft_core.inprocess.watchdog_process import main; main()"
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass(frozen=True)
-class MonitorConfig:
+class WatchdogConfig:
     store_factory: StoreFactory
     rank: int  # initial rank
     world_size: int  # initial world size
@@ -78,7 +78,7 @@ class RankWatchdogProcess:
         self._proc = proc
 
     @classmethod
-    def start(cls, config: MonitorConfig, shared: SharedState) -> RankWatchdogProcess:
+    def start(cls, config: WatchdogConfig, shared: SharedState) -> RankWatchdogProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
         proc = subprocess.Popen(
@@ -128,7 +128,7 @@ class RankWatchdogProcess:
 
 
 class _RankMonitor:
-    def __init__(self, config: MonitorConfig, shared: SharedState) -> None:
+    def __init__(self, config: WatchdogConfig, shared: SharedState) -> None:
         self.cfg = config
         self.shared = shared
         self.stopped = threading.Event()  # the rank asked us to exit
@@ -242,35 +242,35 @@ class _RankMonitor:
             self._restart_if_active(store, {self.cfg.rank})
 
     def _restart_if_active(self, store: CoordinationStore, terminated: set[int]) -> None:
-        """Restart the rank's current iteration if a terminated process runs the function in it."""
-        if not terminated or self.shared.phase != Phase.MEMBER:
+        """Restart the rank's current attempt if a terminated process runs the function in it."""
+        if not terminated or self.shared.phase != RestartPhase.MEMBER:
             return
-        iteration = self.shared.iteration
-        active = self._active.get(iteration)
+        attempt = self.shared.attempt
+        active = self._active.get(attempt)
         if active is None:
-            active = store.active(iteration)
+            active = store.active(attempt)
             if active is None:
                 return
-            self._active[iteration] = active
+            self._active[attempt] = active
         lost = active & terminated
-        if lost and store.decision(iteration) is None:
-            store.report_restart(iteration, min(lost), f"rank(s) {sorted(lost)} terminated")
+        if lost and store.decision(attempt) is None:
+            store.report_restart(attempt, min(lost), f"rank(s) {sorted(lost)} terminated")
 
 
-def _read_config(stdin: BinaryIO) -> MonitorConfig:
+def _read_config(stdin: BinaryIO) -> WatchdogConfig:
     header = stdin.read(_LENGTH.size)
     if len(header) < _LENGTH.size:
         raise SystemExit(0)  # the rank died before it could configure us
     (length,) = _LENGTH.unpack(header)
     config = pickle.loads(stdin.read(length))  # our parent wrote it; the pipe is private
-    if not isinstance(config, MonitorConfig):
+    if not isinstance(config, WatchdogConfig):
         raise SystemExit(f"ft_core.inprocess monitor: unexpected configuration {type(config).__name__}")
     return config
 
 
 def main() -> None:
     """Entry point of the monitor process (``python -c ...``, see ``RankWatchdogProcess.start``)."""
-    from ft_core.procutil import die_with_parent
+    from ft_core.utils.procutil import die_with_parent
 
     rank_gone = threading.Event()
     signal.signal(signal.SIGUSR1, lambda *_: rank_gone.set())

@@ -2,7 +2,7 @@
 
 Example::
 
-    >>> from ft_core.deadline import wait_until
+    >>> from ft_core.utils.deadline import wait_until
     >>> wait_until(lambda: 42, timeout=1.0)
     42
     >>> wait_until(lambda: None, timeout=0.01, interval=0.005) is None

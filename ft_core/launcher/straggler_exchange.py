@@ -8,7 +8,7 @@ its ranks' window medians (:class:`~ft_core.events.PhaseMedians`). Then:
    ``straggler/<group rank>`` (overwritten each round: the store does not grow);
 2. the launcher of group rank 0 -- the aggregator -- reads every node's entry
    half an interval after the round ended, keeps those of the round, and
-   judges them with one :class:`~ft_core.straggler.StragglerJudge` per cycle;
+   judges them with one :class:`~ft_core.straggler_scoring.StragglerJudge` per cycle;
    the scores and the stragglers go to the key ``straggler/report``;
 3. every launcher reads each new report once and acts on it identically: a
    ``straggler`` event and one log line per straggler, and the action.
@@ -44,7 +44,7 @@ import msgspec
 
 from ft_core.events import PhaseMedians, Straggler
 from ft_core.launcher.job_store import JobStore
-from ft_core.straggler import (
+from ft_core.straggler_scoring import (
     DEFAULT_MIN_PHASE_SECONDS,
     PhaseMedian,
     PhaseScore,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-__all__ = ["ProgressTracker", "made_progress"]
+__all__ = ["CheckpointedIterationTracker", "made_progress"]
 
 log = logging.getLogger("ft_core.launcher")
 
@@ -30,7 +30,7 @@ def made_progress(latest: int, mark: int, min_iterations: int) -> bool:
     return mark < 0 or latest - mark >= min_iterations
 
 
-class ProgressTracker:
+class CheckpointedIterationTracker:
     """The highest checkpointed iteration observed on this node."""
 
     def __init__(self, iteration_file: Optional[str] = None) -> None:

@@ -27,9 +27,9 @@ from typing import Any, Optional, cast
 import torch.distributed.elastic.multiprocessing.api as mp_api
 from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-from ft_core.deadline import wait_until
 from ft_core.launcher.prewarm import WorkerFactory
-from ft_core.procutil import die_with_parent_preexec, process_group_members
+from ft_core.utils.deadline import wait_until
+from ft_core.utils.procutil import die_with_parent_preexec, process_group_members
 
 __all__ = ["kill_process_groups", "signal_process_groups", "workers_die_with_agent"]
 

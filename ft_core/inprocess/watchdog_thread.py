@@ -9,17 +9,17 @@ from collections.abc import Callable
 from .blame import main_thread_in_torch_distributed
 from .interruption import Interruptor
 from .progress_watchdog import Progress
-from .store import CoordinationStore, IterationDecision
+from .store import AttemptDecision, CoordinationStore
 
-__all__ = ["MonitorThread"]
+__all__ = ["WatchdogThread"]
 
 log = logging.getLogger("ft_core.inprocess")
 
 
-class MonitorThread:
-    """Watches one iteration of one rank.
+class WatchdogThread:
+    """Watches one attempt of one rank.
 
-    Every ``interval`` it reads the iteration's decision from the store and
+    Every ``interval`` it reads the attempt's decision from the store and
     checks the rank's own progress against ``soft_timeout``. Once a restart is
     decided (here or anywhere) it waits for the end of any ``atomic()``
     section, runs the abort hook, and signals the main thread until the
@@ -37,7 +37,7 @@ class MonitorThread:
         self,
         *,
         store: CoordinationStore,
-        iteration: int,
+        attempt: int,
         rank: int,
         progress: Progress,
         interruptor: Interruptor,
@@ -46,9 +46,9 @@ class MonitorThread:
         hard_timeout: float,
         interval: float,
     ) -> None:
-        self._thread = threading.Thread(target=self._run, name=f"ft-inprocess-monitor-{iteration}", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"ft-inprocess-watchdog-{attempt}", daemon=True)
         self._store = store
-        self._iteration = iteration
+        self._attempt = attempt
         self._rank = rank
         self._progress = progress
         self._interruptor = interruptor
@@ -57,7 +57,7 @@ class MonitorThread:
         self._patient_timeout = (soft_timeout + hard_timeout) / 2
         self._interval = interval
         self._stop = threading.Event()
-        #: True when this thread reported the fault that restarts the iteration (a soft timeout).
+        #: True when this thread reported the fault that restarts the attempt (a soft timeout).
         self.blamed = False
 
     def start(self) -> None:
@@ -74,7 +74,7 @@ class MonitorThread:
                 return
             decision = self._poll()
         if decision.rank != self._rank:
-            log.info("rank %d: iteration %d restarts (rank %s: %s)", self._rank, self._iteration,
+            log.info("rank %d: attempt %d restarts (rank %s: %s)", self._rank, self._attempt,
                      decision.rank, decision.reason)
             self._progress.stamp()
         if not self._interruptor.request(self._stop, self._interval):
@@ -85,20 +85,20 @@ class MonitorThread:
             if self._stop.wait(self._interval):
                 return
 
-    def _poll(self) -> IterationDecision | None:
+    def _poll(self) -> AttemptDecision | None:
         try:
-            decision = self._store.decision(self._iteration)
+            decision = self._store.decision(self._attempt)
             if decision is None and self._soft_timeout_due():
                 age = self._progress.age()
                 decision = self._store.report_restart(
-                    self._iteration, self._rank, f"no progress for {age:.1f} s (soft_timeout={self._soft_timeout} s)"
+                    self._attempt, self._rank, f"no progress for {age:.1f} s (soft_timeout={self._soft_timeout} s)"
                 )
                 self.blamed = decision.rank == self._rank
                 if self.blamed:
                     log.warning("rank %d: soft timeout, no progress for %.1f s; restarting", self._rank, age)
         except Exception as exc:  # the store is gone: nothing to coordinate with, restart (and give up there)
             log.warning("rank %d: coordination store failed (%s); restarting", self._rank, exc)
-            return IterationDecision(False, None, f"coordination store failed: {exc}")
+            return AttemptDecision(False, None, f"coordination store failed: {exc}")
         return decision
 
     def _soft_timeout_due(self) -> bool:
