@@ -64,11 +64,11 @@ docs: $(DOCS_STAMP) chromium
 # (tests/e2e/test_wheel_install.py: needs the venv fresh), then the launcher, seam, Lightning and Megatron
 # end-to-end tests run on it. CI runs it (.ci/run); about 4 minutes, 7 on a cold pip cache.
 VENV214 ?= .venv-torch214
-TORCH214_TESTS = tests/unit/test_torch_seams.py \
-	tests/integration/test_launcher_single_node.py::test_crashes_of_every_kind_are_restarted \
-	tests/integration/test_launcher_single_node.py::test_hang_is_detected_and_restarted \
-	tests/integration/test_launcher_single_node.py::test_sigkilled_launcher_leaves_no_process_behind \
-	"tests/integration/test_lightning_launcher.py::test_hang_in_step_restarts_and_resumes_with_learned_timeouts[sections]" \
+TORCH214_TESTS = tests/unit/ft_core/launcher/test_seams.py tests/integration/ft_core/launcher/test_seams.py \
+	tests/integration/ft_core/launcher/test_single_node.py::test_crashes_of_every_kind_are_restarted \
+	tests/integration/ft_core/launcher/test_single_node.py::test_hang_is_detected_and_restarted \
+	tests/integration/ft_core/launcher/test_single_node.py::test_sigkilled_launcher_leaves_no_process_behind \
+	"tests/integration/ft_integrations/lightning/test_under_launcher.py::test_hang_in_step_restarts_and_resumes_with_learned_timeouts[sections]" \
 	tests/e2e/test_megatron_lm_ft_integration.py::test_ft_sim_fault_desc_drill_hangs_a_rank_which_is_caught_and_restarted
 
 test-torch214: setup
@@ -87,7 +87,7 @@ test-torch-seams-old: setup
 	test -x $(VENV212)/bin/python || python3 -m venv $(VENV212)
 	$(VENV212)/bin/python -m pip install -q --upgrade pip
 	$(VENV212)/bin/python -m pip install -q torch==2.12.0 numpy msgspec pyyaml pytest pytest-timeout psutil packaging
-	PYTHONPATH="$(CURDIR)" $(VENV212)/bin/python -m pytest -q -rs tests/unit/test_torch_seams.py
+	PYTHONPATH="$(CURDIR)" $(VENV212)/bin/python -m pytest -q -rs tests/unit/ft_core/launcher/test_seams.py tests/integration/ft_core/launcher/test_seams.py
 
 # NVRx's own unit tests of its public API, run against ours through a stand-in nvidia_resiliency_ext
 # (tests/nvrx_name_map); the failures left are listed in docs/migrating_from_nvrx.md. NVRx's tests are not

@@ -46,43 +46,35 @@ def no_orphan_processes():
         pytest.fail(f"test left processes alive: {described}")
 
 
-@pytest.fixture
-def attach_monitor(tmp_path, monkeypatch):
-    """``attach_monitor(cfg, token)``: start a monitor subprocess and point this process's client at it.
+MONITOR_TOKEN = "test-token-0123456789"
 
-    Sets ``FT_MONITOR_TOKEN`` and ``FT_RANK_MONITOR_IPC_SOCKET`` for the test
-    (restored afterwards) and stops every monitor it started.
+
+@pytest.fixture
+def start_monitor(tmp_path, monkeypatch):
+    """The one monitor fixture: ``start_monitor(cfg=None, *, token=..., attach=False, **cfg_kwargs)``.
+
+    Starts a monitor subprocess (``RankMonitorServer.run_in_subprocess``) in a job directory of its
+    own, from ``cfg`` or else from ``FaultToleranceConfig.from_kwargs(**cfg_kwargs)`` (the defaults
+    users get, except what the test names). With ``attach=True`` this process becomes its rank: the
+    test's ``FT_MONITOR_TOKEN`` and ``FT_RANK_MONITOR_IPC_SOCKET`` point at it (restored afterwards).
+    Every monitor started is stopped at the end of the test.
     """
-    from ft_core.monitor import RankMonitorServer
-
-    started = []
-
-    def start(cfg, token: str = "test-token-0123456789"):
-        monkeypatch.setenv("FT_MONITOR_TOKEN", token)
-        socket_path = str(tmp_path / f"monitor{len(started)}" / "monitor.sock")
-        proc = RankMonitorServer.run_in_subprocess(cfg, socket_path, token=token)
-        started.append(proc)
-        monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", proc.socket_path)
-        return proc
-
-    yield start
-    for proc in started:
-        proc.stop()
-
-
-@pytest.fixture
-def start_monitor(tmp_path):
-    """``start_monitor(**cfg_kwargs)``: a monitor subprocess with its own job dir; all are stopped afterwards."""
     from ft_core.config import FaultToleranceConfig
     from ft_core.monitor import RankMonitorServer
 
     monitors = []
 
-    def start(**cfg_kwargs):
-        cfg = FaultToleranceConfig.from_kwargs(**cfg_kwargs)
-        job_dir = tmp_path / f"job{len(monitors)}"
-        monitor = RankMonitorServer.run_in_subprocess(cfg, str(job_dir / "monitor.sock"), token="t0ken-" + "x" * 8)
+    def start(cfg=None, *, token: str = MONITOR_TOKEN, attach: bool = False, **cfg_kwargs):
+        if cfg is None:
+            cfg = FaultToleranceConfig.from_kwargs(**cfg_kwargs)
+        elif cfg_kwargs:
+            raise TypeError("start_monitor: pass either a config or its keywords, not both")
+        socket_path = str(tmp_path / f"job{len(monitors)}" / "monitor.sock")
+        monitor = RankMonitorServer.run_in_subprocess(cfg, socket_path, token=token)
         monitors.append(monitor)
+        if attach:
+            monkeypatch.setenv("FT_MONITOR_TOKEN", token)
+            monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
         return monitor
 
     yield start

@@ -65,3 +65,20 @@ def kill_group(proc: subprocess.Popen) -> None:
         except ProcessLookupError:
             pass
     proc.wait(timeout=30)
+
+
+#: A launch that stops at the torch-seam check (the script is never reached).
+SEAM_CHECK_ARGS = ["--standalone", "--nproc-per-node", "1", "--ft-no-prewarm", "no_such_script.py"]
+
+
+def assert_one_seam_error(text: str, missing: str) -> None:
+    """``text`` (the launcher's stderr) is the one clear error of a torch whose seam ``missing`` moved."""
+    import torch
+
+    from ft_core.launcher.seams import TESTED_TORCH
+
+    assert "\nft_launcher: error: ft_launcher cannot run on torch " in f"\n{text}", text
+    assert torch.__version__ in text
+    assert missing in text
+    assert f"tested with torch {', '.join(TESTED_TORCH)}" in text
+    assert "Traceback" not in text

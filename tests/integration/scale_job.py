@@ -1,6 +1,6 @@
 """A job of many nodes on one machine: N launchers x 1 torch-free rank on loopback, with hangs.
 
-Shared by ``tests/integration/test_scale.py`` and ``benchmarks/scale.py``. The
+Shared by ``tests/integration/ft_core/monitor/test_scale.py`` and ``benchmarks/scale.py``. The
 workers use only ``RankMonitorClient`` (``FT_TEST_TORCH=0``), so 16 nodes fit
 on 2 cores. One rank (never node 0's) stops heartbeating in each of the first
 ``hangs`` cycles; its node's monitor detects it, that launcher decides the

@@ -19,7 +19,7 @@ from helpers import REPO_ROOT, free_port, kill_group, python_env, spawn_python, 
 
 from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
-from ft_core.monitor import RankMonitorServer, read_events
+from ft_core.monitor import read_events
 
 WORKER = os.path.join(REPO_ROOT, "tests", "integration", "core_workers", "nvrx_compat.py")
 pytestmark = pytest.mark.timeout(240)
@@ -58,9 +58,9 @@ def client():
 
 
 # -- 1. NVRx checkpoints load, before or after init, and reach the monitor ---
-def test_nvrx_section_state_loaded_before_init_times_the_rank_from_connect(attach_monitor, client):
-    monitor = attach_monitor(_cfg(rank_section_timeouts={"step": 600.0, "checkpointing": 600.0},
-                                  rank_heartbeat_timeout=600.0))
+def test_nvrx_section_state_loaded_before_init_times_the_rank_from_connect(start_monitor, client):
+    monitor = start_monitor(_cfg(rank_section_timeouts={"step": 600.0, "checkpointing": 600.0},
+                                  rank_heartbeat_timeout=600.0), attach=True)
     c = client()
     assert c.hb_timeouts is None and c.section_timeouts is None  # NVRx: None until init
     # Exactly as NVRx writes it: "section" only (no heartbeat was calculated), calculated_sections a list.
@@ -78,8 +78,8 @@ def test_nvrx_section_state_loaded_before_init_times_the_rank_from_connect(attac
     assert hang["elapsed"] >= 0.5
 
 
-def test_nvrx_heartbeat_state_loaded_after_init_applies_at_once(attach_monitor, client):
-    monitor = attach_monitor(_cfg(rank_heartbeat_timeout=600.0))
+def test_nvrx_heartbeat_state_loaded_after_init_applies_at_once(start_monitor, client):
+    monitor = start_monitor(_cfg(rank_heartbeat_timeout=600.0), attach=True)
     c = client()
     c.init_workload_monitoring()
     c.send_heartbeat()
@@ -96,8 +96,8 @@ def test_nvrx_heartbeat_state_loaded_after_init_applies_at_once(attach_monitor, 
 
 # -- 2. a bad checkpoint is rejected: no false kill, no disabled detection ---
 @pytest.mark.parametrize("bad", ["30", float("nan"), float("inf"), 0.0, -1.0], ids=str)
-def test_bad_checkpoint_values_are_rejected_and_config_timeouts_stay(attach_monitor, client, bad):
-    monitor = attach_monitor(_cfg(rank_heartbeat_timeout=1.0, initial_rank_heartbeat_timeout=600.0))
+def test_bad_checkpoint_values_are_rejected_and_config_timeouts_stay(start_monitor, client, bad):
+    monitor = start_monitor(_cfg(rank_heartbeat_timeout=1.0, initial_rank_heartbeat_timeout=600.0), attach=True)
     bad_state = {"current_timeouts": {"heartbeat": {"initial": bad, "subsequent": bad, "were_calculated": True}}}
     c = client()
     with pytest.raises(RankMonitorClientError, match=r"current_timeouts\.heartbeat\.initial"):
@@ -117,9 +117,9 @@ def test_bad_checkpoint_values_are_rejected_and_config_timeouts_stay(attach_moni
 
 
 # -- 3 and 5. attributes and learning in one process ------------------------
-def test_state_dict_has_nvrx_shape_and_learning_merges_like_nvrx(attach_monitor, client):
-    monitor = attach_monitor(_cfg(rank_section_timeouts={"step": 600.0, "eval": 600.0}, safety_factor=2.0,
-                                  min_calculated_timeout=0.01))
+def test_state_dict_has_nvrx_shape_and_learning_merges_like_nvrx(start_monitor, client):
+    monitor = start_monitor(_cfg(rank_section_timeouts={"step": 600.0, "eval": 600.0}, safety_factor=2.0,
+                                  min_calculated_timeout=0.01), attach=True)
     c = client()
     c.init_workload_monitoring()
     assert c.state_dict() == {"current_timeouts": {}}
@@ -148,8 +148,8 @@ def test_state_dict_has_nvrx_shape_and_learning_merges_like_nvrx(attach_monitor,
 
 
 # -- 6. sections that are not configured are ignored, as in NVRx ------------
-def test_untracked_sections_are_ignored_tracked_misuse_raises(attach_monitor, client):
-    monitor = attach_monitor(_cfg(rank_section_timeouts={"step": 600.0}, rank_out_of_section_timeout=1.0))
+def test_untracked_sections_are_ignored_tracked_misuse_raises(start_monitor, client):
+    monitor = start_monitor(_cfg(rank_section_timeouts={"step": 600.0}, rank_out_of_section_timeout=1.0), attach=True)
     c = client()
     c.init_workload_monitoring()
     c.start_section("data")
@@ -171,9 +171,9 @@ def test_untracked_sections_are_ignored_tracked_misuse_raises(attach_monitor, cl
 
 
 # -- Megatron-LM's unmodified ft_integration: its args appear after the client's init ---
-def test_megatron_args_set_after_init_give_the_iteration_of_sections_and_hangs(attach_monitor, client,
+def test_megatron_args_set_after_init_give_the_iteration_of_sections_and_hangs(start_monitor, client,
                                                                                monkeypatch):
-    monitor = attach_monitor(_cfg(rank_section_timeouts={"step": 0.5}, rank_heartbeat_timeout=600.0))
+    monitor = start_monitor(_cfg(rank_section_timeouts={"step": 0.5}, rank_heartbeat_timeout=600.0), attach=True)
     # Megatron-LM imported its global_vars; ft_integration.setup() connects before initialize_megatron().
     global_vars = types.ModuleType("megatron.training.global_vars")
     global_vars._GLOBAL_ARGS = None
@@ -192,21 +192,6 @@ def test_megatron_args_set_after_init_give_the_iteration_of_sections_and_hangs(a
 
 
 # -- 4. warm-up: num_warmup_iters, the "warmup" section timeout -------------
-@pytest.fixture
-def monitor_for_ranks(tmp_path):
-    monitors = []
-
-    def start(**cfg_kwargs):
-        cfg = FaultToleranceConfig(**{"num_warmup_iterations": 0, **cfg_kwargs})
-        monitors.append(RankMonitorServer.run_in_subprocess(
-            cfg, str(tmp_path / f"job{len(monitors)}" / "monitor.sock"), token="nvrx-compat-" + "t" * 8))
-        return monitors[-1]
-
-    yield start
-    for monitor in monitors:
-        monitor.stop()
-
-
 def _run_ranks(monitor, tmp_path, scenario, world_size=1, extra=(), timeout=150):
     """Run the worker on ``world_size`` ranks; return their exit codes."""
     env = {"FT_RANK_MONITOR_IPC_SOCKET": monitor.socket_path, "FT_MONITOR_TOKEN": monitor.token,
@@ -226,11 +211,11 @@ def _result(tmp_path, scenario, rank=0):
 
 
 @pytest.mark.parametrize("report_iterations", [True, False], ids=["iterations", "step-count"])
-def test_warmup_steps_are_timed_by_the_warmup_section_then_step_is(monitor_for_ranks, tmp_path,
+def test_warmup_steps_are_timed_by_the_warmup_section_then_step_is(start_monitor, tmp_path,
                                                                    report_iterations):
     # Monitor: no warm-up; the rank asks for 2 warm-up iterations (NVRx's init_workload_monitoring argument).
-    monitor = monitor_for_ranks(rank_section_timeouts={"step": 0.3, "warmup": 1.5}, rank_heartbeat_timeout=None,
-                                num_warmup_iterations=0)
+    monitor = start_monitor(rank_section_timeouts={"step": 0.3, "warmup": 1.5}, rank_heartbeat_timeout=None,
+                            num_warmup_iterations=0)
     extra = ["--num-warmup-iters", "2", "--hang-at-step", "2"]
     codes = _run_ranks(monitor, tmp_path, "warmup", extra=extra + (["--report-iterations"] if report_iterations
                                                                    else []))
@@ -243,9 +228,9 @@ def test_warmup_steps_are_timed_by_the_warmup_section_then_step_is(monitor_for_r
     assert hang["iteration"] == (102 if report_iterations else None)
 
 
-def test_a_hang_during_warmup_is_caught_by_the_warmup_timeout(monitor_for_ranks, tmp_path):
-    monitor = monitor_for_ranks(rank_section_timeouts={"step": 0.3, "warmup": 1.5}, rank_heartbeat_timeout=None,
-                                num_warmup_iterations=2)
+def test_a_hang_during_warmup_is_caught_by_the_warmup_timeout(start_monitor, tmp_path):
+    monitor = start_monitor(rank_section_timeouts={"step": 0.3, "warmup": 1.5}, rank_heartbeat_timeout=None,
+                            num_warmup_iterations=2)
     codes = _run_ranks(monitor, tmp_path, "warmup", extra=["--hang-at-step", "0", "--report-iterations"])
     assert codes == [-signal.SIGKILL]
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
@@ -254,9 +239,10 @@ def test_a_hang_during_warmup_is_caught_by_the_warmup_timeout(monitor_for_ranks,
 
 
 # -- 5. learning with real gloo ranks --------------------------------------
-def test_a_rank_without_data_does_not_block_learning(monitor_for_ranks, tmp_path):
-    monitor = monitor_for_ranks(rank_section_timeouts={"step": 600.0, "checkpointing": 600.0},
-                                rank_out_of_section_timeout=600.0, safety_factor=2.0, min_calculated_timeout=0.01)
+def test_a_rank_without_data_does_not_block_learning(start_monitor, tmp_path):
+    monitor = start_monitor(num_warmup_iterations=0,
+                            rank_section_timeouts={"step": 600.0, "checkpointing": 600.0},
+                            rank_out_of_section_timeout=600.0, safety_factor=2.0, min_calculated_timeout=0.01)
     assert _run_ranks(monitor, tmp_path, "one_rank_without_data", world_size=2) == [0, 0]
     ranks = [_result(tmp_path, "one_rank_without_data", r) for r in range(2)]
     assert ranks[0]["state"] == ranks[1]["state"]
@@ -269,9 +255,10 @@ def test_a_rank_without_data_does_not_block_learning(monitor_for_ranks, tmp_path
     assert current["section"]["calculated_sections"] == ["checkpointing", "step"]
 
 
-def test_a_merge_never_goes_below_the_slowest_interval_observed(monitor_for_ranks, tmp_path):
-    monitor = monitor_for_ranks(rank_section_timeouts={"step": 600.0}, safety_factor=1.0,
-                                min_calculated_timeout=0.01)
+def test_a_merge_never_goes_below_the_slowest_interval_observed(start_monitor, tmp_path):
+    monitor = start_monitor(num_warmup_iterations=0,
+                            rank_section_timeouts={"step": 600.0}, safety_factor=1.0,
+                            min_calculated_timeout=0.01)
     previous = tmp_path / "previous.json"
     previous.write_text(json.dumps({"current_timeouts": {"section": {
         "section": {"step": 0.2}, "out_of_section": None, "calculated_sections": ["step"],
@@ -284,9 +271,10 @@ def test_a_merge_never_goes_below_the_slowest_interval_observed(monitor_for_rank
     assert 0.6 <= step <= ranks[1]["measured"]["step"]
 
 
-def test_a_slow_phase_after_fast_learning_is_not_killed_and_a_hang_still_is(monitor_for_ranks, tmp_path):
-    monitor = monitor_for_ranks(rank_section_timeouts={"step": 600.0}, safety_factor=4.0,
-                                min_calculated_timeout=0.05, rank_heartbeat_timeout=None)
+def test_a_slow_phase_after_fast_learning_is_not_killed_and_a_hang_still_is(start_monitor, tmp_path):
+    monitor = start_monitor(num_warmup_iterations=0,
+                            rank_section_timeouts={"step": 600.0}, safety_factor=4.0,
+                            min_calculated_timeout=0.05, rank_heartbeat_timeout=None)
     # Cycle 1 learns on 0.4 s steps; its state travels to the next cycles (as in a checkpoint).
     assert _run_ranks(monitor, tmp_path, "slow_phase", world_size=2) == [0, 0]
     saved = _result(tmp_path, "slow_phase")["state"]

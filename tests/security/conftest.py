@@ -8,17 +8,11 @@ import pytest
 from helpers import kill_group, python_env, spawn_python, wait_for
 from security_helpers import RANK_SCRIPT, TOKEN, VICTIM_TEXT
 
-from ft_core.config import FaultToleranceConfig
-from ft_core.monitor import RankMonitorServer
-
 
 @pytest.fixture
-def monitor(tmp_path):
+def monitor(start_monitor):
     """A live monitor (subprocess) with heartbeat timeouts a healthy rank never misses."""
-    cfg = FaultToleranceConfig(initial_rank_heartbeat_timeout=60, rank_heartbeat_timeout=10)
-    proc = RankMonitorServer.run_in_subprocess(cfg, str(tmp_path / "job" / "monitor.sock"), token=TOKEN)
-    yield proc
-    proc.stop()
+    return start_monitor(initial_rank_heartbeat_timeout=60, rank_heartbeat_timeout=10, token=TOKEN)
 
 
 @pytest.fixture

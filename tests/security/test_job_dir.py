@@ -138,11 +138,11 @@ def test_a_per_user_directory_pre_created_by_another_user_is_refused(runtime_dir
     assert str(planted) in str(err.value)
 
 
-def test_a_stack_dump_symlink_is_not_followed(tmp_path, victim, attach_monitor):
+def test_a_stack_dump_symlink_is_not_followed(tmp_path, victim, start_monitor):
     from ft_core.client import RankMonitorClient
     from ft_core.config import FaultToleranceConfig
 
-    monitor = attach_monitor(FaultToleranceConfig(rank_heartbeat_timeout=None, initial_rank_heartbeat_timeout=None))
+    monitor = start_monitor(FaultToleranceConfig(rank_heartbeat_timeout=None, initial_rank_heartbeat_timeout=None), attach=True)
     job = JobDir.of_socket(monitor.socket_path)
     dump_file = job.stack_dump_file(0, os.getpid())
     os.symlink(victim, dump_file)
@@ -158,11 +158,11 @@ def test_a_stack_dump_symlink_is_not_followed(tmp_path, victim, attach_monitor):
         client.shutdown_workload_monitoring()
 
 
-def test_a_rank_does_not_read_its_token_through_a_planted_symlink(tmp_path, attach_monitor, monkeypatch):
+def test_a_rank_does_not_read_its_token_through_a_planted_symlink(tmp_path, start_monitor, monkeypatch):
     from ft_core.client import RankMonitorClient, RankMonitorClientError
     from ft_core.config import FaultToleranceConfig
 
-    monitor = attach_monitor(FaultToleranceConfig())
+    monitor = start_monitor(FaultToleranceConfig(), attach=True)
     monkeypatch.delenv(jobdir.TOKEN_ENV)  # a rank started elsewhere: it reads <socket>.token
     token_file = jobdir.token_path(monitor.socket_path)
     planted = tmp_path / "planted_token"

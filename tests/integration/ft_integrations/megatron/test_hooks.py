@@ -37,7 +37,7 @@ def fresh_state(monkeypatch):
 
 
 @pytest.fixture
-def start_monitor(attach_monitor):
+def attached_monitor(start_monitor):
     """Start a monitor with ``FaultToleranceConfig(**overrides)`` and point this process at it."""
     # This process is the rank: a (learned, tiny) deadline it misses must not kill pytest, so the
     # termination signal is one it handles for the test.
@@ -48,7 +48,7 @@ def start_monitor(attach_monitor):
                     "min_calculated_timeout": 0.01,  # the tests compare learned values to sub-second steps
                     "rank_termination_signal": "SIGUSR1",
                     "num_warmup_iterations": 0}  # the monitor's warm-up: the tests count Megatron's own
-        return attach_monitor(FaultToleranceConfig(**{**defaults, **overrides}), token=TOKEN)
+        return start_monitor(FaultToleranceConfig(**{**defaults, **overrides}), token=TOKEN, attach=True)
 
     yield start
     signal.signal(signal.SIGUSR1, previous)
@@ -100,8 +100,8 @@ def test_enabled_without_a_monitor_fails_clearly():
 
 
 # -- with a monitor -----------------------------------------------------------
-def test_sections_warmup_iteration_checkpoint_learning_and_shutdown(start_monitor, tmp_path, monkeypatch):
-    monitor = start_monitor()
+def test_sections_warmup_iteration_checkpoint_learning_and_shutdown(attached_monitor, tmp_path, monkeypatch):
+    monitor = attached_monitor()
     flag = tmp_path / "flags" / "finished"
     monkeypatch.setenv(ft.FINISHED_FLAG_ENV, str(flag))
     ft.setup(make_args(tmp_path, calc_ft_timeouts=True, ft_num_warmup_iters=2, ft_calc_timeouts_after_iters=2))
@@ -153,8 +153,8 @@ def test_sections_warmup_iteration_checkpoint_learning_and_shutdown(start_monito
     assert ft.state_dict() == {}
 
 
-def test_state_round_trip_through_the_checkpoint_and_setup_learned_after_a_load(start_monitor, tmp_path):
-    monitor = start_monitor()
+def test_state_round_trip_through_the_checkpoint_and_setup_learned_after_a_load(attached_monitor, tmp_path):
+    monitor = attached_monitor()
     ft.setup(make_args(calc_ft_timeouts=True, ft_num_warmup_iters=0, ft_calc_timeouts_after_iters=1))
     run_steps(0, 2)
     saved = ft.state_dict()
@@ -176,8 +176,8 @@ def test_state_round_trip_through_the_checkpoint_and_setup_learned_after_a_load(
     ft.load_state_dict(None)  # a checkpoint without FT state is fine
 
 
-def test_state_file_in_the_save_dir_is_sent_with_the_handshake(start_monitor, tmp_path):
-    start_monitor()
+def test_state_file_in_the_save_dir_is_sent_with_the_handshake(attached_monitor, tmp_path):
+    attached_monitor()
     state = {"current_timeouts": {
         "heartbeat": {"initial": 3600.0, "subsequent": 2700.0, "were_calculated": False},
         "section": {"section": {"step": 123.0}, "out_of_section": None, "calculated_sections": ["step"],
@@ -188,9 +188,9 @@ def test_state_file_in_the_save_dir_is_sent_with_the_handshake(start_monitor, tm
     assert ft.get_state().client.section_timeouts.section == {**SECTIONS, "step": 123.0}
 
 
-def test_invalid_timeouts_in_the_state_file_or_checkpoint_are_ignored_with_a_warning(start_monitor, tmp_path,
+def test_invalid_timeouts_in_the_state_file_or_checkpoint_are_ignored_with_a_warning(attached_monitor, tmp_path,
                                                                                       caplog):
-    start_monitor()
+    attached_monitor()
     (tmp_path / "ckpt").mkdir()
     (tmp_path / "ckpt" / ft.FT_STATE_FILENAME).write_text(json.dumps(
         {"current_timeouts": {"section": {"section": {"step": -1}}}}))
@@ -204,8 +204,8 @@ def test_invalid_timeouts_in_the_state_file_or_checkpoint_are_ignored_with_a_war
                for w in warnings)
 
 
-def test_abort_disconnects_without_learning(start_monitor, tmp_path):
-    monitor = start_monitor()
+def test_abort_disconnects_without_learning(attached_monitor, tmp_path):
+    monitor = attached_monitor()
     ft.setup(make_args(tmp_path, calc_ft_timeouts=True, ft_num_warmup_iters=0, ft_calc_timeouts_after_iters=5))
     run_steps(0, 2)
     ft.on_training_step_start(2)
@@ -218,8 +218,8 @@ def test_abort_disconnects_without_learning(start_monitor, tmp_path):
     ft.abort()
 
 
-def test_eval_hooks_use_validation_when_only_that_section_is_tracked(start_monitor):
-    start_monitor(rank_section_timeouts={"step": 60.0, "validation": 60.0})
+def test_eval_hooks_use_validation_when_only_that_section_is_tracked(attached_monitor):
+    attached_monitor(rank_section_timeouts={"step": 60.0, "validation": 60.0})
     ft.setup(make_args(calc_ft_timeouts=True, ft_num_warmup_iters=0))
     assert ft.get_state().eval_section == "validation"
     run_steps(0, 1)
@@ -253,8 +253,8 @@ def run_worker(monitor, *argv: object):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("hang_at", "section"), [(3, "step"), (1, "setup")])
-def test_a_hang_is_caught_in_step_after_warmup_and_in_setup_during_it(start_monitor, hang_at, section):
-    monitor = start_monitor(rank_section_timeouts={"setup": 1.5, "step": 1.0}, stack_dump_timeout=0.2,
+def test_a_hang_is_caught_in_step_after_warmup_and_in_setup_during_it(attached_monitor, hang_at, section):
+    monitor = attached_monitor(rank_section_timeouts={"setup": 1.5, "step": 1.0}, stack_dump_timeout=0.2,
                             rank_termination_signal="SIGKILL")
     proc = run_worker(monitor, 2, hang_at, 5, 0)
     try:
@@ -266,8 +266,8 @@ def test_a_hang_is_caught_in_step_after_warmup_and_in_setup_during_it(start_moni
 
 
 @pytest.mark.timeout(120)
-def test_heartbeats_are_sent_when_no_section_is_tracked(start_monitor):
-    monitor = start_monitor(rank_section_timeouts={}, initial_rank_heartbeat_timeout=2.0,
+def test_heartbeats_are_sent_when_no_section_is_tracked(attached_monitor):
+    monitor = attached_monitor(rank_section_timeouts={}, initial_rank_heartbeat_timeout=2.0,
                             rank_heartbeat_timeout=None)
     proc = run_worker(monitor, 0, -1, 1, 3.0)  # one step, then quiet for longer than the initial timeout
     try:
@@ -287,8 +287,8 @@ def test_timed_is_a_noop_when_ft_is_disabled_and_an_error_before_setup():
         pass
 
 
-def test_timed_phases_reach_the_monitor_as_medians(start_monitor, tmp_path):
-    monitor = start_monitor(straggler_report_interval=0.2)
+def test_timed_phases_reach_the_monitor_as_medians(attached_monitor, tmp_path):
+    monitor = attached_monitor(straggler_report_interval=0.2)
     ft.setup(make_args(tmp_path))
     wait_for_event(monitor.events_path, 10, event="rank_connected", rank=0)
     rounds = []
@@ -305,10 +305,10 @@ def test_timed_phases_reach_the_monitor_as_medians(start_monitor, tmp_path):
     ft.shutdown()
 
 
-def test_step_durations_reach_the_monitor_as_the_straggler_floor_reference(start_monitor, tmp_path):
+def test_step_durations_reach_the_monitor_as_the_straggler_floor_reference(attached_monitor, tmp_path):
     # The `step` section's durations come back in phase_medians under "step": the launchers' judge
     # never scores it, it sets the relative floor (5 % of the step) of the phases it does score.
-    monitor = start_monitor(straggler_report_interval=0.2)
+    monitor = attached_monitor(straggler_report_interval=0.2)
     ft.setup(make_args(tmp_path, ft_num_warmup_iters=0))
     wait_for_event(monitor.events_path, 10, event="rank_connected", rank=0)
     steps = []
@@ -327,11 +327,11 @@ def test_step_durations_reach_the_monitor_as_the_straggler_floor_reference(start
 
 
 @pytest.mark.parametrize("async_save", [True, False], ids=["async_save", "sync_save"])
-def test_megatron_lm_progress_is_a_complete_persistent_checkpoint(start_monitor, tmp_path, async_save):
+def test_megatron_lm_progress_is_a_complete_persistent_checkpoint(attached_monitor, tmp_path, async_save):
     # Megatron-LM's semantics (the drop-in): an --async-save save is only scheduled when its
     # on_checkpointing_end(False) comes, and a non-persistent (node-local) save is no progress. Progress
     # is Megatron-LM's tracker, which it writes once a persistent checkpoint is complete.
-    monitor = start_monitor()
+    monitor = attached_monitor()
     tracker = tmp_path / "ckpt" / "latest_checkpointed_iteration.txt"
     tracker.parent.mkdir()
     tracker.write_text("2")  # resumed from iteration 2: no progress of this run

@@ -31,10 +31,10 @@ def clean_env(monkeypatch, tmp_path):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("interval", [0.2, None], ids=["on", "off"])
-def test_callback_marks_data_and_forward_phases(tmp_path, attach_monitor, interval):
+def test_callback_marks_data_and_forward_phases(tmp_path, start_monitor, interval):
     cfg = FaultToleranceConfig(initial_rank_heartbeat_timeout=300, rank_heartbeat_timeout=300,
                                straggler_report_interval=interval)
-    proc = attach_monitor(cfg)
+    proc = start_monitor(cfg, attach=True)
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=20, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
                       enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[FaultToleranceCallback()])
@@ -63,10 +63,10 @@ RANK0_WORK = 0.03
 
 
 @pytest.mark.timeout(120)
-def test_the_data_phase_leaves_out_the_work_of_later_callbacks(tmp_path, attach_monitor):
+def test_the_data_phase_leaves_out_the_work_of_later_callbacks(tmp_path, start_monitor):
     cfg = FaultToleranceConfig(initial_rank_heartbeat_timeout=300, rank_heartbeat_timeout=300,
                                straggler_report_interval=0.2)
-    proc = attach_monitor(cfg)
+    proc = start_monitor(cfg, attach=True)
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=20, logger=False, enable_progress_bar=False,
                       enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
                       enable_checkpointing=False, default_root_dir=tmp_path,

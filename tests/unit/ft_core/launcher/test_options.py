@@ -2,7 +2,7 @@
 
 A bare ``argparse`` parser with ``add_launcher_args`` (no torch import); the
 whole command line (torchrun's parser, exit code 2) is covered by
-tests/integration/test_launcher_cli.py.
+tests/integration/ft_core/launcher/test_cli.py.
 """
 
 from __future__ import annotations

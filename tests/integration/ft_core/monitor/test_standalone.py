@@ -7,13 +7,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import free_port
+from helpers import REPO_ROOT, free_port
 from launcher_helpers import run_job
 from lightning_scripts.harness import base_env
 
 from ft_core.events import read_events
 
-SCRIPT = Path(__file__).resolve().parent / "core_workers" / "standalone_train.py"
+SCRIPT = Path(REPO_ROOT) / "tests" / "integration" / "core_workers" / "standalone_train.py"
 # The default warm-up (5 steps, timed by the generous ``setup`` budget): the hang test hangs past it.
 CONFIG = {"rank_section_timeouts": {"setup": 120, "step": 3}, "initial_rank_heartbeat_timeout": None,
           "rank_heartbeat_timeout": None}

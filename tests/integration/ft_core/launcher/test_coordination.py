@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import uuid
-from collections.abc import Callable
 
 import pytest
 import torch.distributed as dist
@@ -24,43 +22,29 @@ from ft_core.launcher.coordination import (
     DecisionAction,
     JobCoordinator,
 )
-from ft_core.launcher.job_store import C10dJobStore, EtcdJobStore, JobStore, JobStoreUnavailable
+from ft_core.launcher.job_store import EtcdJobStore, JobStoreUnavailable
 
 NODES = itertools.count()
 
 
-@pytest.fixture(params=["c10d", "etcd", "etcd-v3"])
-def new_store(request) -> Callable[[], JobStore]:
-    """``new_store()``: one more connection to the same (fresh) job store, as another node has."""
-    if request.param == "c10d":
-        shared = dist.HashStore()
-        return lambda: C10dJobStore(dist.PrefixStore("ft_launcher/test", shared))
-    if request.param == "etcd-v3":
-        new, run_id = request.getfixturevalue("etcd_v3_job_store"), uuid.uuid4().hex
-        return lambda: new(run_id)
-    cluster = request.getfixturevalue("etcd_server")
-    prefix = f"/ft_launcher/{uuid.uuid4().hex}"
-    return lambda: EtcdJobStore(cluster.client(), prefix)
+def coordinator(new_job_store, max_restarts: int = 3, max_no_progress_cycles: int = 0) -> JobCoordinator:
+    return JobCoordinator("test", f"node{next(NODES)}", max_restarts, max_no_progress_cycles, 93, store=new_job_store())
 
 
-def coordinator(new_store, max_restarts: int = 3, max_no_progress_cycles: int = 0) -> JobCoordinator:
-    return JobCoordinator("test", f"node{next(NODES)}", max_restarts, max_no_progress_cycles, 93, store=new_store())
-
-
-def test_compare_set_writes_only_over_the_expected_value(new_store):
-    store = new_store()
+def test_compare_set_writes_only_over_the_expected_value(new_job_store):
+    store = new_job_store()
     assert store.get("k") is None
     assert store.compare_set("k", None, "a") == "a"
     assert store.compare_set("k", None, "b") == "a"  # present: not written
     assert store.compare_set("k", "x", "b") == "a"  # wrong expectation: not written
     assert store.compare_set("k", "a", "b") == "b"
-    assert new_store().get("k") == "b"
+    assert new_job_store().get("k") == "b"
     assert store.compare_set("absent", "x", "y") is None and store.get("absent") is None
-    assert store.add("n", 2) == 2 and new_store().add("n", 3) == 5 and store.get("n") == "5"
+    assert store.add("n", 2) == 2 and new_job_store().add("n", 3) == 5 and store.get("n") == "5"
 
 
-def test_a_fault_spends_one_restart_however_many_nodes_report_it(new_store):
-    a, b = coordinator(new_store), coordinator(new_store)
+def test_a_fault_spends_one_restart_however_many_nodes_report_it(new_job_store):
+    a, b = coordinator(new_job_store), coordinator(new_job_store)
     assert a.poll(0) is None
     first = a.end_cycle(0, "rank 3 crashed", fault=True, progress_active=False)
     second = b.end_cycle(0, "rank 5 crashed (peer)", fault=True, progress_active=False)
@@ -73,8 +57,8 @@ def test_a_fault_spends_one_restart_however_many_nodes_report_it(new_store):
     assert (nxt.restarts, nxt.node) == (2, b.node)
 
 
-def test_concurrent_reports_of_one_cycle_agree_on_one_decision(new_store):
-    nodes = [coordinator(new_store) for _ in range(8)]
+def test_concurrent_reports_of_one_cycle_agree_on_one_decision(new_job_store):
+    nodes = [coordinator(new_job_store) for _ in range(8)]
     decisions = [None] * len(nodes)
     start = threading.Barrier(len(nodes))
 
@@ -91,8 +75,8 @@ def test_concurrent_reports_of_one_cycle_agree_on_one_decision(new_store):
     assert nodes[0].end_cycle(1, "next", fault=True, progress_active=False).restarts == 2
 
 
-def test_the_budget_stops_the_job_when_spent_and_a_membership_change_is_free(new_store):
-    a, b = coordinator(new_store, max_restarts=1), coordinator(new_store, max_restarts=1)
+def test_the_budget_stops_the_job_when_spent_and_a_membership_change_is_free(new_job_store):
+    a, b = coordinator(new_job_store, max_restarts=1), coordinator(new_job_store, max_restarts=1)
     assert a.end_cycle(0, "node joined", fault=False, progress_active=False).restarts == 0
     assert a.end_cycle(1, "crash", fault=True, progress_active=False).action is DecisionAction.RESTART
     stop = b.end_cycle(2, "crash again", fault=True, progress_active=False)
@@ -103,8 +87,8 @@ def test_the_budget_stops_the_job_when_spent_and_a_membership_change_is_free(new
     assert a.end_cycle(3, "late report", fault=True, progress_active=False) == stop
 
 
-def test_no_progress_stops_with_the_no_restart_code_and_a_new_checkpoint_resets_the_count(new_store):
-    a, b = coordinator(new_store, max_restarts=10, max_no_progress_cycles=2), coordinator(new_store)
+def test_no_progress_stops_with_the_no_restart_code_and_a_new_checkpoint_resets_the_count(new_job_store):
+    a, b = coordinator(new_job_store, max_restarts=10, max_no_progress_cycles=2), coordinator(new_job_store)
     a.publish_progress(100)
     assert a.end_cycle(0, "crash", fault=True, progress_active=True).action is DecisionAction.RESTART  # 100 is new
     assert b.end_cycle(1, "crash", fault=True, progress_active=False).action is DecisionAction.RESTART  # 1 w/o
@@ -117,16 +101,16 @@ def test_no_progress_stops_with_the_no_restart_code_and_a_new_checkpoint_resets_
     assert b.stop_decision() == stop
 
 
-def test_no_progress_rule_waits_for_a_progress_signal(new_store):
-    a = coordinator(new_store, max_restarts=10, max_no_progress_cycles=1)
+def test_no_progress_rule_waits_for_a_progress_signal(new_job_store):
+    a = coordinator(new_job_store, max_restarts=10, max_no_progress_cycles=1)
     for cycle in range(3):  # no checkpoint was ever reported and no node tracks progress: budget only
         assert a.end_cycle(cycle, "crash", fault=True, progress_active=False).action is DecisionAction.RESTART
     stop = a.end_cycle(3, "crash", fault=True, progress_active=True)  # a node has a progress file
     assert (stop.action, stop.exit_code) == (DecisionAction.STOP, 93) and "none yet" in stop.reason
 
 
-def test_the_first_stop_request_wins(new_store):
-    a, b = coordinator(new_store), coordinator(new_store)
+def test_the_first_stop_request_wins(new_job_store):
+    a, b = coordinator(new_job_store), coordinator(new_job_store)
     a.end_cycle(0, "crash", fault=True, progress_active=False)
     first = a.request_stop("rank 1 requested ShutdownWorkload", 93)
     assert b.request_stop("budget", 1) == first
@@ -134,8 +118,8 @@ def test_the_first_stop_request_wins(new_store):
     assert b.end_cycle(1, "crash", fault=True, progress_active=False) == first
 
 
-def test_progress_is_the_highest_iteration_any_node_published(new_store):
-    nodes = [coordinator(new_store) for _ in range(4)]
+def test_progress_is_the_highest_iteration_any_node_published(new_job_store):
+    nodes = [coordinator(new_job_store) for _ in range(4)]
     threads = [threading.Thread(target=node.publish_progress, args=(it,))
                for node, it in zip(nodes * 3, [5, 90, 30, 70, 10, 80, 20, 60, 40, 50, 1, 2])]
     for thread in threads:
@@ -143,12 +127,12 @@ def test_progress_is_the_highest_iteration_any_node_published(new_store):
     for thread in threads:
         thread.join(60)
     nodes[0].publish_progress(3)  # lower: no effect
-    assert new_store().get("progress") == "90"
+    assert new_job_store().get("progress") == "90"
 
 
-def test_finished_nodes_are_counted_per_cycle(new_store):
+def test_finished_nodes_are_counted_per_cycle(new_job_store):
     # Each node counts itself in once all its ranks reported training complete; a later cycle starts at 0.
-    nodes = [coordinator(new_store) for _ in range(3)]
+    nodes = [coordinator(new_job_store) for _ in range(3)]
     for node in nodes[:2]:
         node.node_finished(4)
     assert [node.nodes_finished(4) for node in nodes] == [2, 2, 2]  # not 3: the job is not finished
@@ -157,10 +141,10 @@ def test_finished_nodes_are_counted_per_cycle(new_store):
     assert JobCoordinator("test", "static", 0, 0, 93).nodes_finished(4) == 0  # no job store yet: nothing known
 
 
-def test_cycle_numbers_and_the_workers_store_are_agreed_after_each_rendezvous(new_store):
-    store = new_store()
+def test_cycle_numbers_and_the_workers_store_are_agreed_after_each_rendezvous(new_job_store):
+    store = new_job_store()
     a = JobCoordinator("test", "a", 3, 0, 93, store=store)
-    b = JobCoordinator("test", "b", 3, 0, 93, store=new_store())
+    b = JobCoordinator("test", "b", 3, 0, 93, store=new_job_store())
     for rnd in range(2):
         rdzv_store = dist.PrefixStore(f"round{rnd}", dist.HashStore())  # torch's store of one round
         first = a.begin_cycle(rdzv_store, 0, "127.0.0.1", static=False)
@@ -171,21 +155,21 @@ def test_cycle_numbers_and_the_workers_store_are_agreed_after_each_rendezvous(ne
         b.end_cycle(first.cycle, "crash", fault=True, progress_active=False)
 
 
-def test_a_foreign_value_in_the_job_store_is_rejected_by_name(new_store):
-    store = new_store()
+def test_a_foreign_value_in_the_job_store_is_rejected_by_name(new_job_store):
+    store = new_job_store()
     store.set("state", '{"restarts": "many"}')
     with pytest.raises(CoordinationError, match=r"job store key 'state': invalid value .*restarts"):
         JobCoordinator("test", "a", 3, 0, 93, store=store).poll(0)
 
 
-def test_spares_released_wait_is_needed_only_when_the_store_lives_in_a_launcher(new_store):
-    store = new_store()
+def test_spares_released_wait_is_needed_only_when_the_store_lives_in_a_launcher(new_job_store):
+    store = new_job_store()
     a = JobCoordinator("test", "a", 3, 0, 93, store=store)
     if store.survives_node_loss:
         assert a.wait_spares_released(1, timeout=0)  # etcd stays up: nothing to wait for
         return
     assert not a.wait_spares_released(1, timeout=0.2)
-    JobCoordinator("test", "spare", 3, 0, 93, store=new_store()).spare_released()
+    JobCoordinator("test", "spare", 3, 0, 93, store=new_job_store()).spare_released()
     assert a.wait_spares_released(1, timeout=5)
 
 
@@ -208,13 +192,13 @@ def test_etcd_job_store_rides_out_a_short_outage(tmp_path, caplog, etcd_server):
         cluster.stop()
 
 
-def test_the_culprit_exchange_on_both_job_stores(new_store):
+def test_the_culprit_exchange_on_both_job_stores(new_job_store):
     # Every node's evidence meets in the job store and every node reads one verdict. A crash decided
     # elsewhere must not cost a peer a stack-dump snapshot: "no diagnosis" is published at once.
     from ft_core.events import RankEvidence
     from ft_core.launcher.culprit import CulpritExchange
 
-    decider, peer = CulpritExchange(new_store(), "a:1", 0.0), CulpritExchange(new_store(), "b:2", 0.0)
+    decider, peer = CulpritExchange(new_job_store(), "a:1", 0.0), CulpritExchange(new_job_store(), "b:2", 0.0)
     decider.publish(0, None)
     assert peer.requested(0) is False
     assert peer.wait(0, []) is None

@@ -4,9 +4,7 @@ through a real job store (``C10dJobStore`` over a ``torch.distributed.HashStore`
 from __future__ import annotations
 
 import math
-import uuid
 
-import msgspec
 import pytest
 import torch.distributed as dist
 
@@ -15,7 +13,6 @@ from ft_core.events import PhaseMedians
 from ft_core.launcher.job_store import C10dJobStore
 from ft_core.launcher.straggler_exchange import (
     StragglerDetector,
-    StragglerRound,
     exclusion_blocker,
     straggler_action_for,
 )
@@ -142,39 +139,6 @@ def test_config_defaults_and_validation():
         assert key in str(info.value) and repr(bad) in str(info.value) and allowed in str(info.value)
 
 
-# -- launchers through the job store --------------------------------------------------------
-@pytest.fixture(params=["c10d", "etcd", "etcd-v3"])
-def job_store(request):
-    """One job store the test's launchers share: c10d (a HashStore) or a real etcd server (v2 keys are a tree)."""
-    if request.param == "c10d":
-        return C10dJobStore(dist.HashStore())
-    if request.param == "etcd-v3":
-        return request.getfixturevalue("etcd_v3_job_store")(uuid.uuid4().hex)
-    from ft_core.launcher.job_store import EtcdJobStore
-
-    return EtcdJobStore(request.getfixturevalue("etcd_server").client(), f"/ft_launcher/{uuid.uuid4().hex}")
-
-
-def test_launchers_share_one_judgement_through_the_job_store(job_store):
-    store = job_store
-    rounds: list[StragglerRound] = []
-    nodes = [StragglerDetector(1.0, 0.75, 2, StragglerAction.RESTART, f"host:{i}", lambda: store,
-                               on_round=rounds.append if i == 1 else None) for i in range(2)]
-    node_medians = {0: [PhaseMedian(0, "fwd", 0.1, 9), PhaseMedian(1, "fwd", 0.1, 9)],
-                    1: [PhaseMedian(2, "fwd", 0.1, 9), PhaseMedian(3, "fwd", 0.16, 9)]}
-    seen: dict[int, list] = {0: [], 1: []}
-    for round_ in (100, 101, 102):
-        for group_rank, detector in enumerate(nodes):
-            detector.publish(PhaseMedians(round=round_, medians=node_medians[group_rank]), cycle=0,
-                             group_rank=group_rank)
-        wall = round_ + 0.5  # half an interval after the round ended: the aggregator judges it
-        for group_rank, detector in enumerate(nodes):
-            seen[group_rank] += detector.poll(0, group_rank, 2, wall=wall)
-    assert [(s.rank, s.rank_node, s.phase) for s in seen[0]] == [(3, "host:1", "fwd")]
-    assert seen[0] == seen[1]  # the same record on every node
-    assert [r.round for r in rounds] == [100, 101, 102] and len(rounds[-1].scores) == 4
-
-
 def test_medians_of_another_cycle_or_a_late_round_are_left_out():
     store = C10dJobStore(dist.HashStore())
     aggregator = StragglerDetector(1.0, 0.75, 1, StragglerAction.REPORT, "host:0", lambda: store)
@@ -217,24 +181,6 @@ def test_straggler_restart_is_made_once_per_node_then_reported():
     assert straggler_action_for(StragglerAction.RESTART, "a:1", {"a:1"}) is StragglerAction.REPORT
     assert straggler_action_for(StragglerAction.RESTART, "b:2", {"a:1"}) is StragglerAction.RESTART
     assert straggler_action_for(StragglerAction.EXCLUDE_NODE, "a:1", {"a:1"}) is StragglerAction.EXCLUDE_NODE
-
-
-def test_a_node_slow_in_every_cycle_causes_one_restart_over_ten_cycles(job_store):
-    # Over a job's life (ten cycles, one aggregator per cycle as after restarts): the node's rank is a
-    # straggler in each, the restart is asked for in the first only; the other node's first straggler
-    # still gets its restart (the rule is per node).
-    actions = []
-    for cycle in range(10):
-        detector = StragglerDetector(1.0, 0.75, 1, StragglerAction.RESTART, "host:0", lambda: job_store)
-        slow = 3 if cycle < 9 else 1
-        medians = [PhaseMedian(0, "fwd", 0.1, 9), PhaseMedian(1, "fwd", 0.16 if slow == 1 else 0.1, 9)]
-        detector.publish(PhaseMedians(round=100 + cycle, medians=medians), cycle=cycle, group_rank=0)
-        other = [PhaseMedian(2, "fwd", 0.1, 9), PhaseMedian(3, "fwd", 0.16 if slow == 3 else 0.1, 9)]
-        job_store.set("straggler/1", msgspec.json.encode(
-            {"cycle": cycle, "round": 100 + cycle, "node": "host:1", "medians": other}).decode())
-        (straggler,) = detector.poll(cycle, 0, 2, wall=100 + cycle + 0.5)
-        actions.append((straggler.rank_node, straggler.action.value))
-    assert actions == [("host:1", "restart")] + [("host:1", "report")] * 8 + [("host:0", "restart")]
 
 
 def test_a_phase_below_the_floor_is_never_scored_a_longer_one_is():

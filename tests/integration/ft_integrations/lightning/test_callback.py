@@ -47,8 +47,8 @@ def clean_env(monkeypatch, tmp_path):
 
 
 @pytest.fixture
-def monitor(attach_monitor):
-    return lambda cfg: attach_monitor(cfg, token=TOKEN)
+def monitor(start_monitor):
+    return lambda cfg: start_monitor(cfg, token=TOKEN, attach=True)
 
 
 def fit(tmp_path: Path, callbacks: list, max_steps: int = 6, ckpt_path: str | None = "last") -> Trainer:

@@ -11,14 +11,11 @@ builds of NVIDIA's containers).
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 import tomllib
 import torch
 import torch.distributed.elastic.multiprocessing.api as mp_api
-from helpers import REPO_ROOT, free_port, python_env
+from helpers import REPO_ROOT, SEAM_CHECK_ARGS, assert_one_seam_error, free_port
 from packaging.requirements import Requirement
 from torch.distributed.elastic.agent.server.api import WorkerSpec
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -32,13 +29,10 @@ from ft_core.launcher.seams import (
     AGENT_INSTANCE_ATTRIBUTES,
     RENDEZVOUS_INSTANCE_ATTRIBUTES,
     SEAMS,
-    TESTED_TORCH,
     TorchSeamsError,
     missing_seams,
     require_instance_attributes,
 )
-
-LAUNCH_ARGS = ["--standalone", "--nproc-per-node", "1", "--ft-no-prewarm", "no_such_script.py"]
 
 
 def test_every_seam_is_there_on_this_torch():
@@ -47,18 +41,10 @@ def test_every_seam_is_there_on_this_torch():
     assert callable(dr.get_method_name)
 
 
-def _assert_the_one_error(text: str, missing: str) -> None:
-    assert "\nft_launcher: error: ft_launcher cannot run on torch " in f"\n{text}", text
-    assert torch.__version__ in text
-    assert missing in text
-    assert f"tested with torch {', '.join(TESTED_TORCH)}" in text
-    assert "Traceback" not in text
-
-
 def test_a_missing_seam_stops_the_launcher_with_one_clear_error(monkeypatch, capsys):
     monkeypatch.delattr(dr, "_RendezvousExitOp")
-    assert main(LAUNCH_ARGS) == 1
-    _assert_the_one_error(capsys.readouterr().err,
+    assert main(SEAM_CHECK_ARGS) == 1
+    assert_one_seam_error(capsys.readouterr().err,
                           "torch.distributed.elastic.rendezvous.dynamic_rendezvous._RendezvousExitOp is gone")
 
 
@@ -67,22 +53,10 @@ def test_a_reshaped_seam_is_named_with_the_shape_found_and_the_shape_expected(mo
         raise AssertionError("never called")
 
     monkeypatch.setattr(mp_api, "get_subprocess_handler", get_subprocess_handler)
-    assert main(LAUNCH_ARGS) == 1
-    _assert_the_one_error(capsys.readouterr().err, "get_subprocess_handler(entrypoint, args, env, stdout, stderr, "
+    assert main(SEAM_CHECK_ARGS) == 1
+    assert_one_seam_error(capsys.readouterr().err, "get_subprocess_handler(entrypoint, args, env, stdout, stderr, "
                           "local_rank_id) changed shape: expected (entrypoint, args, env, stdout, stderr, "
                           "local_rank_id, numa_options, ...)")
-
-
-def test_a_seam_the_cli_imports_is_checked_before_it_is_imported():
-    # In a fresh process: without the check first, `import ft_core.launcher.cli` would die of an ImportError.
-    code = ("import sys, torch.distributed.run as run; del run.parse_min_max_nnodes\n"
-            "from ft_core.launcher import main\n"
-            f"sys.exit(main({LAUNCH_ARGS!r}))")
-    proc = subprocess.run([sys.executable, "-c", code], env=python_env(), cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 1, proc.stderr
-    _assert_the_one_error(proc.stderr, "torch.distributed.run.parse_min_max_nnodes is gone")
-    assert "ft_core.launcher.cli" not in proc.stderr
 
 
 def test_version_needs_no_seams(monkeypatch, capsys):

@@ -1,4 +1,4 @@
-"""The whole restart loop on a single rank, in this process (its monitor process is real)."""
+"""The whole restart loop on a single rank, in this process (its watchdog process is real)."""
 
 from __future__ import annotations
 

@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
-from helpers import REPO_ROOT, python_env
 
 from ft_core.report import build_report, find_event_files, format_report, load_records, main
 
@@ -173,13 +170,6 @@ def test_cli_json_and_timeline(job_dir, tmp_path, capsys):
     assert "goodput" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main([str(tmp_path / "missing")])
-
-
-def test_ft_launcher_report_subcommand(job_dir):
-    result = subprocess.run([sys.executable, "-m", "ft_core.launcher", "report", str(job_dir), "--json"],
-                            env=python_env(), capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["faults_by_kind"] == {"crash": 1, "hang": 1}
 
 
 def test_a_node_sees_a_peer_fault_as_a_fault_but_not_an_exclusion(tmp_path):

@@ -7,11 +7,21 @@ longer (relative score 1/1.6 = 0.625 < 0.75). Reports every 2 s, K = 3.
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from helpers import wait_for
 from launcher_helpers import LauncherGroup, Rendezvous, exit_event
 
+from ft_core.events import PhaseMedians
 from ft_core.launcher.agent import LEFT_UNFINISHED_EXIT_CODE
+from ft_core.launcher.straggler_exchange import (
+    StragglerDetector,
+    StragglerRound,
+)
+from ft_core.straggler_scoring import (
+    PhaseMedian,
+    StragglerAction,
+)
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -154,3 +164,42 @@ def test_a_vain_straggler_restart_is_not_a_fault_and_falls_back_to_report(launch
     assert "faults     : none" in node.output(), node.output()[-2000:]
     assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(0, 1), (1, 1)}
     assert launchers.alive_now() == [], "a process of the job outlived its launcher"
+
+
+def test_launchers_share_one_judgement_through_the_job_store(new_job_store):
+    store = new_job_store()
+    rounds: list[StragglerRound] = []
+    nodes = [StragglerDetector(1.0, 0.75, 2, StragglerAction.RESTART, f"host:{i}", lambda: store,
+                               on_round=rounds.append if i == 1 else None) for i in range(2)]
+    node_medians = {0: [PhaseMedian(0, "fwd", 0.1, 9), PhaseMedian(1, "fwd", 0.1, 9)],
+                    1: [PhaseMedian(2, "fwd", 0.1, 9), PhaseMedian(3, "fwd", 0.16, 9)]}
+    seen: dict[int, list] = {0: [], 1: []}
+    for round_ in (100, 101, 102):
+        for group_rank, detector in enumerate(nodes):
+            detector.publish(PhaseMedians(round=round_, medians=node_medians[group_rank]), cycle=0,
+                             group_rank=group_rank)
+        wall = round_ + 0.5  # half an interval after the round ended: the aggregator judges it
+        for group_rank, detector in enumerate(nodes):
+            seen[group_rank] += detector.poll(0, group_rank, 2, wall=wall)
+    assert [(s.rank, s.rank_node, s.phase) for s in seen[0]] == [(3, "host:1", "fwd")]
+    assert seen[0] == seen[1]  # the same record on every node
+    assert [r.round for r in rounds] == [100, 101, 102] and len(rounds[-1].scores) == 4
+
+
+def test_a_node_slow_in_every_cycle_causes_one_restart_over_ten_cycles(new_job_store):
+    job_store = new_job_store()
+    # Over a job's life (ten cycles, one aggregator per cycle as after restarts): the node's rank is a
+    # straggler in each, the restart is asked for in the first only; the other node's first straggler
+    # still gets its restart (the rule is per node).
+    actions = []
+    for cycle in range(10):
+        detector = StragglerDetector(1.0, 0.75, 1, StragglerAction.RESTART, "host:0", lambda: job_store)
+        slow = 3 if cycle < 9 else 1
+        medians = [PhaseMedian(0, "fwd", 0.1, 9), PhaseMedian(1, "fwd", 0.16 if slow == 1 else 0.1, 9)]
+        detector.publish(PhaseMedians(round=100 + cycle, medians=medians), cycle=cycle, group_rank=0)
+        other = [PhaseMedian(2, "fwd", 0.1, 9), PhaseMedian(3, "fwd", 0.16 if slow == 3 else 0.1, 9)]
+        job_store.set("straggler/1", msgspec.json.encode(
+            {"cycle": cycle, "round": 100 + cycle, "node": "host:1", "medians": other}).decode())
+        (straggler,) = detector.poll(cycle, 0, 2, wall=100 + cycle + 0.5)
+        actions.append((straggler.rank_node, straggler.action.value))
+    assert actions == [("host:1", "restart")] + [("host:1", "report")] * 8 + [("host:0", "restart")]

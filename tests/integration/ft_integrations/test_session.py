@@ -38,7 +38,7 @@ def clean_env(monkeypatch):
 
 
 @pytest.fixture
-def start_monitor(attach_monitor):
+def attached_monitor(start_monitor):
     # This process is the rank: a deadline it misses must not kill pytest. The config rejects
     # signals that do not end a process, so the test ignores the one the monitor sends.
     previous = signal.signal(signal.SIGUSR2, signal.SIG_IGN)
@@ -47,7 +47,7 @@ def start_monitor(attach_monitor):
         defaults = {"rank_section_timeouts": SECTIONS, "safety_factor": 2.0, "min_calculated_timeout": 0.01,
                     "rank_termination_signal": "SIGUSR2", "stack_dump_signal": None,
                     "num_warmup_iterations": 0}
-        return attach_monitor(FaultToleranceConfig(**{**defaults, **overrides}), token=TOKEN)
+        return start_monitor(FaultToleranceConfig(**{**defaults, **overrides}), token=TOKEN, attach=True)
 
     yield start
     signal.signal(signal.SIGUSR2, previous)
@@ -96,8 +96,8 @@ def updates(monitor) -> list[dict]:
 
 
 # -- learning schedule ----------------------------------------------------------
-def test_a_given_step_number_learns_once_when_it_reaches_after_steps(start_monitor, sessions):
-    monitor = start_monitor()
+def test_a_given_step_number_learns_once_when_it_reaches_after_steps(attached_monitor, sessions):
+    monitor = attached_monitor()
     session, messages = sessions(connect=True, after_steps=3)
     for step in (1, 2):
         run_step(session)
@@ -112,9 +112,9 @@ def test_a_given_step_number_learns_once_when_it_reaches_after_steps(start_monit
     assert len(wait_for(lambda: updates(monitor), 10, "the update")) == 1  # once per run
 
 
-def test_a_resumed_run_past_after_steps_learns_only_after_after_steps_steps_of_its_own(start_monitor, sessions):
+def test_a_resumed_run_past_after_steps_learns_only_after_after_steps_steps_of_its_own(attached_monitor, sessions):
     # Learning at a resume's first batch, from one step gap, halved the checkpoint's timeouts (issue 20).
-    start_monitor()
+    attached_monitor()
     session, _ = sessions(connect=True, after_steps=3)
     for step in (150, 151):  # Lightning's global step after a resume: already past after_steps
         run_step(session)
@@ -125,8 +125,8 @@ def test_a_resumed_run_past_after_steps_learns_only_after_after_steps_steps_of_i
     assert session.client.section_timeouts.calculated_sections == {"step"}
 
 
-def test_counted_steps_learn_after_both_warmups_and_warmup_steps_are_not_learned(start_monitor, sessions):
-    start_monitor(num_warmup_iterations=1)  # the monitor's warm-up adds to the session's
+def test_counted_steps_learn_after_both_warmups_and_warmup_steps_are_not_learned(attached_monitor, sessions):
+    attached_monitor(num_warmup_iterations=1)  # the monitor's warm-up adds to the session's
     session, _ = sessions(connect=True, after_steps=2, warmup_steps=2)
     warm = []
     for _ in range(2):  # the session's warm-up: the integration keeps these out of "step"
@@ -146,8 +146,8 @@ def test_counted_steps_learn_after_both_warmups_and_warmup_steps_are_not_learned
     assert learned.section["step"] < 0.5 * 2.0  # the slow warm-up step did not count
 
 
-def test_first_save_learns_once_and_setup_waits_for_a_persistent_checkpoint_load(start_monitor, sessions):
-    monitor = start_monitor()
+def test_first_save_learns_once_and_setup_waits_for_a_persistent_checkpoint_load(attached_monitor, sessions):
+    monitor = attached_monitor()
     session, _ = sessions(connect=True, after_steps=1000, setup_needs_checkpoint_load=True)
     session.client.start_section(Section.SETUP)
     session.client.end_section(Section.SETUP)
@@ -168,8 +168,8 @@ def test_first_save_learns_once_and_setup_waits_for_a_persistent_checkpoint_load
 
 
 def test_a_fresh_start_keeps_startup_timeouts_and_a_resume_learns_them_never_below_what_it_saw(
-        start_monitor, sessions):
-    monitor = start_monitor()
+        attached_monitor, sessions):
+    monitor = attached_monitor()
     # Fresh start: a quick setup, learned steps; setup keeps its configured value.
     fresh, _ = sessions(connect=True, setup_needs_checkpoint_load=True)
     fresh.client.start_section(Section.SETUP)
@@ -197,8 +197,8 @@ def test_a_fresh_start_keeps_startup_timeouts_and_a_resume_learns_them_never_bel
     assert [e for e in read_events(monitor.events_path)[0] if e["event"] == "hang_detected"] == []
 
 
-def test_heartbeat_initial_is_learned_only_by_a_resume(start_monitor, sessions):
-    start_monitor(rank_section_timeouts={}, initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=60.0)
+def test_heartbeat_initial_is_learned_only_by_a_resume(attached_monitor, sessions):
+    attached_monitor(rank_section_timeouts={}, initial_rank_heartbeat_timeout=None, rank_heartbeat_timeout=60.0)
     session, _ = sessions(connect=True, learns=MonitoringMode.HEARTBEATS, setup_needs_checkpoint_load=True)
     for _ in range(3):
         session.client.send_heartbeat()
@@ -212,8 +212,8 @@ def test_heartbeat_initial_is_learned_only_by_a_resume(start_monitor, sessions):
     assert session.client.hb_timeouts.initial is not None
 
 
-def test_setup_is_learned_in_any_run_without_that_rule(start_monitor, sessions):
-    start_monitor()
+def test_setup_is_learned_in_any_run_without_that_rule(attached_monitor, sessions):
+    attached_monitor()
     session, _ = sessions(connect=True)
     session.client.start_section(Section.SETUP)
     session.client.end_section(Section.SETUP)
@@ -221,8 +221,8 @@ def test_setup_is_learned_in_any_run_without_that_rule(start_monitor, sessions):
     assert session.client.section_timeouts.calculated_sections == {"setup"}
 
 
-def test_out_of_section_waits_for_a_boundary_or_the_end(start_monitor, sessions):
-    start_monitor(rank_out_of_section_timeout=60.0)
+def test_out_of_section_waits_for_a_boundary_or_the_end(attached_monitor, sessions):
+    attached_monitor(rank_out_of_section_timeout=60.0)
     session, _ = sessions(connect=True, out_of_section_needs_boundary=True)
     run_step(session)
     session.save_completed()
@@ -233,8 +233,8 @@ def test_out_of_section_waits_for_a_boundary_or_the_end(start_monitor, sessions)
     assert session.client.section_timeouts.is_out_of_section_calculated
 
 
-def test_out_of_section_disabled_at_launch_stays_disabled_and_a_slow_gap_is_not_killed(start_monitor, sessions):
-    monitor = start_monitor(min_calculated_timeout=0.01)
+def test_out_of_section_disabled_at_launch_stays_disabled_and_a_slow_gap_is_not_killed(attached_monitor, sessions):
+    monitor = attached_monitor(min_calculated_timeout=0.01)
     session, _ = sessions(connect=True)
     run_step(session)
     session.learn_at_end()
@@ -244,8 +244,8 @@ def test_out_of_section_disabled_at_launch_stays_disabled_and_a_slow_gap_is_not_
     assert [e for e in read_events(monitor.events_path)[0] if e["event"] == "hang_detected"] == []
 
 
-def test_out_of_section_set_at_launch_is_learned_and_a_longer_gap_is_caught(start_monitor, sessions):
-    monitor = start_monitor(rank_out_of_section_timeout=60.0, min_calculated_timeout=0.3)
+def test_out_of_section_set_at_launch_is_learned_and_a_longer_gap_is_caught(attached_monitor, sessions):
+    monitor = attached_monitor(rank_out_of_section_timeout=60.0, min_calculated_timeout=0.3)
     session, _ = sessions(connect=True)
     run_step(session)
     session.learn_at_end()
@@ -256,8 +256,8 @@ def test_out_of_section_set_at_launch_is_learned_and_a_longer_gap_is_caught(star
     assert (hang["reason"], hang["timeout"]) == ("out_of_section", learned)
 
 
-def test_heartbeat_schedule_learns_heartbeat_timeouts(start_monitor, sessions):
-    start_monitor(rank_section_timeouts={}, initial_rank_heartbeat_timeout=60.0, rank_heartbeat_timeout=60.0)
+def test_heartbeat_schedule_learns_heartbeat_timeouts(attached_monitor, sessions):
+    attached_monitor(rank_section_timeouts={}, initial_rank_heartbeat_timeout=60.0, rank_heartbeat_timeout=60.0)
     session, messages = sessions(connect=True, learns=MonitoringMode.HEARTBEATS)
     for _ in range(3):
         session.client.send_heartbeat()
@@ -268,8 +268,8 @@ def test_heartbeat_schedule_learns_heartbeat_timeouts(start_monitor, sessions):
     assert "heartbeat" in messages.learned()[0] and "* first" in messages.learned()[0]  # one line, the learned marked
 
 
-def test_a_disabled_schedule_never_calculates(start_monitor, sessions):
-    monitor = start_monitor()
+def test_a_disabled_schedule_never_calculates(attached_monitor, sessions):
+    monitor = attached_monitor()
     session, messages = sessions(connect=True, enabled=False)
     run_step(session)
     session.step_completed(1)
@@ -278,8 +278,8 @@ def test_a_disabled_schedule_never_calculates(start_monitor, sessions):
     assert updates(monitor) == [] and messages.learned() == []
 
 
-def test_learning_never_fails_training_when_the_monitor_is_gone(start_monitor, sessions):
-    monitor = start_monitor()
+def test_learning_never_fails_training_when_the_monitor_is_gone(attached_monitor, sessions):
+    monitor = attached_monitor()
     session, messages = sessions(connect=True)
     run_step(session)
     monitor.stop()
@@ -287,9 +287,9 @@ def test_learning_never_fails_training_when_the_monitor_is_gone(start_monitor, s
     assert any("timeouts not updated at the end of training" in m for m in messages.warn)
 
 
-def test_learned_timeouts_are_logged_once_per_change(start_monitor, sessions, tmp_path):
+def test_learned_timeouts_are_logged_once_per_change(attached_monitor, sessions, tmp_path):
     # A floor far above the observed times: every calculation gives the same values.
-    monitor = start_monitor(min_calculated_timeout=1000.0)
+    monitor = attached_monitor(min_calculated_timeout=1000.0)
     state_file = tmp_path / "ft.json"
     session, messages = sessions(connect=True, state_file=state_file)
     run_step(session)
@@ -302,8 +302,8 @@ def test_learned_timeouts_are_logged_once_per_change(start_monitor, sessions, tm
 
 
 # -- state file and checkpoint restore ------------------------------------------
-def test_state_file_round_trip_rides_the_next_handshake(start_monitor, sessions, tmp_path):
-    start_monitor()
+def test_state_file_round_trip_rides_the_next_handshake(attached_monitor, sessions, tmp_path):
+    attached_monitor()
     state_file = tmp_path / "sub" / "ft.json"
     reader, _ = sessions(connect=True, writer=False, state_file=state_file)
     run_step(reader)
@@ -340,7 +340,7 @@ def test_state_file_round_trip_rides_the_next_handshake(start_monitor, sessions,
     ],
     ids=["truncated", "not-utf8", "not-a-state-dict", "wrong-type", "negative", "dangling-name", "directory"],
 )
-def test_a_bad_state_file_warns_and_falls_back_to_the_configured_timeouts(start_monitor, sessions, tmp_path,
+def test_a_bad_state_file_warns_and_falls_back_to_the_configured_timeouts(attached_monitor, sessions, tmp_path,
                                                                           content, message):
     state_file = tmp_path / "ft.json"
     if content is None:
@@ -354,7 +354,7 @@ def test_a_bad_state_file_warns_and_falls_back_to_the_configured_timeouts(start_
     assert len(messages.warn) == 1 and f"test: ignoring the timeouts in {state_file}: " in messages.warn[0]
     assert re.search(message, messages.warn[0]), messages.warn[0]
     assert not session.has_state and session.state_dict() == {}
-    start_monitor()
+    attached_monitor()
     session.client.init_workload_monitoring()
     assert session.client.section_timeouts.section == SECTIONS  # the configured values
 
@@ -365,8 +365,8 @@ def test_a_missing_state_file_is_a_first_run(sessions, tmp_path):
     assert messages.warn == messages.info == []
 
 
-def test_restore_from_a_checkpoint_applies_at_once_or_warns(start_monitor, sessions):
-    monitor = start_monitor()
+def test_restore_from_a_checkpoint_applies_at_once_or_warns(attached_monitor, sessions):
+    monitor = attached_monitor()
     session, messages = sessions(connect=True)
     assert session.restore({"current_timeouts": {}}) is True  # NVRx's form while nothing was calculated
     assert session.restore({"timeouts": LEARNED}) is False
