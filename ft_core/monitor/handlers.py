@@ -103,17 +103,17 @@ class MessageHandlers:
         if isinstance(msg, Heartbeat):
             rank.touch(now, msg.iteration)
             return
-        match msg:
+        match msg:  # the frequent messages first
             case SectionStart():
                 self._section_start(conn, rank, msg, now)
             case SectionEnd():
                 self._section_end(conn, rank, msg, now)
+            case PhaseTime():  # one per timed phase and step while straggler detection runs
+                self._phase_time(rank, msg, now)
             case EndAllSections():
                 self._end_all_sections(conn, rank, now)
             case UpdateTimeouts():
                 self._update_timeouts(conn, rank, msg)
-            case PhaseTime():
-                self._phase_time(rank, msg, now)
             case ReportCheckpoint():
                 self._report_checkpoint(rank, msg)
             case ReportException():
