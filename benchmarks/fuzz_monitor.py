@@ -43,7 +43,7 @@ from _common import emit, rss_mb  # noqa: E402
 from ft_core.config import FaultToleranceConfig  # noqa: E402
 from ft_core.events import read_events  # noqa: E402
 from ft_core.monitor import RankMonitorServer  # noqa: E402
-from ft_core.monitor.server import HANDSHAKE_TIMEOUT  # noqa: E402
+from ft_core.monitor.defences import HANDSHAKE_TIMEOUT  # noqa: E402
 from ft_core.protocol import (  # noqa: E402
     DEFAULT_MAX_FRAME_BYTES,
     Heartbeat,

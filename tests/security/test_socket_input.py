@@ -10,7 +10,7 @@ import pytest
 from security_helpers import TOKEN, VICTIM_TEXT, assert_untouched, closed_by_peer, connect, wait_rejection
 
 from ft_core import protocol
-from ft_core.monitor import server
+from ft_core.monitor import defences, server
 from ft_core.protocol import FrameDecoder, Heartbeat, Hello, ProtocolError, encode
 
 pytestmark = pytest.mark.timeout(90)
@@ -105,7 +105,7 @@ def test_a_handshake_that_never_completes_is_closed_after_the_handshake_timeout(
     healthy = ranks(monitor, "heartbeat_forever")
     with connect(monitor) as silent, connect(monitor) as partial:
         partial.sendall(encode(Hello(token=TOKEN, rank=0))[:7])  # a torn Hello, never finished
-        assert closed_by_peer(silent, server.HANDSHAKE_TIMEOUT + 10)
+        assert closed_by_peer(silent, defences.HANDSHAKE_TIMEOUT + 10)
         assert closed_by_peer(partial, 10)
     wait_rejection(monitor, "no handshake within")
     assert_untouched(monitor, healthy)
@@ -114,7 +114,7 @@ def test_a_handshake_that_never_completes_is_closed_after_the_handshake_timeout(
 def test_pending_handshakes_are_capped_by_dropping_the_oldest(monitor, ranks):
     healthy = ranks(monitor, "heartbeat_forever")
     extra = 5
-    socks = [connect(monitor) for _ in range(server.MAX_PENDING_HANDSHAKES + extra)]
+    socks = [connect(monitor) for _ in range(defences.MAX_PENDING_HANDSHAKES + extra)]
     try:
         oldest, newest = socks[:extra], socks[extra:]
         assert all(closed_by_peer(sock, 10) for sock in oldest)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Optional
 
 import pytest
@@ -9,7 +11,7 @@ import pytest
 from ft_core.config import FaultToleranceConfig
 from ft_core.events import HangDetected, HangReason
 from ft_core.monitor.hang import DUMP_POLL, Expiry, Hang, HangState
-from ft_core.monitor.server import WatchedRank
+from ft_core.monitor.watched_rank import CPU_PROBE, WatchedRank, cpu_probe
 from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts
 
 T0 = 1000.0  # monotonic time of the connection
@@ -143,6 +145,37 @@ def test_closing_a_section_that_was_not_open_is_reported_and_harmless():
     assert rank.section_end("step", T0 + 1) is False
     rank.section_start("step", T0 + 2)
     assert rank.section_end("step", T0 + 3) is True
+
+
+
+# -- the CPU probe: starved is not hung -----------------------------------------
+# The rank is this test's own process (real /proc, no mock): runnable while it reads its own state.
+def test_a_runnable_rank_past_its_deadline_is_judged_only_once_it_has_had_cpu():
+    rank = watched(subsequent=5)
+    rank.pid = os.getpid()
+    rank.touch(T0)
+    expiry = rank.next_deadline()
+    assert cpu_probe(rank, expiry, T0 + 6) == CPU_PROBE  # runnable: maybe waiting for a CPU, not judged yet
+    assert cpu_probe(rank, expiry, T0 + 60) == CPU_PROBE  # however late: it has not had the CPU since
+    start = time.process_time()
+    while time.process_time() - start < 2 * CPU_PROBE:  # it runs, and says nothing
+        pass
+    assert cpu_probe(rank, expiry, T0 + 61) is None  # now it is judged
+
+
+def test_a_new_deadline_restarts_the_probe_and_an_unknown_pid_is_judged_at_once():
+    rank = watched(subsequent=5)
+    rank.pid = os.getpid()
+    rank.touch(T0)
+    first = rank.next_deadline()
+    assert cpu_probe(rank, first, T0 + 6) == CPU_PROBE
+    start = time.process_time()
+    while time.process_time() - start < 2 * CPU_PROBE:
+        pass
+    rank.touch(T0 + 7)  # a sign of life: a new deadline, a new probe (the CPU it had before does not count)
+    assert cpu_probe(rank, rank.next_deadline(), T0 + 13) == CPU_PROBE
+    rank.pid = -1
+    assert cpu_probe(rank, rank.next_deadline(), T0 + 13) is None
 
 
 # -- the hang state machine -----------------------------------------------------
