@@ -58,6 +58,7 @@ _report_hook_client: Optional[ExceptionReporter] = None
 
 
 def install_exception_hook() -> None:
+    """Chain a ``sys.excepthook`` that exits the process (code 1) after the previous hooks ran."""
     previous = sys.excepthook
 
     def _hook(exc_type, exc, tb) -> None:
