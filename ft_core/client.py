@@ -16,13 +16,9 @@ Example (the monitor is started by ``ft_launcher``, or by hand)::
     client.shutdown_workload_monitoring()
 
 Heartbeats and section events are one-way writes on a non-blocking socket:
-a stalled monitor never blocks a training step. When the socket buffer is full
-(the monitor reads slower than the rank writes), section events and checkpoint
-reports are queued and never lost, and heartbeats are coalesced: the next
-write that fits carries the latest one (with the latest iteration). What the
-buffer held back is sent, in order, by a small background thread as soon as
-the monitor makes room -- not at the rank's next call, which may be minutes
-away -- so a section end is never stuck behind a full buffer.
+a stalled monitor never blocks a training step. What a full socket buffer
+holds back is queued (heartbeats coalesced) and flushed in order by a small
+background thread: :class:`~ft_core.client_backlog.SendBacklog`.
 
 The per-call paths (``send_heartbeat``, ``start_section``, ``end_section``)
 are kept at about one ``send`` syscall: frames are encoded once and re-encoded
@@ -37,56 +33,51 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import faulthandler
 import logging
 import numbers
-import os
-import select
 import socket
-import sys
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from types import TracebackType
-from typing import IO, Any, Optional
+from typing import Any, Optional
 
+from ft_core.client_backlog import SendBacklog
+from ft_core.client_connection import (
+    REQUEST_TIMEOUT,
+    connect,
+    env_rank,
+    monitor_socket_path,
+    read_token,
+    round_trip,
+    send_workload_control,
+)
+from ft_core.client_errors import LauncherUnavailableError, RankMonitorClientError
+from ft_core.client_hooks import StackDump, install_exception_hook, install_report_hook
 from ft_core.compile_phase import CompileWatch
 from ft_core.config import FaultToleranceConfig
 from ft_core.data import WorkloadAction, WorkloadControlRequest
 from ft_core.fault_policy import exception_name, user_frames
-from ft_core.jobdir import (
-    LAUNCHER_SOCKET_ENV,
-    MONITOR_SOCKET_ENV,
-    TOKEN_ENV,
-    JobDir,
-    create_private_file,
-    make_private_dir,
-    read_private_file,
-    token_path,
-)
+
+# The job's environment variables, importable from here since before ft_core.jobdir had them.
+from ft_core.jobdir import LAUNCHER_SOCKET_ENV as LAUNCHER_SOCKET_ENV
+from ft_core.jobdir import MONITOR_SOCKET_ENV as MONITOR_SOCKET_ENV
+from ft_core.jobdir import TOKEN_ENV as TOKEN_ENV
+from ft_core.megatron_args import megatron_args, megatron_iteration
 from ft_core.protocol import (
-    Ack,
     EndAllSections,
     FrameDecoder,
     Goodbye,
     Heartbeat,
-    Hello,
-    HelloAck,
     Message,
     PhaseTime,
     ProtocolError,
     ReportCheckpoint,
     ReportException,
-    Role,
     SectionEnd,
     SectionStart,
     UpdateTimeouts,
-    WorkloadControl,
     encode,
-    recv_msg,
     request,
-    send_msg,
 )
 from ft_core.straggler_scoring import check_phase_sample
 from ft_core.timeouts import (
@@ -114,24 +105,8 @@ __all__ = [
 
 log = logging.getLogger("ft_core.client")
 
-#: Round trips (handshake, timeout updates) give up after this long.
-REQUEST_TIMEOUT = 30.0
 _SEND_BUFFER_BYTES = 1 << 20
-#: While frames are held back, the flusher thread retries at least this often (ms), even
-#: when the socket does not report room (Unix sockets report it only when 3/4 empty).
-_FLUSH_POLL_MS = 50
 _monotonic = time.monotonic
-
-
-class RankMonitorClientError(Exception):
-    """Misuse of the client or a failure talking to the monitor; the message says what to do."""
-
-
-class LauncherUnavailableError(RankMonitorClientError, RuntimeError):
-    """No launcher to send a workload-control request to.
-
-    Also a ``RuntimeError``: that is what NVRx raises here, so ``except RuntimeError`` keeps working.
-    """
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -177,15 +152,8 @@ class RankMonitorClient:
         #: The connection and the learning, between init and shutdown (None otherwise: the hot paths' init check).
         self._session: Optional[_Session] = None
         self._decoder = FrameDecoder()
-        # Full-buffer state. The hot path reads only ``_congested`` (no lock); everything
-        # else below is touched under ``_lock``, shared with the flusher thread.
-        self._congested = False  # something is held back, or the monitor is lost: take the slow path
-        self._unsent = bytearray()  # one-way bytes the socket could not take yet, in order
-        self._pending_hb: Optional[bytes] = None  # the latest heartbeat coalesced while congested
-        self._lock = threading.Lock()
-        self._flush_wanted = threading.Condition(self._lock)
-        self._flusher: Optional[threading.Thread] = None
-        self._closing = False
+        #: What a full socket buffer held back; the hot path reads only its ``congested`` flag.
+        self._backlog = SendBacklog()
         self._open: set[str] = set()
         self._tracked: frozenset[str] = frozenset()
         #: Opens COMPILE_SECTION while torch.compile compiles (installed at init when compile_timeout is set).
@@ -198,16 +166,18 @@ class RankMonitorClient:
         self._section_replies = False
         self._iteration: Optional[int] = None
         #: Megatron's global args, read for the iteration when set_iteration() was never called; a
-        #: _PendingMegatronArgs until Megatron-LM sets them; None without Megatron-LM (the hot paths' check).
+        #: PendingMegatronArgs until Megatron-LM sets them; None without Megatron-LM (the hot paths' check).
         self._megatron_args: Any = None
         self._hb_frame = encode(Heartbeat())
         self._hb_frame_iteration: Optional[int] = None
         self._end_frames: dict[str, bytes] = {}
         self._start_frames: dict[str, tuple[Optional[int], bytes]] = {}
-        self._dump_file: Optional[IO[str]] = None
-        self._monitor_lost = False
-        #: Heartbeats that found the buffer full and were folded into a later write.
-        self.coalesced_heartbeats = 0
+        self._stack_dump = StackDump()
+
+    @property
+    def coalesced_heartbeats(self) -> int:
+        """Heartbeats that found the buffer full and were folded into a later write."""
+        return self._backlog.coalesced
 
     # -- lifecycle --------------------------------------------------------
     def init_workload_monitoring(
@@ -240,43 +210,19 @@ class RankMonitorClient:
             raise RankMonitorClientError(
                 f"num_warmup_iters: invalid value {num_warmup_iters!r}; allowed: an integer >= 0, or None "
                 "(the monitor's num_warmup_iterations)")
-        socket_path = os.environ.get(MONITOR_SOCKET_ENV)
-        if not socket_path:
-            raise RankMonitorClientError(
-                f"{MONITOR_SOCKET_ENV} is not set: launch with ft_launcher, or start a monitor with "
-                f"RankMonitorServer.run_in_subprocess(cfg, path) and export {MONITOR_SOCKET_ENV}=path"
-            )
-        token = _read_token(socket_path)
-        self.rank = _env_rank()
+        socket_path = monitor_socket_path()
+        token = read_token(socket_path)  # before anything is created: without it nothing can work
+        self.rank = env_rank()
         # Learned values travel to the monitor in the handshake: loaded ones, or,
         # when re-initializing after a shutdown, the ones this client learned.
         carried = self._loaded_state if self._loaded_state is not None else self._calculated_state()
-        dump_path = self._open_dump_file(socket_path, self.rank)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dump_path = self._stack_dump.open(socket_path, self.rank)
         try:
-            sock.settimeout(REQUEST_TIMEOUT)
-            sock.connect(socket_path)
-            hello = Hello(
-                token=token, rank=self.rank, local_rank=int(os.environ.get("LOCAL_RANK", -1)),
-                world_size=int(os.environ.get("WORLD_SIZE", -1)),
-                restart_count=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
-                timeouts=carried, dump_path=dump_path,
-                fallback_config=dict(fallback_config) if fallback_config else None,
-                num_warmup_iters=None if num_warmup_iters is None else int(num_warmup_iters),
-            )
-            reply = request(sock, self._decoder, hello, REQUEST_TIMEOUT)
-        except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
-            sock.close()
-            self._close_dump_file()
-            raise RankMonitorClientError(
-                f"cannot connect to the rank monitor at {socket_path}: {exc}. Is the monitor running, and "
-                f"is {TOKEN_ENV} the job's token?"
-            ) from exc
-        if not isinstance(reply, HelloAck):
-            sock.close()
-            self._close_dump_file()
-            reason = reply.error if isinstance(reply, Ack) else repr(reply)
-            raise RankMonitorClientError(f"rank monitor refused the handshake: {reason}")
+            sock, reply = connect(socket_path, self._decoder, token=token, rank=self.rank, timeouts=carried,
+                                  dump_path=dump_path, fallback_config=fallback_config, num_warmup_iters=num_warmup_iters)
+        except RankMonitorClientError:
+            self._stack_dump.close()
+            raise
         self.cfg = FaultToleranceConfig.from_mapping(reply.config)
         self.hb_timeouts = HeartbeatTimeouts(self.cfg.initial_rank_heartbeat_timeout, self.cfg.rank_heartbeat_timeout)
         self.section_timeouts = SectionTimeouts(dict(self.cfg.rank_section_timeouts),
@@ -292,14 +238,12 @@ class RankMonitorClient:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
         sock.setblocking(False)
         self._section_replies = not self.cfg.skip_section_response
-        self._megatron_args = _megatron_args()
-        self._monitor_lost = False
-        self._congested = False
-        self._closing = False
-        self._register_stack_dump()
-        _install_report_hook(self)
+        self._megatron_args = megatron_args()
+        self._backlog.start(sock, f"rank {self.rank}")
+        self._stack_dump.register(self.cfg.stack_dump_signal)
+        install_report_hook(self)
         if self.cfg.install_exception_hook:
-            _install_exception_hook()
+            install_exception_hook()
         self._session = _Session(sock, sock.send, calc)  # set with is_initialized: the hot paths check this one
         self.is_initialized = True
         if COMPILE_SECTION in self._tracked:
@@ -319,24 +263,22 @@ class RankMonitorClient:
         if not self.is_initialized:
             return
         self.is_initialized = False
-        self._stop_flusher()
+        unsent = self._backlog.stop()
         session, self._session = self._session, None
         assert session is not None
         sock = session.sock
         try:
             sock.setblocking(True)
             sock.settimeout(REQUEST_TIMEOUT)
-            if not self._monitor_lost:
-                sock.sendall(bytes(self._unsent))
+            if not self._backlog.lost:
+                sock.sendall(unsent)
                 request(sock, self._decoder, Goodbye(training_finished=bool(training_finished)), REQUEST_TIMEOUT)
         except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
             log.warning("rank monitor did not confirm the shutdown: %s", exc)
         finally:
-            self._unsent.clear()
-            self._pending_hb = None
             self._open.clear()
             sock.close()
-            self._unregister_stack_dump()
+            self._stack_dump.unregister()
             self._compile_watch.remove()
 
     # -- liveness ---------------------------------------------------------
@@ -351,8 +293,9 @@ class RankMonitorClient:
         self._hb_last = now
         iteration = self._iteration if self._megatron_args is None else self._current_iteration()
         frame = self._hb_frame if iteration == self._hb_frame_iteration else self._heartbeat_frame(iteration)
-        if self._congested:  # something is held back, or the monitor is lost
-            self._hold_back(frame, heartbeat=True)
+        backlog = self._backlog
+        if backlog.congested:  # something is held back, or the monitor is lost
+            backlog.hold_back(frame, heartbeat=True)
             return
         # _send_oneway inlined (one call less per step: this path is measured against a raw send).
         try:
@@ -360,11 +303,11 @@ class RankMonitorClient:
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            self._on_monitor_lost(exc)
+            backlog.lose(exc)
             return
         if sent != len(frame):
             # Not sent at all: coalesced into the next write; partly sent: the rest must follow.
-            self._hold_back(frame[sent:], heartbeat=sent == 0)
+            backlog.hold_back(frame[sent:], heartbeat=sent == 0)
 
     def start_section(self, section: str) -> None:
         """Open ``section``; sections may nest and overlap, but not be opened twice.
@@ -463,7 +406,7 @@ class RankMonitorClient:
         from the same checkpoint) stops the job instead of spending every restart. One
         small one-way message; a client that is not connected sends nothing.
         """
-        if not self.is_initialized or self._monitor_lost:
+        if not self.is_initialized or self._backlog.lost:
             return
         report = ReportException(exception_name(exc), user_frames(exc.__traceback__), self._iteration)
         try:
@@ -579,26 +522,7 @@ class RankMonitorClient:
     # -- workload control -------------------------------------------------
     def send_workload_control_request(self, req: WorkloadControlRequest) -> None:
         """Ask ``ft_launcher`` to exclude this node or shut the workload down."""
-        if not isinstance(req, WorkloadControlRequest):
-            raise RankMonitorClientError(f"req: expected a WorkloadControlRequest, got {req!r}")
-        path = os.environ.get(LAUNCHER_SOCKET_ENV)
-        if not path:
-            raise LauncherUnavailableError(
-                f"{LAUNCHER_SOCKET_ENV} is not set: workload control requests need ft_launcher")
-        monitor_socket = os.environ.get(MONITOR_SOCKET_ENV, path)
-        rank = _env_rank()
-        decoder = FrameDecoder()
-        try:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-                sock.settimeout(REQUEST_TIMEOUT)
-                sock.connect(path)
-                send_msg(sock, Hello(token=_read_token(monitor_socket), rank=rank, role=Role.CONTROL))
-                reply = request(sock, decoder, WorkloadControl(req.action.name, req.description, rank),
-                                REQUEST_TIMEOUT)
-        except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
-            raise RankMonitorClientError(f"cannot reach the launcher at {path}: {exc}") from exc
-        if not (isinstance(reply, Ack) and reply.ok):
-            raise RankMonitorClientError(f"the launcher rejected {req.action.name}: {reply!r}")
+        send_workload_control(req)
 
     # -- internals --------------------------------------------------------
     def _require_init(self, what: str) -> _Session:
@@ -612,16 +536,8 @@ class RankMonitorClient:
         """The iteration: ``set_iteration``'s, else Megatron-LM's ``curr_iteration`` (or ``iteration``, as NVRx)."""
         if self._iteration is not None or self._megatron_args is None:
             return self._iteration
-        args = self._megatron_args
-        if args.__class__ is _PendingMegatronArgs:
-            args = args.lookup()
-            if args is None:
-                return None
-            self._megatron_args = args  # found once: later calls read it directly
-        iteration = getattr(args, "curr_iteration", None)
-        if not isinstance(iteration, int):
-            iteration = getattr(args, "iteration", None)
-        return iteration if isinstance(iteration, int) else None
+        self._megatron_args, iteration = megatron_iteration(self._megatron_args)
+        return iteration
 
     def _learn_heartbeat_gap(self, calc: TimeoutsCalc, now: float) -> None:
         """Give TimeoutsCalc a heartbeat whose gap may be a new maximum (the first ones always are).
@@ -646,88 +562,23 @@ class RankMonitorClient:
 
         ``send_heartbeat`` has its own inlined copy of this, which coalesces a heartbeat not sent at all.
         """
-        session = self._session
-        if self._congested or session is None:  # held back (keep the order), lost, or shut down
-            self._hold_back(frame, heartbeat=False)
+        session, backlog = self._session, self._backlog
+        if backlog.congested or session is None:  # held back (keep the order), lost, or shut down
+            backlog.hold_back(frame, heartbeat=False)
             return
         try:
             sent = session.send(frame)
         except BlockingIOError:
             sent = 0
         except OSError as exc:
-            self._on_monitor_lost(exc)
+            backlog.lose(exc)
             return
         if sent != len(frame):
-            self._hold_back(frame[sent:], heartbeat=False)  # a frame begun must be completed
-
-    def _hold_back(self, frame: bytes, heartbeat: bool) -> None:
-        """The slow path: queue ``frame`` (or make it the pending heartbeat) and have it flushed."""
-        with self._lock:
-            if self._monitor_lost:
-                return
-            if heartbeat:
-                self._pending_hb = frame  # the latest heartbeat replaces an older pending one
-                self.coalesced_heartbeats += 1
-            else:
-                self._unsent += frame
-            self._congested = True
-            self._flush_locked()
-            if self._congested:
-                if self._flusher is None:
-                    self._flusher = threading.Thread(target=self._flush_in_background, args=(self._session,),
-                                                     name="ft-client-flush", daemon=True)
-                    self._flusher.start()
-                self._flush_wanted.notify()
-
-    def _flush_locked(self) -> None:
-        """Send what the socket takes: held-back bytes first, in order, then the pending heartbeat."""
-        session = self._session
-        if session is None:  # shut down: nothing more goes out
-            return
-        sock = session.sock
-        try:
-            if self._unsent:
-                del self._unsent[:sock.send(self._unsent)]
-            if not self._unsent and self._pending_hb is not None:
-                frame = self._pending_hb
-                sent = sock.send(frame)
-                self._pending_hb = None
-                self._unsent += frame[sent:]
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            self._on_monitor_lost(exc)
-            return
-        self._congested = bool(self._unsent) or self._pending_hb is not None
-
-    def _flush_in_background(self, session: Optional[_Session]) -> None:
-        """Flusher thread: send what a full buffer held back as soon as the monitor makes room."""
-        if session is None:
-            return
-        poller = select.poll()
-        poller.register(session.sock, select.POLLOUT)
-        while True:
-            with self._lock:
-                while not self._congested and not self._closing:
-                    self._flush_wanted.wait()
-                if self._closing or self._monitor_lost:
-                    return
-            poller.poll(_FLUSH_POLL_MS)  # room in the buffer, or time to retry (outside the lock)
-            with self._lock:
-                if not self._closing:
-                    self._flush_locked()
-
-    def _stop_flusher(self) -> None:
-        with self._lock:
-            self._closing = True
-            self._flush_wanted.notify()
-        if self._flusher is not None:
-            self._flusher.join()
-            self._flusher = None
+            backlog.hold_back(frame[sent:], heartbeat=False)  # a frame begun must be completed
 
     def _send_state(self, frame: bytes) -> None:
         """Section/checkpoint events: never dropped; a round trip if the config asks for replies."""
-        if self._section_replies and not self._monitor_lost:
+        if self._section_replies and not self._backlog.lost:
             self._round_trip_raw(frame)
         else:
             self._send_oneway(frame)
@@ -738,151 +589,8 @@ class RankMonitorClient:
     def _round_trip_raw(self, frame: bytes) -> Message:
         session = self._session
         assert session is not None, "every caller checked the client is initialised"
-        sock = session.sock
-        with self._lock:  # the flusher thread must not write while the socket blocks
-            try:
-                sock.setblocking(True)
-                sock.settimeout(REQUEST_TIMEOUT)
-                sock.sendall(bytes(self._unsent) + (self._pending_hb or b"") + frame)
-                self._unsent.clear()
-                self._pending_hb = None
-                self._congested = False
-                reply = recv_msg(sock, self._decoder, REQUEST_TIMEOUT)
-            except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
-                raise RankMonitorClientError(f"rank monitor did not answer: {exc}") from exc
-            finally:
-                sock.setblocking(False)
-        if isinstance(reply, Ack) and not reply.ok:
-            raise RankMonitorClientError(f"rank monitor rejected the request: {reply.error}")
-        return reply
+        return round_trip(session.sock, self._backlog, self._decoder, frame)
 
     def _send_timeouts(self) -> None:
-        if not self._monitor_lost:
+        if not self._backlog.lost:
             self._round_trip(UpdateTimeouts(self.state_dict()))
-
-    def _on_monitor_lost(self, exc: OSError) -> None:
-        # Losing the monitor must not become a new way for training to fail;
-        # the launcher notices a dead monitor and restarts the cycle.
-        self._monitor_lost = True
-        self._congested = True  # every later send takes the slow path, which drops it
-        self._unsent.clear()
-        self._pending_hb = None
-        log.error("rank %s lost its rank monitor connection (%s); hang detection is off for this rank",
-                  self.rank, exc)
-
-    def _open_dump_file(self, socket_path: str, rank: int) -> Optional[str]:
-        job_dir = JobDir.of_socket(socket_path)
-        path = job_dir.stack_dump_file(rank, os.getpid())
-        try:
-            make_private_dir(job_dir.stacks)
-            # A new 0600 file, never through a planted symlink; a leftover of an earlier process with
-            # our pid (a reused standalone directory) is replaced.
-            fd = create_private_file(path, replace=True, append=True)
-            self._dump_file = open(fd, "a", encoding="utf-8")  # noqa: SIM115 - faulthandler keeps the fd
-        except OSError as exc:
-            log.warning("stack dumps disabled: cannot create %s: %s", path, exc)
-            return None
-        return path
-
-    def _register_stack_dump(self) -> None:
-        sig = self.cfg.stack_dump_signal if self.cfg else None
-        if sig is None or self._dump_file is None:
-            self._close_dump_file()
-            return
-        # C-level handler: it dumps even when the main thread is stuck in a collective.
-        faulthandler.register(sig, file=self._dump_file, all_threads=True, chain=False)
-
-    def _unregister_stack_dump(self) -> None:
-        if self.cfg is not None and self.cfg.stack_dump_signal is not None and self._dump_file is not None:
-            faulthandler.unregister(self.cfg.stack_dump_signal)
-        self._close_dump_file()
-
-    def _close_dump_file(self) -> None:
-        if self._dump_file is not None:
-            self._dump_file.close()
-            self._dump_file = None
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class _PendingMegatronArgs:
-    """Megatron-LM is imported but has not set its global args yet.
-
-    Megatron-LM's ``ft_integration.setup()`` connects the client before
-    ``initialize_megatron()`` sets the args, so they are looked up again, on
-    each call that reports an iteration, until they exist (as NVRx does).
-    """
-
-    global_vars: Any
-
-    def lookup(self) -> Any:
-        return getattr(self.global_vars, "_GLOBAL_ARGS", None)
-
-
-def _megatron_args() -> Any:
-    """Megatron's global args (they carry ``curr_iteration``), a pending lookup, or None without Megatron-LM."""
-    global_vars = sys.modules.get("megatron.training.global_vars")
-    if global_vars is None:
-        return None
-    args = getattr(global_vars, "_GLOBAL_ARGS", None)
-    return _PendingMegatronArgs(global_vars) if args is None else args
-
-
-def _env_rank() -> int:
-    if "RANK" in os.environ:
-        return int(os.environ["RANK"])
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank()
-    return 0
-
-
-def _read_token(socket_path: str) -> str:
-    token = os.environ.get(TOKEN_ENV)
-    if token:
-        return token
-    try:
-        return read_private_file(token_path(socket_path)).strip()
-    except OSError as exc:
-        raise RankMonitorClientError(
-            f"{TOKEN_ENV} is not set and {token_path(socket_path)} cannot be read ({exc}): the job token is "
-            "needed to talk to the monitor (ft_launcher sets it for its workers)"
-        ) from None
-
-
-def _install_report_hook(client: RankMonitorClient) -> None:
-    """Chain a ``sys.excepthook`` that reports an uncaught exception to ``client``'s monitor (once per process).
-
-    A training loop that lets its exception escape (plain PyTorch) still gives the
-    launcher the fault's fingerprint; the previous hook (the traceback) runs as before.
-    """
-    global _report_hook_client
-    _report_hook_client = client
-    if getattr(sys.excepthook, "_ft_reports", False):
-        return
-    previous = sys.excepthook
-
-    def _hook(exc_type: type[BaseException], exc: BaseException, tb: Optional[TracebackType]) -> None:
-        if _report_hook_client is not None and not isinstance(exc, (KeyboardInterrupt, SystemExit)):
-            _report_hook_client.report_exception(exc)
-        previous(exc_type, exc, tb)
-
-    _hook._ft_reports = True  # type: ignore[attr-defined]
-    sys.excepthook = _hook
-
-
-#: The client the report hook reports to: the last one initialised in this process.
-_report_hook_client: Optional[RankMonitorClient] = None
-
-
-def _install_exception_hook() -> None:
-    previous = sys.excepthook
-
-    def _hook(exc_type, exc, tb) -> None:
-        # Report, then exit hard: live non-daemon threads (data loaders, comm
-        # watchdogs) would otherwise keep a dying rank hanging at shutdown.
-        previous(exc_type, exc, tb)
-        sys.stderr.flush()
-        sys.stdout.flush()
-        os._exit(1)
-
-    sys.excepthook = _hook

@@ -17,8 +17,9 @@ imported, then runs :func:`ft_core.launcher.cli.main`). Modules:
 * ``options``      the launcher's own flags
 * ``seams``        the torch elastic seams the launcher builds on, checked at start
 * ``slurm``        rendezvous id and head node derived from SLURM's environment
+* ``report``       the goodput report of a job from its event logs (a package: analysis, text, plot)
 
-``ft_launcher report LOG_DIR`` dispatches to :mod:`ft_core.report` (goodput report).
+``ft_launcher report LOG_DIR`` dispatches to :mod:`ft_core.launcher.report` (goodput report).
 """
 
 from __future__ import annotations

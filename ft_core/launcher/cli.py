@@ -107,11 +107,11 @@ def _quiet_torch_elastic() -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     """Entry point of the ``ft_launcher`` console script; returns the exit code.
 
-    ``ft_launcher report LOG_DIR ...`` prints the goodput report of a job (:mod:`ft_core.report`).
+    ``ft_launcher report LOG_DIR ...`` prints the goodput report of a job (:mod:`ft_core.launcher.report`).
     """
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["report"]:
-        from ft_core.report import main as report_main
+        from ft_core.launcher.report import main as report_main
 
         return report_main(argv[1:])
     parser = build_parser()

@@ -21,7 +21,7 @@ from typing import Optional
 
 from ft_core.events import Diagnosis, Event, EventWriter, RestartKind
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE, PRIVATE_DIR_MODE
-from ft_core.report import build_report, load_records, short_summary
+from ft_core.launcher.report import build_report, load_records, short_summary
 
 __all__ = ["EventLog", "EVENTS_FILE_NAME"]
 
@@ -122,7 +122,7 @@ class EventLog:
     def _goodput(self) -> list[str]:
         """The short form of ``ft_launcher report`` for this launcher's own records."""
         try:
-            records = [r for r in load_records([self.path]) if r["node"] == self.node]
+            records = [r for r in load_records([self.path]) if r.node == self.node]
             return short_summary(build_report(records))
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a summary must never stop the exit
             return [f"goodput    : n/a ({type(exc).__name__}: {exc})"]

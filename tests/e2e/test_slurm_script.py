@@ -16,8 +16,8 @@ from helpers import REPO_ROOT, free_port, python_env, wait_for
 from integration.launcher_helpers import ProcessTracker
 from slurm_shims import shims
 
+from ft_core.launcher.report import build_report, find_event_files, load_records
 from ft_core.monitor import read_events
-from ft_core.report import build_report, find_event_files, load_records
 
 SCRIPT = os.path.join(REPO_ROOT, "examples", "slurm", "lightning_autoresume.sbatch")
 

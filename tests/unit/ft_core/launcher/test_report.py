@@ -1,19 +1,46 @@
-"""ft_core.report on hand-written event logs: time accounting, faults, files, JSON keys, timeline, CLI."""
+"""ft_core.launcher.report on hand-written event logs: time accounting, faults, files, JSON keys, timeline, CLI."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 import json
 import os
 
+import msgspec
 import pytest
 
-from ft_core.report import build_report, find_event_files, format_report, load_records, main
+from ft_core.events import AnyEvent, Event, HangDetected, HangReason, Restart, RestartKind
+from ft_core.launcher.report import (
+    analysis,
+    build_report,
+    find_event_files,
+    format_report,
+    load_records,
+    main,
+)
 
 A0, B0, A1, B1 = "hostA:100", "hostB:200", "hostA:300", "hostB:400"
 
+#: Fields the event schema requires that the report does not read: what a launcher of 2 nodes x 2 ranks writes.
+UNREAD = {
+    "launcher_started": {"run_id": "", "min_nodes": 2, "max_nodes": 2, "nproc_per_node": 2, "max_restarts": 3,
+                         "rdzv_backend": "c10d", "monitor_pid": 99, "config": {}},
+    "cycle_start": {"restarts": 0, "group_rank": 0, "group_world_size": 2, "world_size": 4, "monitor_pid": 99},
+    "rank_connected": {"local_rank": 0},
+    "progress": {"source": "rank 0", "cycle": 0},
+    "restart": {"restarts": 1, "max_restarts": 3},
+    "hang_detected": {"open_sections": ["step"], "deadline_time": 0.0, "detected_time": 0.0,
+                      "stack_dump_file": None},
+    "workload_control": {"description": ""},
+}
+
 
 def ev(event: str, time: float, node: str, **fields) -> dict:
-    return {"event": event, "time": time, "node": node, **fields}
+    """A record as the launcher writes it (checked against the schema): ``fields``, the rest as in ``UNREAD``."""
+    record = {"event": event, "time": time, "node": node, **UNREAD.get(event, {}), **fields}
+    msgspec.convert(record, AnyEvent)  # a record the schema rejects would be skipped by the report
+    return record
 
 
 def attempt0() -> dict[str, list[dict]]:
@@ -190,3 +217,50 @@ def test_several_hung_ranks_leave_the_culprit_unknown(tmp_path):
                          elapsed=1.5, timeout=2.0, iteration=15))
     (fault,) = build_report(load_records([write(tmp_path / "ft_events.jsonl", records)])).faults
     assert fault.culprit_rank is None and fault.ranks == [3, 2] and fault.time == pytest.approx(18.0)
+
+
+def test_the_analysis_reads_typed_records(job_dir):
+    # Each line is decoded into its event type: enums and ints, not strings and dicts.
+    records = load_records(find_event_files([str(job_dir)]))
+    written = sum(len(own) for nodes in (attempt0(), attempt1()) for own in nodes.values())
+    assert len(records) == written and all(isinstance(r, Event) for r in records)
+    (hang,) = [r for r in records if isinstance(r, HangDetected)]
+    assert (hang.rank, hang.pid, hang.reason, hang.iteration) == (3, 2003, HangReason.SECTION, 15)
+    assert {r.kind for r in records if isinstance(r, Restart)} == {RestartKind.PEER, RestartKind.HANG,
+                                                                    RestartKind.CRASH}
+
+
+def test_the_analysis_has_no_string_keyed_lookup():
+    # Records are read by attribute: a renamed event field fails mypy there instead of silently reading None.
+    tree = ast.parse(inspect.getsource(analysis))
+    keyed = [node.lineno for node in ast.walk(tree)
+             if (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant)
+                 and isinstance(node.slice.value, str))
+             or (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+                 and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))]
+    assert keyed == []
+
+
+def test_fields_and_events_the_schema_does_not_know_change_nothing(tmp_path):
+    # A log of an older or newer version: a field since renamed or added, an event type this version lacks.
+    plain = write(tmp_path / "plain" / "ft_events.jsonl", attempt0()[B0])
+    other_version = [{**r, "elapsed_s": 99.0, "retired_field": "x"} for r in attempt0()[B0]]
+    other_version.insert(4, {"event": "future_event", "time": 19.0, "node": B0, "rank": 3})
+    other = write(tmp_path / "other" / "ft_events.jsonl", other_version)
+    expected, report = build_report(load_records([plain])), build_report(load_records([other]))
+    assert format_report(report) == format_report(expected)
+    assert report.to_json() | {"files": []} == expected.to_json() | {"files": []}
+    (fault,) = report.faults
+    assert (fault.kind, fault.culprit_rank, fault.detection_s, fault.iteration) == ("hang", 3, 2.0, 15)
+
+
+def test_a_record_of_the_wrong_type_is_skipped_not_misread(tmp_path, caplog):
+    records = attempt0()[B0]
+    records[3] = {**records[3], "pid": "2003"}  # the hang_detected record, its pid a string
+    path = write(tmp_path / "ft_events.jsonl", records)
+    loaded = load_records([path])
+    assert len(loaded) == len(records) - 1 and not any(isinstance(r, HangDetected) for r in loaded)
+    assert "$.pid" in caplog.text  # the warning names the field
+    # The restart record still tells of the hang; without the hang record its rank and onset are unknown.
+    (fault,) = build_report(loaded).faults
+    assert (fault.kind, fault.culprit_rank, fault.iteration) == ("hang", None, None)
