@@ -23,7 +23,7 @@ import argparse
 import logging
 import os
 import time
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -38,8 +38,9 @@ from ft_integrations import megatron as ft
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(parser: Optional[argparse.ArgumentParser] = None) -> argparse.Namespace:
+    """This example's arguments (added to ``parser``, e.g. a script's own, when given)."""
+    parser = parser or argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-iters", type=int, default=60)
     parser.add_argument("--save", default=None, help="checkpoint directory to write")
     parser.add_argument("--load", default=None, help="checkpoint directory to resume from")
@@ -176,8 +177,9 @@ def cpu_save_strategy() -> Any:
 
 
 def write_checkpoint(args: argparse.Namespace, model: MegatronModule, iteration: int, strategy: Any,
-                     **extra: Any) -> None:
-    """Write ``<save>/iter_NNNNNNN`` (the model's shards, ``iteration`` and ``extra``), then point the tracker at it."""
+                     tracker: bool = True, **extra: Any) -> None:
+    """Write ``<save>/iter_NNNNNNN`` (the model's shards, ``iteration`` and ``extra``), then point the tracker at it
+    (unless ``tracker=False``: an async save points it at its finalization, see :func:`write_tracker`)."""
     checkpoint_dir = os.path.join(args.save, f"iter_{iteration:07d}")
     if dist.get_rank() == 0:
         os.makedirs(checkpoint_dir, exist_ok=True)
@@ -186,6 +188,12 @@ def write_checkpoint(args: argparse.Namespace, model: MegatronModule, iteration:
     state["iteration"] = iteration
     state.update(extra)
     dist_checkpointing.save(state, checkpoint_dir, sharded_strategy=strategy)
+    if tracker:
+        write_tracker(args, iteration)
+
+
+def write_tracker(args: argparse.Namespace, iteration: int) -> None:
+    """Point the tracker at ``iteration``'s checkpoint once every rank's shards are written."""
     dist.barrier()  # every shard is written before the tracker points at it
     if dist.get_rank() == 0:
         atomic_write_text(os.path.join(args.save, TRACKER_FILE), f"{iteration}\n")

@@ -500,22 +500,8 @@ class RankMonitorServer:
         return self.cfg.workload_check_interval
 
     # -- subprocess helper ------------------------------------------------
-    @classmethod
-    def run_in_subprocess(
-        cls,
-        cfg: FaultToleranceConfig,
-        socket_path: str,
-        token: Optional[str] = None,
-        events_path: Optional[str] = None,
-        start_timeout: float = 30.0,
-        env: Optional[dict[str, str]] = None,
-        stacks_dir: Optional[str] = None,
-        wait: bool = True,
-        launcher_reports_hangs: bool = False,
-    ) -> MonitorProcess:
-        """Start a monitor in a new process; see :func:`ft_core.monitor.spawn.run_in_subprocess`."""
-        return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir, wait,
-                                 launcher_reports_hangs)
+    #: Start a monitor in a new process: :func:`ft_core.monitor.spawn.run_in_subprocess`.
+    run_in_subprocess = staticmethod(run_in_subprocess)
 
 
 def _read_from(path: str, offset: int) -> Optional[str]:

@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import sys
+import threading
 import time
 import types
 from typing import Any
@@ -24,8 +25,16 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "megatron"))
-from train import MLPTask, _injecting, cpu_save_strategy, hang_forever, read_checkpoint, write_checkpoint  # noqa: E402
-from train import parse_args as example_args  # noqa: E402
+from train import (  # noqa: E402
+    MLPTask,
+    _injecting,
+    cpu_save_strategy,
+    hang_forever,
+    read_checkpoint,
+    write_checkpoint,
+    write_tracker,
+)
+from train import parse_args as _example_args  # noqa: E402
 
 if os.environ.get("PRETRAIN_FT_INTEGRATION") == "nvrx-client":
     # Megatron-LM's own module, which imports nvidia_resiliency_ext (ft_integrations.nvrx_alias serves it).
@@ -33,6 +42,54 @@ if os.environ.get("PRETRAIN_FT_INTEGRATION") == "nvrx-client":
     import nvrx_client_integration as ft_integration  # noqa: E402
 else:
     from ft_integrations.megatron import ft_integration  # noqa: E402
+
+
+def example_args() -> argparse.Namespace:
+    """The example's arguments plus Megatron-LM's ``--async-save`` (and a stand-in for its storage)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--async-save", action="store_true",
+                        help="save in the background; the tracker points at a save once it is finalized")
+    parser.add_argument("--async-write-time", type=float, default=0.0,
+                        help="seconds the background write of an async save takes (the slow storage)")
+    parser.add_argument("--setup-time", type=float, default=0.0,
+                        help="seconds of extra start-up (a cold cache, a slow filesystem) inside setup")
+    return _example_args(parser)
+
+
+class AsyncSaves:
+    """Megatron-LM's async checkpointing, reduced: ``save_checkpoint`` schedules the slow part of a save in
+    the background and returns; ``maybe_finalize_async_save`` (training.py, every iteration and blocking at
+    the end) finalizes it once every rank's write is done, inside ``on_checkpointing_start`` /
+    ``on_checkpointing_end(is_async_finalization=True)``, and only then points the tracker at it. Here the
+    shards are written at once (their collectives cannot run beside training's) and the background write
+    stands for the flush to slow storage that Megatron-LM's async worker does."""
+
+    def __init__(self) -> None:
+        self.pending: tuple[int, threading.Thread] | None = None
+
+    def schedule(self, args: argparse.Namespace, iteration: int) -> None:
+        writer = threading.Thread(target=time.sleep, args=(args.async_write_time,), daemon=True)
+        writer.start()
+        self.pending = (iteration, writer)
+
+    def maybe_finalize(self, args: argparse.Namespace, blocking: bool) -> None:
+        if self.pending is None:
+            return
+        iteration, writer = self.pending
+        # Every rank finalizes the same save at the same iteration: finalize once all are done.
+        done = torch.tensor([0 if writer.is_alive() else 1])
+        if not blocking:
+            dist.all_reduce(done, op=dist.ReduceOp.MIN)
+            if not done.item():
+                return
+        ft_integration.on_checkpointing_start()
+        writer.join()
+        write_tracker(args, iteration)
+        self.pending = None
+        ft_integration.on_checkpointing_end(is_async_finalization=True)
+
+
+ASYNC_SAVES = AsyncSaves()
 
 
 def megatron_training_stand_in() -> types.ModuleType:
@@ -51,8 +108,11 @@ def megatron_training_stand_in() -> types.ModuleType:
 
 def save_checkpoint(args: argparse.Namespace, model: Any, iteration: int, strategy: Any) -> None:
     # megatron/training/checkpointing.py: save_checkpoint()
+    ASYNC_SAVES.maybe_finalize(args, blocking=True)  # one async save in flight at a time
     ft_integration.on_checkpointing_start()
-    write_checkpoint(args, model, iteration, strategy)
+    write_checkpoint(args, model, iteration, strategy, tracker=not args.async_save)
+    if args.async_save:
+        ASYNC_SAVES.schedule(args, iteration)
     ft_integration.on_checkpointing_end(is_async_finalization=False)
 
 
@@ -80,6 +140,7 @@ def train(args: argparse.Namespace, task: MLPTask, iteration: int, strategy: Any
     # megatron/training/training.py: train()
     optimizer = torch.optim.SGD(task.model.parameters(), lr=args.lr)
     while iteration < args.train_iters:
+        ASYNC_SAVES.maybe_finalize(args, blocking=False)  # training.py: maybe_finalize_async_save()
         args.curr_iteration = iteration
         ft_integration.on_training_step_start()
         if _injecting(args, args.inject_hang_in_step_at_iter, iteration):
@@ -90,6 +151,8 @@ def train(args: argparse.Namespace, task: MLPTask, iteration: int, strategy: Any
         time.sleep(args.step_time)
         ft_integration.on_training_step_end()
         iteration += 1
+        if dist.get_rank() == 0 and args.log_interval and iteration % args.log_interval == 0:
+            print(f" iteration {iteration}/{args.train_iters}", flush=True)  # training.py: training_log()
         if args.eval_interval and iteration % args.eval_interval == 0:
             evaluate(args, task, iteration)
         if args.save_interval and iteration % args.save_interval == 0:
@@ -102,6 +165,7 @@ def pretrain() -> None:
     global_vars = megatron_training_stand_in()
     ft_integration.setup()  # no argument, as Megatron-LM: the global args are not set yet
     args = example_args()
+    time.sleep(args.setup_time)
     dist.init_process_group("gloo")  # initialize_megatron(): it sets the global args
     global_vars._GLOBAL_ARGS = args  # type: ignore[attr-defined]
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=dist.get_world_size())
@@ -113,6 +177,7 @@ def pretrain() -> None:
         iteration = train(args, task, iteration, strategy)
         if iteration % args.save_interval:
             save_checkpoint(args, task.model, iteration, strategy)
+        ASYNC_SAVES.maybe_finalize(args, blocking=True)
     finally:
         parallel_state.destroy_model_parallel()
     ft_integration.shutdown()
