@@ -44,10 +44,10 @@ from ft_core.timeouts import (
     CURRENT_TIMEOUTS_KEY,
     JOB_LIFE_KEY,
     STEP_SECTION,
-    WarmupRule,
     describe_timeouts,
     timeouts_from_state_dict,
 )
+from ft_core.warmup import WarmupRule
 from ft_integrations.strenum import StrEnum
 
 __all__ = [

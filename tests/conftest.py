@@ -73,15 +73,16 @@ def attach_monitor(tmp_path, monkeypatch):
 @pytest.fixture
 def start_monitor(tmp_path):
     """``start_monitor(**cfg_kwargs)``: a monitor subprocess with its own job dir; all are stopped afterwards."""
-    from ft_core.config import FaultToleranceConfig
+    from ft_core.config_loading import load_mapping
     from ft_core.monitor import RankMonitorServer
 
     monitors = []
 
     def start(**cfg_kwargs):
-        cfg = FaultToleranceConfig.from_kwargs(**cfg_kwargs)
+        loaded = load_mapping(cfg_kwargs)  # the keys given are set at launch: a rank's fallback fills the others
         job_dir = tmp_path / f"job{len(monitors)}"
-        monitor = RankMonitorServer.run_in_subprocess(cfg, str(job_dir / "monitor.sock"), token="t0ken-" + "x" * 8)
+        monitor = RankMonitorServer.run_in_subprocess(loaded.cfg, str(job_dir / "monitor.sock"), token="t0ken-" + "x" * 8,
+                                                      explicit_keys=loaded.explicit_keys)
         monitors.append(monitor)
         return monitor
 

@@ -48,11 +48,12 @@ import signal
 import socket
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import NoReturn, Optional
 
 from ft_core import procutil
-from ft_core.config import FaultToleranceConfig, with_fallback
+from ft_core.config import FaultToleranceConfig
+from ft_core.config_fallback import with_fallback
 from ft_core.events import (
     CheckpointReported,
     ConnectionRejected,
@@ -111,11 +112,11 @@ from ft_core.timeouts import (
     STEP_SECTION,
     HeartbeatTimeouts,
     SectionTimeouts,
-    WarmupRule,
     apply_calculated,
     describe_timeouts,
-    warmup_step_timeout,
+    timeouts_of,
 )
+from ft_core.warmup import WarmupRule, warmup_step_timeout
 
 __all__ = [
     "AWAKE_TICK", "HANDSHAKE_TIMEOUT", "LATE_THRESHOLD", "MAX_PENDING_HANDSHAKES", "OpenSection", "RankMonitorServer",
@@ -341,6 +342,9 @@ class RankMonitorServer:
         stacks_dir: keep each hung rank's stack there as :func:`ft_core.jobdir.saved_stack_path` names it
             (by the cycle it hung in: the rank's ``TORCHELASTIC_RESTART_COUNT``) and report that path;
             default: the rank's own dump file.
+        explicit_keys: the keys of ``cfg`` the user set at launch
+            (:attr:`~ft_core.config_loading.LoadedConfig.explicit_keys`): a rank's fallback values fill
+            in the others (:func:`~ft_core.config_fallback.with_fallback`). None: every key was set.
     """
 
     def __init__(
@@ -351,11 +355,13 @@ class RankMonitorServer:
         events_path: Optional[str] = None,
         stacks_dir: Optional[str] = None,
         launcher_reports_hangs: bool = False,
+        explicit_keys: Optional[Collection[str]] = None,
     ) -> None:
         if not token:
             raise ValueError("token: a non-empty job token is required")
         check_max_frame_bytes(cfg.max_frame_bytes)  # fail at start, not at the first connection
         self.cfg = cfg
+        self.explicit_keys = frozenset(cfg.field_names() if explicit_keys is None else explicit_keys)
         self.socket_path = os.path.abspath(socket_path)
         self._token = token.encode()
         self.job_dir = JobDir.of_socket(self.socket_path)
@@ -883,14 +889,13 @@ class RankMonitorServer:
         if msg.role is not Role.RANK:
             raise ProtocolError(f"role {msg.role!r} is not served by the rank monitor")
         try:
-            cfg = (with_fallback(self.cfg, msg.fallback_config, self.cfg.explicit_keys)
+            cfg = (with_fallback(self.cfg, msg.fallback_config, self.explicit_keys)
                    if msg.fallback_config else self.cfg)
             if msg.num_warmup_iters is not None:  # NVRx: the rank's value wins (validated by the config)
-                cfg = cfg.replace(num_warmup_iterations=msg.num_warmup_iters)
+                cfg = dataclasses.replace(cfg, num_warmup_iterations=msg.num_warmup_iters)
         except ValueError as exc:
             self._refuse(conn, f"invalid config request from rank {msg.rank}: {exc}")
-        hb = HeartbeatTimeouts(cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout)
-        sections = SectionTimeouts(dict(cfg.rank_section_timeouts), cfg.rank_out_of_section_timeout)
+        hb, sections = timeouts_of(cfg)
         if msg.timeouts:
             try:
                 hb, sections = apply_calculated(hb, sections, msg.timeouts)
@@ -1024,10 +1029,11 @@ class RankMonitorServer:
         stacks_dir: Optional[str] = None,
         wait: bool = True,
         launcher_reports_hangs: bool = False,
+        explicit_keys: Optional[Collection[str]] = None,
     ) -> MonitorProcess:
         """Start a monitor in a new process; see :func:`ft_core.monitor.process.run_in_subprocess`."""
         return run_in_subprocess(cfg, socket_path, token, events_path, start_timeout, env, stacks_dir, wait,
-                                 launcher_reports_hangs)
+                                 launcher_reports_hangs, explicit_keys)
 
 
 def _io_interval(timeout: float) -> float:
