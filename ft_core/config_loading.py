@@ -31,7 +31,7 @@ import json
 import logging
 import os
 import stat
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 from ft_core.config import FIELD_HELP, NVRX_ONLY_KEYS, ConfigError, FaultToleranceConfig
@@ -64,6 +64,12 @@ class LoadedConfig:
 
     cfg: FaultToleranceConfig
     explicit_keys: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, cfg: FaultToleranceConfig, explicit_keys: Optional[Collection[str]] = None) -> LoadedConfig:
+        """``cfg`` and the keys set at launch; None: every key (a config given alone is taken as it is,
+        so a rank's fallback values fill in nothing but section names)."""
+        return cls(cfg, frozenset(cfg.field_names() if explicit_keys is None else explicit_keys))
 
     def replace(self, **changes: Any) -> LoadedConfig:
         """A validated copy with ``changes``, which become set at launch; the other keys keep their status."""

@@ -22,7 +22,7 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Optional, TypeVar
 
 from ft_core.lazy import lazy_exports
 
@@ -130,6 +130,18 @@ def _mapping(key: str, data: Any, allowed_keys: Collection[str]) -> Mapping[str,
     return data
 
 
+_Timeouts = TypeVar("_Timeouts", "HeartbeatTimeouts", "SectionTimeouts")
+
+
+def _from_mapping(cls: type[_Timeouts], data: Any, where: str, keys: Collection[str]) -> _Timeouts:
+    """``cls`` from a mapping with some of ``keys``, validated; errors are keyed by ``where``, not the class."""
+    values = _mapping(where, data, keys)
+    try:
+        return cls(**values)
+    except InvalidTimeoutsError as exc:
+        raise exc.moved(cls.__name__, where) from None
+
+
 @dataclasses.dataclass
 class HeartbeatTimeouts:
     """Heartbeat timeouts (NVRx's data class): ``initial`` until the first heartbeat, then ``subsequent``.
@@ -161,11 +173,7 @@ class HeartbeatTimeouts:
     @classmethod
     def from_dict(cls, data: Any, where: str = "heartbeat") -> HeartbeatTimeouts:
         """Read NVRx's ``dataclasses.asdict`` form; any subset of the keys; errors are keyed by ``where``."""
-        values = _mapping(where, data, _HEARTBEAT_KEYS)
-        try:
-            return cls(**values)
-        except InvalidTimeoutsError as exc:
-            raise exc.moved(cls.__name__, where) from None
+        return _from_mapping(cls, data, where, _HEARTBEAT_KEYS)
 
 
 @dataclasses.dataclass
@@ -228,11 +236,7 @@ class SectionTimeouts:
     @classmethod
     def from_dict(cls, data: Any, where: str = "section") -> SectionTimeouts:
         """Read :meth:`to_dict`'s form; any subset of the keys; errors are keyed by ``where``."""
-        values = _mapping(where, data, _SECTION_KEYS)
-        try:
-            return cls(**values)
-        except InvalidTimeoutsError as exc:
-            raise exc.moved(cls.__name__, where) from None
+        return _from_mapping(cls, data, where, _SECTION_KEYS)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,8 +51,7 @@ def run_in_subprocess(
     child_env = dict(os.environ if env is None else env)
     child_env[TOKEN_ENV] = token  # via the environment: argv is visible to every user
     args = [sys.executable, "-m", "ft_core.monitor", "--socket", socket_path,
-            "--config-json", LoadedConfig(cfg, frozenset(cfg.field_names() if explicit_keys is None
-                                                         else explicit_keys)).to_json()]
+            "--config-json", LoadedConfig.of(cfg, explicit_keys).to_json()]
     if events_path:
         args += ["--events", events_path]
     if stacks_dir:

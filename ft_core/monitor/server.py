@@ -54,6 +54,7 @@ from typing import NoReturn, Optional
 from ft_core import procutil
 from ft_core.config import FaultToleranceConfig
 from ft_core.config_fallback import with_fallback
+from ft_core.config_loading import LoadedConfig
 from ft_core.events import (
     CheckpointReported,
     ConnectionRejected,
@@ -361,7 +362,7 @@ class RankMonitorServer:
             raise ValueError("token: a non-empty job token is required")
         check_max_frame_bytes(cfg.max_frame_bytes)  # fail at start, not at the first connection
         self.cfg = cfg
-        self.explicit_keys = frozenset(cfg.field_names() if explicit_keys is None else explicit_keys)
+        self.explicit_keys = LoadedConfig.of(cfg, explicit_keys).explicit_keys
         self.socket_path = os.path.abspath(socket_path)
         self._token = token.encode()
         self.job_dir = JobDir.of_socket(self.socket_path)

@@ -220,6 +220,19 @@ def test_the_config_itself_records_no_keys_so_a_copy_marks_none_as_set():
         loaded.replace(safety_factor=-1)
 
 
+def test_a_config_given_alone_counts_every_key_as_set():
+    # RankMonitorServer(cfg) / run_in_subprocess(cfg) without explicit_keys: the config is taken as it is;
+    # a rank's fallback cannot loosen or tighten it, only add section names.
+    cfg = FaultToleranceConfig(rank_heartbeat_timeout=50, rank_section_timeouts={"step": 9})
+    alone = LoadedConfig.of(cfg)
+    assert alone.explicit_keys == set(FaultToleranceConfig.field_names())
+    assert LoadedConfig.of(cfg, ["safety_factor"]).explicit_keys == {"safety_factor"}
+    merged = with_fallback(cfg, {"rank_heartbeat_timeout": 0.5, "safety_factor": 2,
+                                 "rank_section_timeouts": {"step": 1, "checkpointing": 30}}, alone.explicit_keys)
+    assert (merged.rank_heartbeat_timeout, merged.safety_factor) == (50.0, 5.0)
+    assert merged.rank_section_timeouts == {"step": 9.0, "checkpointing": 30.0}
+
+
 def test_json_for_the_monitor_process_keeps_the_explicit_keys():
     loaded = _load(["--ft-rank-heartbeat-timeout=2700", "--ft-stack-dump-signal=none"])
     copy = load_json(loaded.to_json())
