@@ -87,13 +87,13 @@ from ft_core.timeouts import (
     InvalidTimeoutsError,
     JobLife,
     SectionTimeouts,
-    TimeoutsCalc,
-    TimeoutsNotReadyError,
     apply_calculated,
     job_life_from_state_dict,
     timeouts_from_state_dict,
+    timeouts_of,
     timeouts_state_dict,
 )
+from ft_core.timeouts_calc import TimeoutsCalc, TimeoutsNotReadyError
 
 __all__ = [
     "LauncherUnavailableError",
@@ -224,9 +224,7 @@ class RankMonitorClient:
             self._stack_dump.close()
             raise
         self.cfg = FaultToleranceConfig.from_mapping(reply.config)
-        self.hb_timeouts = HeartbeatTimeouts(self.cfg.initial_rank_heartbeat_timeout, self.cfg.rank_heartbeat_timeout)
-        self.section_timeouts = SectionTimeouts(dict(self.cfg.rank_section_timeouts),
-                                                self.cfg.rank_out_of_section_timeout)
+        self.hb_timeouts, self.section_timeouts = timeouts_of(self.cfg)
         if carried is not None:
             self.hb_timeouts, self.section_timeouts = apply_calculated(self.hb_timeouts, self.section_timeouts, carried)
         self._loaded_state = None

@@ -1,4 +1,4 @@
-"""Fault tolerance configuration: defaults < YAML file < ``--ft-<field>`` CLI flags.
+"""The fault tolerance configuration: its fields, their validation and their documentation.
 
 Example::
 
@@ -7,11 +7,12 @@ Example::
     ...                                         rank_section_timeouts="step:30,checkpointing:none")
     >>> cfg.rank_heartbeat_timeout is None, cfg.rank_section_timeouts
     (True, {'step': 30.0, 'checkpointing': None})
-    >>> sorted(cfg.explicit_keys)  # what the user set: it wins over a rank's fallback values
-    ['rank_heartbeat_timeout', 'rank_section_timeouts']
 
 Values are checked and converted by :mod:`ft_core.utils.validation`; a bad one
 raises :class:`ConfigError` naming the key, the value and what is allowed.
+Loading (defaults < YAML file < ``--ft-<field>`` flags, and the keys the user
+set, which travel beside the config) is :mod:`ft_core.config_loading`; which
+keys a rank may fill in is :mod:`ft_core.config_fallback`.
 
 NVRx compatibility: a YAML file or keyword arguments written for
 nvidia-resiliency-ext load here. With ``ignore_not_recognized=True`` (NVRx's
@@ -25,24 +26,20 @@ mean"), since a misspelt timeout would silently not be set. With
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import difflib
 import enum
-import errno
 import functools
-import json
 import logging
 import os
 import signal
-import stat
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import msgspec
 
 from ft_core.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES_LIMIT
 from ft_core.straggler_scoring import DEFAULT_MIN_PHASE_SECONDS, DEFAULT_WINDOW, StragglerAction
+from ft_core.utils.lazy import lazy_exports
 from ft_core.utils.validation import (
     ValidationError,
     boolean,
@@ -57,15 +54,19 @@ from ft_core.utils.validation import (
 if TYPE_CHECKING:
     import argparse
 
-    import yaml
+    from ft_core.config_fallback import FALLBACK_FIELDS, with_fallback
 
-# yaml and argparse are imported where they are used: the node monitor and every rank import
-# this module but never read YAML or parse flags, and each import costs memory in every process.
+# argparse is imported where it is used: the node monitor and every rank import this module but
+# never parse flags, and each import costs memory in every process.
 
 __all__ = [
-    "FALLBACK_FIELDS", "NVRX_ONLY_KEYS", "ConfigError", "FaultToleranceConfig", "LogLevel", "parse_log_level",
-    "parse_signal", "with_fallback",
+    "FALLBACK_FIELDS", "FIELD_HELP", "NVRX_ONLY_KEYS", "ConfigError", "FaultToleranceConfig", "LogLevel",
+    "checked_value", "parse_log_level", "parse_signal", "with_fallback",
 ]
+
+#: The fallback policy's names, still importable from here (its module imports this one).
+__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(("FALLBACK_FIELDS", "with_fallback"),
+                                                            "ft_core.config_fallback"), globals())
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +155,21 @@ _NOT_FOR_DUMPS: dict[signal.Signals, str] = {
 _DUMP_ALLOWED = "a signal a rank can catch and does not otherwise use, e.g. SIGUSR2 or SIGUSR1, or none"
 #: The dump signal when none was chosen: the first of these that is not the termination signal.
 _AUTO_DUMP_SIGNALS = (signal.SIGUSR2, signal.SIGUSR1)
+
+
+class _DefaultDumpSignal:
+    """``stack_dump_signal``'s default until ``__post_init__`` resolves it (see :data:`_AUTO_DUMP_SIGNALS`).
+
+    Whether the dump signal was chosen decides what a clash with the termination
+    signal means (move it, or refuse the config); a default value cannot tell,
+    this marker can.
+    """
+
+    def __repr__(self) -> str:
+        return _AUTO_DUMP_SIGNALS[0].name
+
+
+_DEFAULT_DUMP_SIGNAL: Any = _DefaultDumpSignal()
 
 
 def _signal_for(name: str, value: Any, unsuitable: Mapping[signal.Signals, str], allowed: str,
@@ -306,13 +322,11 @@ class FaultToleranceConfig:
     (it counts as "in a section") without a deadline; a name that is absent is
     not tracked at all and costs no IPC.
 
-    :attr:`explicit_keys` records which fields were given (to the constructor
-    or a loader: YAML keys, ``--ft-*`` flags, keyword arguments), as opposed to
-    left at their defaults; :func:`with_fallback` lets exactly those win.
+    The config does not record which keys the user set: the loaders return
+    them beside it (:class:`ft_core.config_loading.LoadedConfig`), and
+    :func:`ft_core.config_fallback.with_fallback` lets exactly those win over
+    a rank's fallback values. ``dataclasses.replace`` makes a validated copy.
     """
-
-    # Not a dataclass field (no annotation): set per instance by ``__new__``.
-    _explicit_keys = frozenset[str]()
 
     #: Upper bound on the monitor's sleep between checks. Detection is
     #: deadline-driven (within ~0.1 s of a deadline), so this only matters for
@@ -341,12 +355,12 @@ class FaultToleranceConfig:
     #: unhandled exception cannot hang interpreter shutdown on live threads.
     install_exception_hook: bool = False
     #: The first N ``step`` sections of each rank connection are timed by a generous warm-up
-    #: budget instead of ``step`` (:func:`ft_core.timeouts.warmup_step_timeout`), and not used to
+    #: budget instead of ``step`` (:func:`ft_core.warmup.warmup_step_timeout`), and not used to
     #: learn ``step`` (compilation, allocator and data-loader warm-up).
     num_warmup_iterations: int = 5
     #: Signal on which each rank's faulthandler dumps all stacks; None disables. When it is not set and
     #: rank_termination_signal is SIGUSR2 (valid in NVRx), SIGUSR1 is used, with one warning.
-    stack_dump_signal: Optional[signal.Signals] = signal.SIGUSR2
+    stack_dump_signal: Optional[signal.Signals] = _DEFAULT_DUMP_SIGNAL
     #: How long the monitor waits for a stack dump before terminating the rank.
     stack_dump_timeout: float = 2.0
     #: Largest accepted IPC frame; bigger frames close the connection.
@@ -386,21 +400,14 @@ class FaultToleranceConfig:
     #: is paused, so a recompile after learning is not a hung step. None: compilation is not tracked.
     compile_timeout: Optional[float] = 1800.0
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> FaultToleranceConfig:
-        # The generated __init__ cannot tell a value that was given from a default that equals
-        # it; __new__ sees the same arguments, so it records which fields were given.
-        self = super().__new__(cls)
-        self._explicit_keys = frozenset(_FIELD_NAMES[: len(args)]) | frozenset(kwargs)
-        return self
-
     def __post_init__(self) -> None:
-        try:
-            for name in _FIELD_NAMES:
-                setattr(self, name, _CHECKS[name](f"fault_tolerance.{name}", getattr(self, name)))
-        except ValidationError as exc:
-            raise _config_error(exc) from None
+        chosen_dump_signal = self.stack_dump_signal is not _DEFAULT_DUMP_SIGNAL
+        if not chosen_dump_signal:
+            self.stack_dump_signal = _AUTO_DUMP_SIGNALS[0]
+        for name in _FIELD_NAMES:
+            setattr(self, name, checked_value(name, getattr(self, name)))
         if (self.stack_dump_signal is not None and self.stack_dump_signal == self.rank_termination_signal
-                and "stack_dump_signal" not in self._explicit_keys):
+                and not chosen_dump_signal):
             # NVRx users may terminate with SIGUSR2, our default dump signal: move the dump, as it was not chosen.
             self.stack_dump_signal = next(sig for sig in _AUTO_DUMP_SIGNALS if sig != self.rank_termination_signal)
             log.warning("fault_tolerance: rank_termination_signal is %s, the default stack_dump_signal: stack dumps "
@@ -414,21 +421,6 @@ class FaultToleranceConfig:
                 problem=f"{self.stack_dump_signal.name} is also rank_termination_signal: the rank's dump "
                         "handler would catch it and a hung rank would not end",
             )
-
-    @property
-    def explicit_keys(self) -> frozenset[str]:
-        """The fields that were set (given to the constructor or a loader), not left at their defaults."""
-        return self._explicit_keys
-
-    def replace(self, **changes: Any) -> FaultToleranceConfig:
-        """A copy with ``changes`` (validated), which become explicit; the other keys keep their status.
-
-        Use it instead of ``dataclasses.replace``: that re-runs the constructor with every field,
-        which would mark every key as set at launch, so every rank's fallback value would be ignored.
-        """
-        copy = dataclasses.replace(self, **changes)
-        copy._explicit_keys = self._explicit_keys | frozenset(changes)
-        return copy
 
     @property
     def is_progress_tracking_enabled(self) -> bool:
@@ -447,7 +439,7 @@ class FaultToleranceConfig:
 
     @classmethod
     def from_dict(cls, mapping: Mapping[str, Any], ignore_not_recognized: bool = True) -> FaultToleranceConfig:
-        """Build from a mapping of field names to values. The keys given become :attr:`explicit_keys`.
+        """Build from a mapping of field names to values (:func:`ft_core.config_loading.load_mapping`).
 
         With ``ignore_not_recognized`` (the default, as in NVRx) keys that are
         not ours are skipped: keys of NVRx's config that this project does not
@@ -455,20 +447,9 @@ class FaultToleranceConfig:
         warning naming the known key it resembles. Without it, either is an
         error with a "did you mean" suggestion.
         """
-        if not isinstance(mapping, Mapping):
-            raise ConfigError("fault_tolerance", mapping, "a mapping of config keys to values")
-        unknown = [key for key in mapping if key not in _FIELD_NAMES]
-        nvrx_only = sorted(key for key in unknown if key in NVRX_ONLY_KEYS)
-        others = [key for key in unknown if key not in NVRX_ONLY_KEYS]
-        if unknown and not ignore_not_recognized:
-            raise _unknown_keys_error(others, nvrx_only)
-        if nvrx_only:
-            log.warning("fault_tolerance: ignoring %d key(s) of NVRx's FaultToleranceConfig that ft-suite does "
-                        "not implement: %s", len(nvrx_only), ", ".join(nvrx_only))
-        if others:
-            log.warning("fault_tolerance: ignoring unknown key(s) %s (ignore_not_recognized=False makes them an "
-                        "error)", _described_unknown_keys(others))
-        return cls(**{key: value for key, value in mapping.items() if key in _FIELD_NAMES})
+        from ft_core.config_loading import load_mapping  # the loaders import this module
+
+        return load_mapping(mapping, ignore_not_recognized).cfg
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> FaultToleranceConfig:
@@ -483,111 +464,48 @@ class FaultToleranceConfig:
         data["straggler_action"] = self.straggler_action.value
         return data
 
-    def to_json(self) -> str:
-        """The values and :attr:`explicit_keys` as JSON, for :meth:`from_json` in another process."""
-        return json.dumps({"config": self.to_dict(), "explicit_keys": sorted(self._explicit_keys)})
-
-    @classmethod
-    def from_json(cls, text: str) -> FaultToleranceConfig:
-        """Read :meth:`to_json` back, :attr:`explicit_keys` included; a plain JSON object of
-        config keys is read like :meth:`from_mapping` (the keys it has are explicit)."""
-        allowed = "a JSON object of config keys, or the output of FaultToleranceConfig.to_json()"
-        try:
-            data = json.loads(text)
-        except ValueError:
-            raise ConfigError("fault_tolerance", text, allowed) from None
-        if not isinstance(data, dict) or "config" not in data:
-            return cls.from_mapping(data)
-        explicit = data.get("explicit_keys")
-        if not isinstance(explicit, list) or not set(explicit) <= set(_FIELD_NAMES):
-            raise ConfigError("fault_tolerance.explicit_keys", explicit, "a list of config keys")
-        cfg = cls.from_mapping(data["config"])
-        cfg._explicit_keys = frozenset(explicit)
-        return cfg
-
+    # -- NVRx's loaders: the loading itself is :mod:`ft_core.config_loading` (which imports this module) --
     @classmethod
     def from_yaml_file(cls, cfg_path: str | os.PathLike[str],
                        ignore_not_recognized: bool = True) -> FaultToleranceConfig:
         """Read the first ``fault_tolerance:`` mapping found at any depth of a YAML file.
 
-        ``ignore_not_recognized`` as in :meth:`from_dict`.
+        ``ignore_not_recognized`` as in :meth:`from_dict`; see :func:`ft_core.config_loading.load_yaml_file`.
 
         Raises:
             FileNotFoundError: ``cfg_path`` does not exist (as NVRx).
             ConfigError: the file cannot be read, is not YAML, repeats a key, has no
                 ``fault_tolerance:`` mapping, or holds a bad key or value.
         """
-        section = _load_yaml_section(cfg_path, "cfg_path")
-        if section is None:
-            raise ConfigError("cfg_path", os.fspath(cfg_path), _YAML_ALLOWED,
-                              problem=f"{os.fspath(cfg_path)!r} has no 'fault_tolerance:' mapping")
-        return cls.from_dict(section, ignore_not_recognized)
+        from ft_core.config_loading import load_yaml_file
+
+        return load_yaml_file(cfg_path, ignore_not_recognized).cfg
 
     def to_yaml_file(self, path: str | os.PathLike[str]) -> None:
         """Write ``{"fault_tolerance": {...}}`` atomically (temp file + fsync + rename)."""
-        import yaml
+        from ft_core.config_loading import write_yaml_file
 
-        from ft_core.utils.fileutil import atomic_write_text
+        write_yaml_file(self, path)
 
-        atomic_write_text(path, yaml.safe_dump({"fault_tolerance": self.to_dict()}, sort_keys=False))
-
-    # -- argparse ---------------------------------------------------------
     @classmethod
     def add_argparse_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        """Add ``--ft-cfg-path`` and one ``--ft-<field>`` flag per field.
+        """Add ``--ft-cfg-path`` and one ``--ft-<field>`` flag per field
+        (:func:`ft_core.config_loading.add_argparse_args`)."""
+        from ft_core.config_loading import add_argparse_args
 
-        ``--ft-rank-heartbeat-timeout``, ``--ft-rank_heartbeat_timeout`` and the
-        NVRx spelling ``--ft-param-rank-heartbeat-timeout`` all set the same field.
-        The keys of :data:`NVRX_ONLY_KEYS` get hidden flags of the same forms, so
-        an NVRx command line works (they are skipped with a warning).
-        Values are strings here; validation happens in :meth:`from_args`.
-        """
-        import argparse
-
-        group = parser.add_argument_group("fault tolerance", "Override fields of FaultToleranceConfig.")
-        group.add_argument(
-            "--ft-cfg-path", "--ft_cfg_path", dest="ft_cfg_path", default=None,
-            help="YAML file; its first 'fault_tolerance:' mapping (at any depth) is read.",
-        )
-        for field in dataclasses.fields(cls):
-            group.add_argument(
-                *_flag_spellings(field.name), dest=f"ft_{field.name}", default=None, metavar="VALUE",
-                help=_FIELD_HELP[field.name] + f" (default: {_default_text(field)})",
-            )
-        for key in sorted(NVRX_ONLY_KEYS):
-            group.add_argument(*_flag_spellings(key), dest=f"ft_{key}", default=None, help=argparse.SUPPRESS)
-        return parser
+        return add_argparse_args(parser)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FaultToleranceConfig:
-        """Merge defaults < YAML (``args.ft_cfg_path``) < ``--ft-<field>`` flags.
+        """Merge defaults < YAML (``args.ft_cfg_path``) < ``--ft-<field>`` flags
+        (:func:`ft_core.config_loading.load_args`, which also returns the keys set)."""
+        from ft_core.config_loading import load_args
 
-        The YAML keys and the flags given become :attr:`explicit_keys`. A YAML
-        file without a ``fault_tolerance:`` mapping gives the defaults and the
-        flags, with a warning (as NVRx); a missing or unreadable file is a
-        :class:`ConfigError` naming ``--ft-cfg-path``.
-        """
-        values: dict[Any, Any] = {}
-        cfg_path = getattr(args, "ft_cfg_path", None)
-        if cfg_path is not None:
-            try:
-                section = _load_yaml_section(cfg_path, "--ft-cfg-path")
-            except FileNotFoundError:
-                raise ConfigError("--ft-cfg-path", cfg_path, _YAML_ALLOWED,
-                                  problem=f"{cfg_path!r} does not exist") from None
-            if section is None:
-                log.warning("--ft-cfg-path %s has no 'fault_tolerance:' mapping: using the defaults and the "
-                            "--ft-* flags", cfg_path)
-            else:
-                values.update(section)
-        for name in (*_FIELD_NAMES, *sorted(NVRX_ONLY_KEYS)):
-            flag_value = getattr(args, f"ft_{name}", None)
-            if flag_value is not None:
-                values[name] = flag_value
-        return cls.from_dict(values)
+        return load_args(args).cfg
 
 
-_FIELD_HELP = {
+#: Each field's one-line documentation: the help of its ``--ft-*`` flag.
+FIELD_HELP = {
     "workload_check_interval": "monitor housekeeping interval in seconds",
     "initial_rank_heartbeat_timeout": "seconds from init to the first heartbeat, or none",
     "rank_heartbeat_timeout": "max seconds between heartbeats, or none",
@@ -628,195 +546,19 @@ _FIELD_HELP = {
 }
 
 
-def _flag_spellings(key: str) -> list[str]:
-    dashed = key.replace("_", "-")
-    return list(dict.fromkeys([f"--ft-{dashed}", f"--ft-{key}", f"--ft_{key}",
-                               f"--ft-param-{dashed}", f"--ft-param-{key}", f"--ft_param_{key}"]))
-
-
-def _default_text(field: dataclasses.Field[Any]) -> str:
-    if field.default_factory is not dataclasses.MISSING:
-        return str(field.default_factory())
-    default = field.default
-    return default.name if isinstance(default, enum.Enum) else str(default)
-
-
-def _described_unknown_keys(keys: Sequence[Any]) -> str:
-    """``'rank_heartbeat_timout' (did you mean 'rank_heartbeat_timeout'?), 'zzz'``."""
-    described = []
-    for key in keys:
-        close = difflib.get_close_matches(str(key), [*_FIELD_NAMES, *NVRX_ONLY_KEYS], n=1)
-        described.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
-    return ", ".join(described)
-
-
-def _unknown_keys_error(typos: Sequence[Any], nvrx_only: Sequence[str]) -> ConfigError:
-    problems = []
-    if typos:
-        problems.append("unknown key(s) " + _described_unknown_keys(typos))
-    if nvrx_only:
-        problems.append("key(s) of NVRx's FaultToleranceConfig that ft-suite does not implement: "
-                        + ", ".join(map(repr, nvrx_only)) + " (ignore_not_recognized=True skips them with a warning)")
-    return ConfigError("fault_tolerance", [*typos, *nvrx_only], "keys " + ", ".join(sorted(_FIELD_NAMES)),
-                       problem="; ".join(problems))
-
-
-# -- reading a YAML file --------------------------------------------------------------------------------
-
-_YAML_ALLOWED = "a YAML file with a 'fault_tolerance:' mapping (at any depth)"
-#: A config file is small; anything bigger is a wrong path (a dataset, a device) and is not read.
-_MAX_YAML_BYTES = 16 << 20
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def _load_yaml_section(path: str | os.PathLike[str], source: str) -> Optional[dict[Any, Any]]:
-    """The first ``fault_tolerance:`` mapping of the YAML file at ``path``, or None if it has none.
-
-    ``source`` names the path in errors (the flag or the argument it came from).
+def checked_value(name: str, value: Any) -> Any:
+    """``value`` of the field ``name`` checked and converted, as the constructor does.
 
     Raises:
-        FileNotFoundError: ``path`` does not exist and ``source`` is an argument (not a flag).
-        ConfigError: anything else wrong with the file.
+        ConfigError: naming ``fault_tolerance.<name>``, the value and what is allowed.
     """
-    shown = os.fspath(path)
-
-    def error(problem: str, allowed: str = _YAML_ALLOWED) -> ConfigError:
-        return ConfigError(source, shown, allowed, problem=f"{shown!r} {problem}")
-
-    import yaml
-
-    text = _read_small_text_file(shown, error)
-    loader = yaml.SafeLoader(text)
     try:
-        node = loader.get_single_node()
-        duplicate = _first_duplicate_key(node)
-        if duplicate is not None:
-            key, mark = duplicate
-            raise error(f"line {mark.line + 1}: duplicate key {key!r}",
-                        "a YAML file in which no mapping repeats a key")
-        document = loader.construct_document(node) if node is not None else None
-    except yaml.YAMLError as exc:
-        raise error(f"is not valid YAML: {' '.join(str(exc).split())}") from None
-    finally:
-        loader.dispose()
-    section = _find_section(document)
-    return None if section is None else dict(section)
-
-
-def _read_small_text_file(path: str, error: Callable[[str], ConfigError]) -> str:
-    try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer (regular files ignore the flag).
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise FileNotFoundError(errno.ENOENT, "config file not found", path) from None
-    except OSError as exc:
-        raise error(f"cannot be read: {exc.strerror or exc}") from None
-    info = os.fstat(fd)
-    if not stat.S_ISREG(info.st_mode):
-        os.close(fd)
-        # A directory, a FIFO or a device (/dev/zero would be read forever).
-        raise error("is a directory" if stat.S_ISDIR(info.st_mode) else "is not a regular file")
-    with os.fdopen(fd, "rb") as handle:
-        try:
-            data = handle.read(_MAX_YAML_BYTES + 1)
-        except OSError as exc:
-            raise error(f"cannot be read: {exc.strerror or exc}") from None
-    if len(data) > _MAX_YAML_BYTES:
-        raise error(f"is larger than {_MAX_YAML_BYTES >> 20} MiB")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise error("is not UTF-8 text") from None
-
-
-def _first_duplicate_key(root: Optional[yaml.Node]) -> Optional[tuple[str, yaml.Mark]]:
-    """A key written twice in one mapping (YAML would silently keep the last one), with where.
-
-    Checked on the composed nodes, before merge keys (``<<``) are expanded: a merged
-    key that the mapping overrides is not a duplicate. Each node is visited once,
-    so aliases cannot make the walk explode.
-    """
-    import yaml
-
-    seen: set[int] = set()
-    pending: list[yaml.Node] = [root] if root is not None else []
-    while pending:
-        node = pending.pop()
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        if isinstance(node, yaml.MappingNode):
-            keys: set[tuple[str, str]] = set()
-            for key_node, value_node in node.value:
-                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
-                    if (key_node.tag, key_node.value) in keys:
-                        return key_node.value, key_node.start_mark
-                    keys.add((key_node.tag, key_node.value))
-                pending.extend((value_node, key_node))
-        elif isinstance(node, yaml.SequenceNode):
-            pending.extend(reversed(node.value))
-    return None
-
-
-def _find_section(node: Any, key: str = "fault_tolerance") -> Optional[Mapping[Any, Any]]:
-    """Breadth-first search so the shallowest ``fault_tolerance`` mapping wins.
-
-    Each container is visited once: YAML aliases can share one node many times over.
-    """
-    queue: collections.deque[Any] = collections.deque([node])
-    seen: set[int] = set()
-    while queue:
-        current = queue.popleft()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, Mapping):
-            if isinstance(current.get(key), Mapping):
-                return current[key]
-            queue.extend(current.values())
-        elif isinstance(current, Sequence) and not isinstance(current, (str, bytes)):
-            queue.extend(current)
-    return None
-
-
-#: Fields a rank's integration may fill in when the launcher's user did not set them.
-FALLBACK_FIELDS = (
-    "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout", "rank_section_timeouts",
-    "rank_out_of_section_timeout", "safety_factor", "min_calculated_timeout", "num_warmup_iterations",
-    "skip_section_response", "compile_timeout",
-)
-
-
-def with_fallback(
-    cfg: FaultToleranceConfig, fallback: Mapping[str, Any], explicit: Collection[str]
-) -> FaultToleranceConfig:
-    """``cfg`` completed by a rank's ``fallback`` values: the keys in ``explicit`` win.
-
-    ``explicit`` are the keys the user set at launch (``cfg.explicit_keys``:
-    YAML keys, ``--ft-*`` flags, keyword arguments), whatever their values; a
-    flag that repeats the default still wins. Every other key of ``fallback``
-    is taken. Sections merge per name, the launch-time entry winning. This lets
-    one training config (e.g. a Hydra recipe's ``fault_tolerance`` block) drive
-    a launcher started without ``--ft-cfg-path``.
-
-    Raises:
-        ConfigError: for a key a rank may not set or an invalid value.
-    """
-    unknown = sorted(set(fallback) - set(FALLBACK_FIELDS))
-    if unknown:
-        raise ConfigError("fallback config", unknown, "keys " + ", ".join(FALLBACK_FIELDS),
-                          problem=f"keys {unknown} cannot come from a rank")
-    requested = FaultToleranceConfig.from_mapping(fallback)
-    merged = cfg.to_dict()
-    for key in fallback:
-        if key == "rank_section_timeouts":
-            merged[key] = {**requested.rank_section_timeouts, **cfg.rank_section_timeouts}
-        elif key not in explicit:
-            merged[key] = getattr(requested, key)
-    return FaultToleranceConfig.from_mapping(merged)
+        return _CHECKS[name](f"fault_tolerance.{name}", value)
+    except ValidationError as exc:
+        raise _config_error(exc) from None
 
 
 _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(FaultToleranceConfig))
 assert set(_CHECKS) == set(_FIELD_NAMES), "every field has exactly one check"
-assert set(_FIELD_HELP) == set(_FIELD_NAMES), "every field has a flag help text"
+assert set(FIELD_HELP) == set(_FIELD_NAMES), "every field has a flag help text"
 assert not NVRX_ONLY_KEYS & set(_FIELD_NAMES), "a key is either implemented or NVRx-only"

@@ -43,12 +43,12 @@ from ft_core.timeouts import (
     CURRENT_TIMEOUTS_KEY,
     JOB_LIFE_KEY,
     STEP_SECTION,
-    WarmupRule,
     describe_timeouts,
     timeouts_from_state_dict,
 )
 from ft_core.utils.fileutil import atomic_write_json, read_json
 from ft_core.utils.strenum import StrEnum
+from ft_core.warmup import WarmupRule
 
 __all__ = [
     "FINISHED_FLAG_ENV",

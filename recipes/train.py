@@ -26,11 +26,7 @@ from hydra.types import RunMode  # noqa: E402
 from recipe_lib.run_name import check_run_name  # noqa: E402
 from recipe_lib.schema import register  # noqa: E402
 
-from ft_core.config import (  # noqa: E402
-    FALLBACK_FIELDS,
-    FaultToleranceConfig,
-    parse_log_level,
-)
+from ft_core.config import FaultToleranceConfig, parse_log_level  # noqa: E402
 from ft_core.jobdir import FINISHED_FLAG_ENV  # noqa: E402
 
 register()
@@ -40,16 +36,15 @@ log = logging.getLogger("recipes.train")
 def _fault_tolerance_callback(cfg: DictConfig):
     if cfg.callback is None:
         return None
-    ft_block = OmegaConf.to_container(cfg.fault_tolerance, resolve=True)
-    # Validate values here (types were checked by the schema): a bad value names its key.
-    FaultToleranceConfig.from_mapping(ft_block)
+    # Built (and its values validated: types were checked by the schema) once, here: a bad value names
+    # its key. The callback takes this config as it is, and offers its fallback fields to the monitor.
+    ft_cfg = FaultToleranceConfig.from_mapping(OmegaConf.to_container(cfg.fault_tolerance, resolve=True))
     fault = OmegaConf.to_container(cfg.fault, resolve=True)
-    # The callback is a `_target_` node like the trainer's. `config` goes inside the node:
-    # instantiate() takes a keyword argument named "config" as its own.
+    # The callback is a `_target_` node like the trainer's. instantiate() takes a keyword argument
+    # named "config" as its own, and would turn a dataclass into a node: `config` is given afterwards.
     node = OmegaConf.to_container(cfg.callback, resolve=True)
-    node["config"] = {key: ft_block[key] for key in FALLBACK_FIELDS}
     node["simulated_fault"] = fault if fault.get("kind") else None
-    return instantiate(node, _convert_="all")
+    return instantiate(node, _convert_="all", _partial_=True)(config=ft_cfg)
 
 
 def _setup_logging(log_level: object) -> None:

@@ -54,23 +54,26 @@ def start_monitor(tmp_path, monkeypatch):
     """The one monitor fixture: ``start_monitor(cfg=None, *, token=..., attach=False, **cfg_kwargs)``.
 
     Starts a monitor subprocess (``RankMonitorServer.run_in_subprocess``) in a job directory of its
-    own, from ``cfg`` or else from ``FaultToleranceConfig.from_kwargs(**cfg_kwargs)`` (the defaults
-    users get, except what the test names). With ``attach=True`` this process becomes its rank: the
+    own, from ``cfg`` (every key set at launch) or else from ``cfg_kwargs`` (the keys set at launch; the
+    defaults users get for the others). With ``attach=True`` this process becomes its rank: the
     test's ``FT_MONITOR_TOKEN`` and ``FT_RANK_MONITOR_IPC_SOCKET`` point at it (restored afterwards).
     Every monitor started is stopped at the end of the test.
     """
-    from ft_core.config import FaultToleranceConfig
+    from ft_core.config_loading import load_mapping
     from ft_core.monitor import RankMonitorServer
 
     monitors = []
 
     def start(cfg=None, *, token: str = MONITOR_TOKEN, attach: bool = False, **cfg_kwargs):
+        explicit_keys = None  # a config given whole: every key counts as set at launch
         if cfg is None:
-            cfg = FaultToleranceConfig.from_kwargs(**cfg_kwargs)
+            # The keys given are set at launch: a rank's fallback values fill in the others.
+            loaded = load_mapping(cfg_kwargs)
+            cfg, explicit_keys = loaded.cfg, loaded.explicit_keys
         elif cfg_kwargs:
             raise TypeError("start_monitor: pass either a config or its keywords, not both")
         socket_path = str(tmp_path / f"job{len(monitors)}" / "monitor.sock")
-        monitor = RankMonitorServer.run_in_subprocess(cfg, socket_path, token=token)
+        monitor = RankMonitorServer.run_in_subprocess(cfg, socket_path, token=token, explicit_keys=explicit_keys)
         monitors.append(monitor)
         if attach:
             monkeypatch.setenv("FT_MONITOR_TOKEN", token)

@@ -16,7 +16,8 @@ from typing import Optional
 
 from torch.distributed.run import config_from_args, get_args_parser, parse_min_max_nnodes
 
-from ft_core.config import FaultToleranceConfig, LogLevel
+from ft_core.config import LogLevel
+from ft_core.config_loading import add_argparse_args, load_args
 from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
 from ft_core.launcher.slurm import apply_slurm_defaults, derive_nnodes
@@ -76,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser.set_defaults(nnodes=None)  # not given: derive_nnodes (the srun step's nodes, else torchrun's 1:1)
     parser.add_argument("--version", action="version", version=version_line(parser.prog),
                         help="print ft-suite's, Python's and torch's versions and exit")
-    FaultToleranceConfig.add_argparse_args(parser)
+    add_argparse_args(parser)
     add_launcher_args(parser)
     return parser
 
@@ -119,8 +120,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     # Before the config is read: it may warn (e.g. about NVRx keys that are not implemented).
     logging.basicConfig(format="[%(asctime)s %(name)s] %(levelname)s: %(message)s", stream=sys.stderr)
     try:
-        cfg = FaultToleranceConfig.from_args(args)
-        options = LauncherOptions.from_args(args, cfg)
+        loaded = load_args(args)
+        options = LauncherOptions.from_args(args, loaded.cfg)
         derived = derive_nnodes(args)
         try:
             _normalize_rendezvous(args)
@@ -134,14 +135,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     except (ValueError, RuntimeError, AssertionError) as exc:
         parser.error(f"invalid arguments: {exc}")
     if options.verbose:
-        cfg = cfg.replace(log_level=LogLevel.DEBUG)
+        loaded = loaded.replace(log_level=LogLevel.DEBUG)
+    cfg = loaded.cfg
     logging.basicConfig(format="[%(asctime)s %(name)s] %(levelname)s: %(message)s", stream=sys.stderr)
     logging.getLogger("ft_core").setLevel(cfg.log_level)
     if cfg.log_level != LogLevel.DEBUG:
         _quiet_torch_elastic()
     if derived:
         log.info("under SLURM job %s: %s", os.environ.get("SLURM_JOB_ID"), " ".join(derived))
-    return launch(config, entrypoint, cmd_args, cfg, options)
+    return launch(config, entrypoint, cmd_args, cfg, options, explicit_keys=loaded.explicit_keys)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import secrets
 import signal
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Union
 
 from torch.distributed.elastic import metrics
@@ -46,15 +46,19 @@ log = logging.getLogger("ft_core.launcher")
 
 
 def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[Any],
-           cfg: FaultToleranceConfig, options: LauncherOptions) -> int:
-    """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in ``docs/launcher.md``)."""
+           cfg: FaultToleranceConfig, options: LauncherOptions, *, explicit_keys: Collection[str]) -> int:
+    """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in ``docs/launcher.md``).
+
+    ``explicit_keys``: the keys of ``cfg`` the user set (``--ft-*`` flags, ``--ft-cfg-path`` keys), for the
+    node monitor: a rank's fallback values fill in the others.
+    """
     events = EventLog(options.events_file or _default_events_path(config))
     log.info("fault tolerance event log: %s", events.path)
     # Mode 0700, unpredictable, locked while we run; job dirs of SIGKILLed launchers are removed first.
     claim = claim_job_dir()
     job_dir = claim.job_dir
     token = secrets.token_hex(16)
-    monitor = NodeMonitor(cfg, job_dir, token, stacks_dir=saved_stacks_dir(events.path))
+    monitor = NodeMonitor(cfg, job_dir, token, stacks_dir=saved_stacks_dir(events.path), explicit_keys=explicit_keys)
     control = None
     agent = None
     prometheus: LauncherMetrics | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Collection
 from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
@@ -27,8 +28,11 @@ class NodeMonitor:
     workers started after a respawn find it where they expect it.
     """
 
-    def __init__(self, cfg: FaultToleranceConfig, job_dir: JobDir, token: str, stacks_dir: Optional[str] = None) -> None:
+    def __init__(self, cfg: FaultToleranceConfig, job_dir: JobDir, token: str, stacks_dir: Optional[str] = None,
+                 explicit_keys: Optional[Collection[str]] = None) -> None:
         self.cfg = cfg
+        #: The keys of ``cfg`` set at launch (None: all): a rank's fallback values fill in the others.
+        self.explicit_keys = explicit_keys
         #: Where the monitor keeps the stacks of hung ranks (next to the event log: the job dir is removed).
         self.stacks_dir = stacks_dir
         self.socket_path = job_dir.monitor_socket
@@ -46,7 +50,7 @@ class NodeMonitor:
         """Start the monitor; with ``wait=False`` call :meth:`wait_ready` before workers need it."""
         self._proc = RankMonitorServer.run_in_subprocess(
             self.cfg, self.socket_path, token=self._token, events_path=self.events_path,
-            stacks_dir=self.stacks_dir, wait=wait, launcher_reports_hangs=True)
+            stacks_dir=self.stacks_dir, wait=wait, launcher_reports_hangs=True, explicit_keys=self.explicit_keys)
         self._starting = not wait
         log.debug("rank monitor started (pid %d)", self._proc.pid)
 

@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import Optional
 
-from ft_core.config import FaultToleranceConfig
+from ft_core.config_loading import load_json
 from ft_core.jobdir import TOKEN_ENV
 from ft_core.monitor.server import RankMonitorServer
 from ft_core.monitor.snapshot import SNAPSHOT_SIGNAL
@@ -20,13 +20,15 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ft_core.monitor",
                                      description="The node monitor: watches every local rank and kills hung ones.")
     parser.add_argument("--socket", required=True, help="path of the Unix socket to serve")
-    parser.add_argument("--config-json", default="{}", help="FaultToleranceConfig.to_json(), or a JSON object")
+    parser.add_argument("--config-json", default="{}",
+                        help="LoadedConfig.to_json() (the config and the keys set at launch), or a JSON object")
     parser.add_argument("--events", default=None, help="JSON-lines event log path")
     parser.add_argument("--stacks-dir", default=None, help="keep the stacks of hung ranks here, named by cycle")
     parser.add_argument("--launcher-reports-hangs", action="store_true",
                         help="ft_launcher tells each hang in one line: log each hung rank at DEBUG only")
     args = parser.parse_args(argv)
-    cfg = FaultToleranceConfig.from_json(args.config_json)
+    loaded = load_json(args.config_json)
+    cfg = loaded.cfg
     logging.basicConfig(level=cfg.log_level, stream=sys.stderr,
                         format="[ft-monitor %(asctime)s] %(levelname)s: %(message)s")
     token = os.environ.pop(TOKEN_ENV, "")
@@ -37,7 +39,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     # and still gets its fair share of CPU, so deadlines are met within milliseconds.
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    server = RankMonitorServer(cfg, args.socket, token, args.events, args.stacks_dir, args.launcher_reports_hangs)
+    server = RankMonitorServer(cfg, args.socket, token, args.events, args.stacks_dir, args.launcher_reports_hangs,
+                               loaded.explicit_keys)
 
     def _stop(_signum: int, _frame: object) -> None:
         server.stop()

@@ -14,13 +14,15 @@ This module must not import torch: the monitor imports it.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 import os
 from collections.abc import Callable
 from typing import NoReturn, Optional
 
-from ft_core.config import FaultToleranceConfig, with_fallback
+from ft_core.config import FaultToleranceConfig
+from ft_core.config_fallback import with_fallback
 from ft_core.events import (
     CheckpointReported,
     Event,
@@ -52,7 +54,7 @@ from ft_core.protocol import (
     encode,
 )
 from ft_core.straggler_scoring import MAX_PHASES_PER_RANK, STEP_PHASE, PhaseWindows, check_phase_sample
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts, apply_calculated, describe_timeouts
+from ft_core.timeouts import apply_calculated, describe_timeouts, timeouts_of
 
 __all__ = ["MessageHandlers"]
 
@@ -64,6 +66,7 @@ class MessageHandlers:
 
     Args:
         cfg: the monitor's config (a rank's own is completed from it in the handshake).
+        explicit_keys: the keys of ``cfg`` set at launch; a rank's fallback values fill in the others.
         token: the job secret every connection must present first.
         dump_dir: the job's stacks directory, where a rank's dump file must be.
         phases: straggler detection's phase durations per rank (the server closes their report rounds).
@@ -75,6 +78,7 @@ class MessageHandlers:
     def __init__(
         self,
         cfg: FaultToleranceConfig,
+        explicit_keys: frozenset[str],
         token: bytes,
         dump_dir: str,
         phases: PhaseWindows,
@@ -83,6 +87,7 @@ class MessageHandlers:
         record_disconnect: Callable[[Connection, WatchedRank], None],
     ) -> None:
         self.cfg = cfg
+        self.explicit_keys = explicit_keys
         self._token = token
         self.dump_dir = dump_dir
         self._phases = phases
@@ -136,14 +141,13 @@ class MessageHandlers:
         if msg.role is not Role.RANK:
             raise ProtocolError(f"role {msg.role!r} is not served by the rank monitor")
         try:
-            cfg = (with_fallback(self.cfg, msg.fallback_config, self.cfg.explicit_keys)
+            cfg = (with_fallback(self.cfg, msg.fallback_config, self.explicit_keys)
                    if msg.fallback_config else self.cfg)
             if msg.num_warmup_iters is not None:  # NVRx: the rank's value wins (validated by the config)
-                cfg = cfg.replace(num_warmup_iterations=msg.num_warmup_iters)
+                cfg = dataclasses.replace(cfg, num_warmup_iterations=msg.num_warmup_iters)
         except ValueError as exc:
             self._refuse(conn, f"invalid config request from rank {msg.rank}: {exc}")
-        hb = HeartbeatTimeouts(cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout)
-        sections = SectionTimeouts(dict(cfg.rank_section_timeouts), cfg.rank_out_of_section_timeout)
+        hb, sections = timeouts_of(cfg)
         if msg.timeouts:
             try:
                 hb, sections = apply_calculated(hb, sections, msg.timeouts)

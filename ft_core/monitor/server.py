@@ -40,10 +40,11 @@ import selectors
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
+from ft_core.config_loading import LoadedConfig
 from ft_core.events import (
     Event,
     EventWriter,
@@ -59,7 +60,7 @@ from ft_core.monitor.handlers import MessageHandlers
 from ft_core.monitor.hang import DumpWait, Expiry, Hang
 from ft_core.monitor.slow_storage import SlowStorage
 from ft_core.monitor.snapshot import Snapshot
-from ft_core.monitor.spawn import MonitorProcess, run_in_subprocess
+from ft_core.monitor.spawn import run_in_subprocess
 from ft_core.monitor.stack_copy import STACK_COPY_CLOSE_TIMEOUT, StackCopier
 from ft_core.monitor.status import STATUS_INTERVAL, MonitorStatus, RankStatus, status_path, write_status
 from ft_core.monitor.watched_rank import WatchedRank, cpu_probe
@@ -96,6 +97,9 @@ class RankMonitorServer:
         stacks_dir: keep each hung rank's stack there as :func:`ft_core.jobdir.saved_stack_path` names it
             (by the cycle it hung in: the rank's ``TORCHELASTIC_RESTART_COUNT``) and report that path;
             default: the rank's own dump file.
+        explicit_keys: the keys of ``cfg`` the user set at launch
+            (:attr:`~ft_core.config_loading.LoadedConfig.explicit_keys`): a rank's fallback values fill
+            in the others (:func:`~ft_core.config_fallback.with_fallback`). None: every key was set.
     """
 
     def __init__(
@@ -106,11 +110,13 @@ class RankMonitorServer:
         events_path: Optional[str] = None,
         stacks_dir: Optional[str] = None,
         launcher_reports_hangs: bool = False,
+        explicit_keys: Optional[Collection[str]] = None,
     ) -> None:
         if not token:
             raise ValueError("token: a non-empty job token is required")
         check_max_frame_bytes(cfg.max_frame_bytes)  # fail at start, not at the first connection
         self.cfg = cfg
+        self.explicit_keys = LoadedConfig.of(cfg, explicit_keys).explicit_keys
         self.socket_path = os.path.abspath(socket_path)
         self.job_dir = JobDir.of_socket(self.socket_path)
         self.events_path = events_path or self.job_dir.monitor_events
@@ -139,7 +145,7 @@ class RankMonitorServer:
         self._phases = PhaseWindows(cfg.straggler_window)
         self._phase_round: Optional[int] = None
         #: One handler per message type (see :mod:`.handlers`).
-        self._messages = MessageHandlers(cfg, token.encode(), self.dump_dir, self._phases, self._record, self._drop,
+        self._messages = MessageHandlers(cfg, self.explicit_keys, token.encode(), self.dump_dir, self._phases, self._record, self._drop,
                                          self._record_disconnect)
         #: The live status file for the launcher's metrics endpoint, and when it is due; None: metrics off.
         self._status_path = status_path(self.job_dir) if cfg.metrics_port is not None else None

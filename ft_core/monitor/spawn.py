@@ -7,9 +7,11 @@ import secrets
 import select
 import subprocess
 import sys
+from collections.abc import Collection
 from typing import Any, Optional
 
 from ft_core.config import FaultToleranceConfig
+from ft_core.config_loading import LoadedConfig
 from ft_core.events import read_events
 from ft_core.jobdir import TOKEN_ENV, JobDir, make_private_dir, token_path, write_private_file
 from ft_core.utils import procutil
@@ -27,6 +29,7 @@ def run_in_subprocess(
     stacks_dir: Optional[str] = None,
     wait: bool = True,
     launcher_reports_hangs: bool = False,
+    explicit_keys: Optional[Collection[str]] = None,
 ) -> MonitorProcess:
     """Start a monitor in a new process (``python -m ft_core.monitor``) and wait until it serves.
 
@@ -36,7 +39,8 @@ def run_in_subprocess(
     one is generated and exported to ``os.environ`` so that ranks started
     later from this process inherit it. The token is also written to
     ``<socket_path>.token`` (mode 0600) for ranks started elsewhere by the
-    same user. ``stacks_dir``, ``launcher_reports_hangs``: see :class:`~ft_core.monitor.server.RankMonitorServer`.
+    same user. ``stacks_dir``, ``launcher_reports_hangs``, ``explicit_keys`` (None: every key of ``cfg``
+    was set at launch): see :class:`~ft_core.monitor.server.RankMonitorServer`.
     """
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
     os.environ[TOKEN_ENV] = token
@@ -47,7 +51,7 @@ def run_in_subprocess(
     child_env = dict(os.environ if env is None else env)
     child_env[TOKEN_ENV] = token  # via the environment: argv is visible to every user
     args = [sys.executable, "-m", "ft_core.monitor", "--socket", socket_path,
-            "--config-json", cfg.to_json()]
+            "--config-json", LoadedConfig.of(cfg, explicit_keys).to_json()]
     if events_path:
         args += ["--events", events_path]
     if stacks_dir:

@@ -20,15 +20,9 @@ from typing import Optional
 from ft_core.config import FaultToleranceConfig
 from ft_core.events import HangReason, RankEvidence
 from ft_core.monitor.hang import Expiry, Hang
-from ft_core.timeouts import (
-    COMPILE_SECTION,
-    STEP_SECTION,
-    HeartbeatTimeouts,
-    SectionTimeouts,
-    WarmupRule,
-    warmup_step_timeout,
-)
+from ft_core.timeouts import COMPILE_SECTION, STEP_SECTION, HeartbeatTimeouts, SectionTimeouts
 from ft_core.utils import procutil
+from ft_core.warmup import WarmupRule, warmup_step_timeout
 
 __all__ = ["CPU_PROBE", "OpenSection", "WatchedRank", "cpu_probe"]
 

@@ -11,7 +11,8 @@ from typing import Any, Optional, Union
 from typing_extensions import override
 
 from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorClientError
-from ft_core.config import FALLBACK_FIELDS, FaultToleranceConfig
+from ft_core.config import FaultToleranceConfig
+from ft_core.config_fallback import fallback_of
 from ft_core.data import WorkloadControlRequest
 from ft_core.monitor.standalone import connect_standalone
 from ft_core.straggler_scoring import Phase
@@ -273,8 +274,7 @@ class FaultToleranceCallback(Callback):
             # Settings given at launch (--ft-*, --ft-cfg-path) win; ours fill in the keys not set there.
             cfg = self.config if self.config is not None else _coerce_config(None, self.mode, default=True)
             assert cfg is not None
-            fallback = {key: value for key, value in cfg.to_dict().items() if key in FALLBACK_FIELDS}
-            self.client.init_workload_monitoring(fallback_config=fallback)
+            self.client.init_workload_monitoring(fallback_config=fallback_of(cfg))
             return True
         if self.standalone is StandalonePolicy.ERROR:
             raise MisconfigurationException(

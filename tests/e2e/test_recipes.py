@@ -61,6 +61,48 @@ def test_group_file_is_a_valid_launcher_config():
     assert cfg.rank_heartbeat_timeout is None
 
 
+def _recipe_entry_point():
+    """recipes/train.py as a module (under its own name: three files of the tree are called train.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("recipes_train_entry_point", TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_recipe_builds_and_validates_its_config_once_on_the_way_to_the_monitor(start_monitor, monkeypatch):
+    # From the composed fault_tolerance block to the values the rank offers the node monitor, the config is
+    # built and validated once (train.py): the callback takes that object and filters its fallback fields
+    # (it rebuilt the block from a mapping before). The one other construction in the rank is the monitor's
+    # reply, validated where it crosses the socket. Constructions are counted at the validator.
+    cfg = _compose("fault_tolerance=sections")
+    monitor = start_monitor()  # nothing set at launch: the recipe's values fill in every fallback key
+    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
+    monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
+    monkeypatch.syspath_prepend(RECIPES)  # restored afterwards, with what train.py adds to it
+    train = _recipe_entry_point()
+    built: list[str] = []
+    validate = FaultToleranceConfig.__post_init__
+
+    def counted(self) -> None:
+        built.append(sys._getframe(2).f_code.co_filename)  # who called the constructor
+        validate(self)
+
+    monkeypatch.setattr(FaultToleranceConfig, "__post_init__", counted)
+    callback = train._fault_tolerance_callback(cfg)
+    assert len(built) == 1, built
+    assert callback._connect()  # what setup() does first: hands the fallback values to the monitor
+    try:
+        assert len(built) == 2, built  # + the monitor's reply (ft_core/client.py)
+        assert callback.client.cfg.rank_section_timeouts == {"setup": 120.0, "step": 15.0, "validation": 60.0,
+                                                             "checkpointing": 30.0}
+        assert (callback.client.cfg.rank_heartbeat_timeout, callback.client.cfg.rank_out_of_section_timeout) == (
+            None, 30.0)
+    finally:
+        callback.client.shutdown_workload_monitoring()
+
+
 def _recipe_env(tmp_path) -> dict[str, str]:
     env = python_env(FAULT_TOL_FINISHED_FLAG_FILE=str(tmp_path / "done"))
     for key in ("FT_RANK_MONITOR_IPC_SOCKET", "FT_MONITOR_TOKEN", "FT_LAUNCHER_IPC_SOCKET", "SLURM_JOB_ID",

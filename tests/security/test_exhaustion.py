@@ -21,7 +21,7 @@ import pytest
 from helpers import python_env, wait_for
 from security_helpers import TOKEN, closed_by_peer
 
-from ft_core.config import FaultToleranceConfig
+from ft_core.config_loading import load_mapping
 from ft_core.data import WorkloadAction
 from ft_core.events import read_events
 from ft_core.jobdir import JobDir
@@ -63,8 +63,8 @@ def _flood(path: str, count: int) -> list[socket.socket]:
 @pytest.fixture
 def limited_monitor(tmp_path):
     job = JobDir(str(tmp_path / "job")).create()
-    cfg = FaultToleranceConfig(initial_rank_heartbeat_timeout=60, rank_heartbeat_timeout=1.0,
-                               stack_dump_timeout=0.5)
+    cfg = load_mapping({"initial_rank_heartbeat_timeout": 60, "rank_heartbeat_timeout": 1.0,
+                        "stack_dump_timeout": 0.5})
     log = open(tmp_path / "monitor.log", "wb")  # noqa: SIM115 - closed below
     proc = subprocess.Popen([sys.executable, "-m", "ft_core.monitor", "--socket", job.monitor_socket,
                              "--config-json", cfg.to_json()], env=python_env(FT_MONITOR_TOKEN=TOKEN),

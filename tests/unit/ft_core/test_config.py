@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 
 import pytest
 
-from ft_core.config import ConfigError, FaultToleranceConfig, with_fallback
+from ft_core.config import ConfigError, FaultToleranceConfig
+from ft_core.config_fallback import FALLBACK_FIELDS, fallback_of, with_fallback
+from ft_core.config_loading import LoadedConfig, load_args, load_json, load_mapping, load_yaml_file
 
 
 def test_defaults_match_the_design():
@@ -54,7 +57,7 @@ def test_unknown_key_is_rejected_with_a_suggestion_and_the_allowed_keys_when_not
 def test_unknown_keys_are_skipped_by_default_as_nvrx_does_and_a_misspelling_warns(caplog):
     with caplog.at_level(logging.WARNING, logger="ft_core.config"):
         cfg = FaultToleranceConfig.from_kwargs(rank_hearbeat_timeout=3, something_else=1, safety_factor=2)
-    assert cfg == FaultToleranceConfig(safety_factor=2) and cfg.explicit_keys == {"safety_factor"}
+    assert cfg == FaultToleranceConfig(safety_factor=2)
     (warning,) = [r.getMessage() for r in caplog.records]
     assert warning == ("fault_tolerance: ignoring unknown key(s) 'rank_hearbeat_timeout' (did you mean "
                        "'rank_heartbeat_timeout'?), 'something_else' (ignore_not_recognized=False makes them "
@@ -182,76 +185,104 @@ def test_log_level_takes_names_and_numbers_and_holds_the_int(value, level, tmp_p
     assert cfg.to_dict()["log_level"] == level and type(cfg.to_dict()["log_level"]) is int
     cfg.to_yaml_file(tmp_path / "c.yaml")
     assert FaultToleranceConfig.from_yaml_file(tmp_path / "c.yaml").log_level == level
-    assert FaultToleranceConfig.from_json(cfg.to_json()).log_level == level
+    assert load_json(LoadedConfig(cfg).to_json()).cfg.log_level == level
 
 
-# -- which keys the user set ---------------------------------------------------------------------
+# -- which keys the user set: beside the config, not inside it ---------------------------------------
 
 
-def test_loaders_record_the_keys_that_were_set_even_when_equal_to_the_default(tmp_path):
-    assert FaultToleranceConfig().explicit_keys == frozenset()
-    assert FaultToleranceConfig(rank_heartbeat_timeout=2700.0).explicit_keys == {"rank_heartbeat_timeout"}
-    assert FaultToleranceConfig(5.0).explicit_keys == {"workload_check_interval"}  # positional
-    assert FaultToleranceConfig.from_kwargs(safety_factor=5.0).explicit_keys == {"safety_factor"}
-    assert FaultToleranceConfig.from_dict({"log_level": "INFO"}).explicit_keys == {"log_level"}
+def _load(argv) -> LoadedConfig:
+    return load_args(FaultToleranceConfig.add_argparse_args(argparse.ArgumentParser()).parse_args(argv))
+
+
+def test_loaders_return_the_keys_that_were_set_even_when_equal_to_the_default(tmp_path):
+    assert load_mapping({}).explicit_keys == frozenset()
+    assert load_mapping({"rank_heartbeat_timeout": 2700.0}).explicit_keys == {"rank_heartbeat_timeout"}
+    assert load_mapping({"log_level": "INFO"}) == LoadedConfig(FaultToleranceConfig(), frozenset({"log_level"}))
     path = tmp_path / "cfg.yaml"
     path.write_text("fault_tolerance:\n  rank_heartbeat_timeout: 2700\n  safety_factor: 3\n")
-    assert FaultToleranceConfig.from_yaml_file(path).explicit_keys == {"rank_heartbeat_timeout", "safety_factor"}
-    cfg = _parse(["--ft-cfg-path", str(path), "--ft-initial-rank-heartbeat-timeout=3600"])
-    assert cfg.explicit_keys == {"rank_heartbeat_timeout", "safety_factor", "initial_rank_heartbeat_timeout"}
-    assert _parse([]).explicit_keys == frozenset()
+    assert load_yaml_file(path).explicit_keys == {"rank_heartbeat_timeout", "safety_factor"}
+    loaded = _load(["--ft-cfg-path", str(path), "--ft-initial-rank-heartbeat-timeout=3600"])
+    assert loaded.explicit_keys == {"rank_heartbeat_timeout", "safety_factor", "initial_rank_heartbeat_timeout"}
+    assert loaded.cfg == _parse(["--ft-cfg-path", str(path), "--ft-initial-rank-heartbeat-timeout=3600"])
+    assert _load([]) == LoadedConfig(FaultToleranceConfig())
+
+
+def test_the_config_itself_records_no_keys_so_a_copy_marks_none_as_set():
+    # Issue 20: dataclasses.replace re-ran a constructor that recorded every key given to it as set at
+    # launch; the config holds values only, and its copies equal the config they were made from.
+    cfg = FaultToleranceConfig(rank_heartbeat_timeout=2700.0)
+    assert not hasattr(cfg, "explicit_keys") and not hasattr(cfg, "_explicit_keys")
+    assert dataclasses.replace(cfg) == cfg == dataclasses.replace(FaultToleranceConfig(), rank_heartbeat_timeout=2700)
+    loaded = load_mapping({"rank_heartbeat_timeout": 2700.0})
+    assert loaded.replace(log_level="debug").explicit_keys == {"rank_heartbeat_timeout", "log_level"}
+    with pytest.raises(ConfigError, match="fault_tolerance.safety_factor: invalid value -1"):
+        loaded.replace(safety_factor=-1)
+
+
+def test_a_config_given_alone_counts_every_key_as_set():
+    # RankMonitorServer(cfg) / run_in_subprocess(cfg) without explicit_keys: the config is taken as it is;
+    # a rank's fallback cannot loosen or tighten it, only add section names.
+    cfg = FaultToleranceConfig(rank_heartbeat_timeout=50, rank_section_timeouts={"step": 9})
+    alone = LoadedConfig.of(cfg)
+    assert alone.explicit_keys == set(FaultToleranceConfig.field_names())
+    assert LoadedConfig.of(cfg, ["safety_factor"]).explicit_keys == {"safety_factor"}
+    merged = with_fallback(cfg, {"rank_heartbeat_timeout": 0.5, "safety_factor": 2,
+                                 "rank_section_timeouts": {"step": 1, "checkpointing": 30}}, alone.explicit_keys)
+    assert (merged.rank_heartbeat_timeout, merged.safety_factor) == (50.0, 5.0)
+    assert merged.rank_section_timeouts == {"step": 9.0, "checkpointing": 30.0}
 
 
 def test_json_for_the_monitor_process_keeps_the_explicit_keys():
-    cfg = _parse(["--ft-rank-heartbeat-timeout=2700", "--ft-stack-dump-signal=none"])
-    copy = FaultToleranceConfig.from_json(cfg.to_json())
-    assert copy == cfg and copy.explicit_keys == {"rank_heartbeat_timeout", "stack_dump_signal"}
+    loaded = _load(["--ft-rank-heartbeat-timeout=2700", "--ft-stack-dump-signal=none"])
+    copy = load_json(loaded.to_json())
+    assert copy == loaded and copy.explicit_keys == {"rank_heartbeat_timeout", "stack_dump_signal"}
     # A plain JSON object (by hand: python -m ft_core.monitor --config-json '{...}') sets its keys.
-    plain = FaultToleranceConfig.from_json('{"rank_heartbeat_timeout": 9}')
-    assert plain.rank_heartbeat_timeout == 9.0 and plain.explicit_keys == {"rank_heartbeat_timeout"}
+    plain = load_json('{"rank_heartbeat_timeout": 9}')
+    assert plain.cfg.rank_heartbeat_timeout == 9.0 and plain.explicit_keys == {"rank_heartbeat_timeout"}
     with pytest.raises(ConfigError, match="fault_tolerance: invalid value '{oops'; allowed: a JSON object"):
-        FaultToleranceConfig.from_json("{oops")
+        load_json("{oops")
     with pytest.raises(ConfigError, match=r"fault_tolerance.explicit_keys: invalid value \['nope'\]"):
-        FaultToleranceConfig.from_json('{"config": {}, "explicit_keys": ["nope"]}')
+        load_json('{"config": {}, "explicit_keys": ["nope"]}')
 
 
 # -- with_fallback: a rank's values fill in what the user did not set ------------------------------
 
 
 def test_explicit_flag_equal_to_the_default_wins_over_a_rank_fallback():
-    launched = _parse(["--ft-rank-heartbeat-timeout=2700"])  # the default value, given on purpose
-    merged = with_fallback(launched, {"rank_heartbeat_timeout": 5.0}, launched.explicit_keys)
+    launched = _load(["--ft-rank-heartbeat-timeout=2700"])  # the default value, given on purpose
+    merged = with_fallback(launched.cfg, {"rank_heartbeat_timeout": 5.0}, launched.explicit_keys)
     assert merged.rank_heartbeat_timeout == 2700.0
 
 
 def test_unset_key_takes_the_rank_fallback():
-    launched = _parse(["--ft-rank-heartbeat-timeout=2700"])
+    launched = _load(["--ft-rank-heartbeat-timeout=2700"])
     fallback = {"initial_rank_heartbeat_timeout": 60, "safety_factor": "2.5", "num_warmup_iterations": 3,
                 "skip_section_response": False, "rank_out_of_section_timeout": 30}
-    merged = with_fallback(launched, fallback, launched.explicit_keys)
+    merged = with_fallback(launched.cfg, fallback, launched.explicit_keys)
     assert merged.initial_rank_heartbeat_timeout == 60.0
     assert (merged.safety_factor, merged.num_warmup_iterations) == (2.5, 3)
     assert merged.skip_section_response is False and merged.rank_out_of_section_timeout == 30.0
     # A key set to something else than the default still wins, and the input config is unchanged.
     assert with_fallback(FaultToleranceConfig.from_kwargs(safety_factor=7), fallback, {"safety_factor"}
                          ).safety_factor == 7.0
-    assert launched.safety_factor == 5.0
+    assert launched.cfg.safety_factor == 5.0
 
 
 def test_yaml_key_equal_to_the_default_wins_over_a_rank_fallback(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text("fault_tolerance:\n  rank_heartbeat_timeout: 2700\n  rank_out_of_section_timeout: null\n")
-    launched = _parse(["--ft-cfg-path", str(path)])
-    merged = with_fallback(launched, {"rank_heartbeat_timeout": 5, "rank_out_of_section_timeout": 9,
-                                      "safety_factor": 2}, launched.explicit_keys)
+    launched = _load(["--ft-cfg-path", str(path)])
+    merged = with_fallback(launched.cfg, {"rank_heartbeat_timeout": 5, "rank_out_of_section_timeout": 9,
+                                          "safety_factor": 2}, launched.explicit_keys)
     assert merged.rank_heartbeat_timeout == 2700.0
     assert merged.rank_out_of_section_timeout is None  # "no timeout", set on purpose
     assert merged.safety_factor == 2.0
 
 
 def test_sections_merge_per_name_and_the_launch_entry_wins():
-    launched = _parse(["--ft-rank-section-timeouts=step:9"])
-    merged = with_fallback(launched, {"rank_section_timeouts": {"step": 1, "checkpointing": None}},
+    launched = _load(["--ft-rank-section-timeouts=step:9"])
+    merged = with_fallback(launched.cfg, {"rank_section_timeouts": {"step": 1, "checkpointing": None}},
                            launched.explicit_keys)
     assert merged.rank_section_timeouts == {"step": 9.0, "checkpointing": None}
     unset = with_fallback(FaultToleranceConfig(), {"rank_section_timeouts": "step:1"}, frozenset())
@@ -269,16 +300,36 @@ def test_fallback_keys_and_values_are_checked():
         with_fallback(FaultToleranceConfig(), {"rank_section_timeouts": {"step": "x"}}, frozenset())
 
 
+def test_a_rank_offers_its_fallback_fields_and_the_monitor_builds_the_merged_config_once(monkeypatch):
+    # fallback_of is the one filter of a rank's fields (the callback and the recipes use it); with_fallback
+    # checks each offered value and builds the merged config once (it built the rank's and the merged one).
+    offered = fallback_of(FaultToleranceConfig(rank_heartbeat_timeout=5, rank_termination_signal="SIGTERM"))
+    assert sorted(offered) == sorted(FALLBACK_FIELDS) and offered["rank_heartbeat_timeout"] == 5.0
+    built = []
+    post_init = FaultToleranceConfig.__post_init__
+    monkeypatch.setattr(FaultToleranceConfig, "__post_init__", lambda self: (built.append(1), post_init(self)))
+    launched = load_mapping({"safety_factor": 7})
+    built.clear()
+    merged = with_fallback(launched.cfg, offered, launched.explicit_keys)
+    assert len(built) == 1
+    assert (merged.rank_heartbeat_timeout, merged.safety_factor) == (5.0, 7.0)
+    assert merged.rank_termination_signal is signal.SIGKILL  # not a fallback field: never offered
+
+
 def test_verbose_launch_keeps_only_the_keys_set_at_launch(monkeypatch):
     # ft_launcher -v used to rebuild the config with dataclasses.replace, which re-ran the constructor and
     # marked every key as set at launch: every fallback value a rank sent was then ignored (issue 20).
     from ft_core.launcher import cli
 
     launched = {}
-    monkeypatch.setattr(cli, "launch", lambda config, entrypoint, cmd_args, cfg, options: launched.update(cfg=cfg))
+
+    def launch(config, entrypoint, cmd_args, cfg, options, *, explicit_keys):
+        launched.update(cfg=cfg, explicit_keys=explicit_keys)
+
+    monkeypatch.setattr(cli, "launch", launch)
     assert cli.main(["-v", "--ft-rank-heartbeat-timeout=2700", "train.py"]) is None
     cfg = launched["cfg"]
     assert cfg.log_level == logging.DEBUG
-    assert cfg.explicit_keys == {"rank_heartbeat_timeout", "log_level"}  # -v sets the log level at launch
-    merged = with_fallback(cfg, {"rank_heartbeat_timeout": 0.5, "safety_factor": 2.5}, cfg.explicit_keys)
+    assert launched["explicit_keys"] == {"rank_heartbeat_timeout", "log_level"}  # -v sets the log level at launch
+    merged = with_fallback(cfg, {"rank_heartbeat_timeout": 0.5, "safety_factor": 2.5}, launched["explicit_keys"])
     assert (merged.rank_heartbeat_timeout, merged.safety_factor) == (2700.0, 2.5)

@@ -9,6 +9,7 @@ its ``config.py``: it reads every key and ignores ``use_infra_group_rank``, a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import logging
 import os
@@ -19,6 +20,7 @@ import yaml
 from helpers import REPO_ROOT
 
 from ft_core.config import NVRX_ONLY_KEYS, ConfigError, FaultToleranceConfig
+from ft_core.config_loading import LoadedConfig, load_args, load_json, load_mapping, load_yaml_file
 
 FIXTURE = os.path.join(REPO_ROOT, "tests", "fixtures", "nvrx_ft_config.yaml")
 CONFIG_LOGGER = "ft_core.config"
@@ -50,14 +52,15 @@ def test_the_fixture_has_every_nvrx_key():
 
 def test_nvrx_yaml_loads_and_the_implemented_keys_take_effect_with_one_warning(caplog):
     caplog.set_level(logging.WARNING, logger=CONFIG_LOGGER)
-    cfg = FaultToleranceConfig.from_yaml_file(FIXTURE)
+    loaded = load_yaml_file(FIXTURE)  # FaultToleranceConfig.from_yaml_file's config, and the keys set beside it
+    cfg = loaded.cfg
     assert (cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout) == (90.0, 4.0)
     assert cfg.rank_section_timeouts == {"setup": 600.0, "step": 180.0, "checkpointing": None}
     assert cfg.rank_out_of_section_timeout is None
     assert (cfg.safety_factor, cfg.rank_termination_signal, cfg.log_level) == (4.0, signal.SIGKILL, logging.INFO)
     assert (cfg.max_no_progress_cycles, cfg.min_progress_iterations, cfg.checkpoint_iteration_file) == (1, 5, None)
     assert cfg.num_warmup_iterations == 2
-    assert cfg.explicit_keys == set(_fixture_section()) - NVRX_ONLY_KEYS
+    assert loaded.explicit_keys == set(_fixture_section()) - NVRX_ONLY_KEYS
     (warning,) = _config_warnings(caplog)
     listed = set(warning.split(": ", 2)[-1].split(", "))
     assert listed == NVRX_ONLY_KEYS  # each key NVRx has and we do not, once
@@ -104,10 +107,11 @@ def test_loaders_take_nvrx_parameters_with_nvrx_defaults():
 def test_from_kwargs_skips_nvrx_keys_with_one_warning(caplog):
     caplog.set_level(logging.WARNING, logger=CONFIG_LOGGER)
     cfg = FaultToleranceConfig.from_kwargs(rank_heartbeat_timeout=7, enable_nic_monitor=True, segment=4)
-    assert cfg.rank_heartbeat_timeout == 7.0 and cfg.explicit_keys == {"rank_heartbeat_timeout"}
+    assert cfg.rank_heartbeat_timeout == 7.0
     assert _config_warnings(caplog) == [
         "fault_tolerance: ignoring 2 key(s) of NVRx's FaultToleranceConfig that ft-suite does not implement: "
         "enable_nic_monitor, segment"]
+    assert load_mapping({"rank_heartbeat_timeout": 7, "segment": 4}).explicit_keys == {"rank_heartbeat_timeout"}
 
 
 def test_nvrx_flags_for_unimplemented_keys_are_accepted_with_the_same_warning(caplog, tmp_path):
@@ -129,9 +133,9 @@ def test_yaml_without_a_fault_tolerance_section(tmp_path, caplog):
     path = tmp_path / "trainer_only.yaml"
     path.write_text("trainer:\n  max_steps: 10\n")
     # As NVRx's from_args: the defaults plus the flags, with a warning here.
-    cfg = _parse([f"--ft-cfg-path={path}", "--ft-safety-factor=3"])
-    assert cfg == FaultToleranceConfig(safety_factor=3)
-    assert cfg.explicit_keys == {"safety_factor"}
+    parser = FaultToleranceConfig.add_argparse_args(argparse.ArgumentParser())
+    loaded = load_args(parser.parse_args([f"--ft-cfg-path={path}", "--ft-safety-factor=3"]))
+    assert loaded == LoadedConfig(FaultToleranceConfig(safety_factor=3), frozenset({"safety_factor"}))
     (warning,) = _config_warnings(caplog)
     assert str(path) in warning and "no 'fault_tolerance:' mapping" in warning
     # As NVRx's from_yaml_file: an error (a ValueError).
@@ -165,11 +169,15 @@ def test_num_warmup_iterations_defaults_to_nvrx_value():
 def test_nvrx_termination_signal_sigusr2_moves_the_default_dump_signal_with_one_warning(caplog):
     # Valid in NVRx; SIGUSR2 is our default dump signal, which must differ from the termination signal.
     with caplog.at_level(logging.WARNING, logger=CONFIG_LOGGER):
-        cfg = _parse(["--ft-rank-termination-signal", "SIGUSR2"])
+        parser = FaultToleranceConfig.add_argparse_args(argparse.ArgumentParser())
+        loaded = load_args(parser.parse_args(["--ft-rank-termination-signal", "SIGUSR2"]))
         # What the monitor and the ranks receive carries the moved signal: no second warning there.
-        again = FaultToleranceConfig.from_json(cfg.to_json())
+        again = load_json(loaded.to_json())
+    cfg = loaded.cfg
     assert (cfg.rank_termination_signal, cfg.stack_dump_signal) == (signal.SIGUSR2, signal.SIGUSR1)
-    assert again == cfg and again.explicit_keys == {"rank_termination_signal"}
+    assert again == loaded == LoadedConfig(cfg, frozenset({"rank_termination_signal"}))
+    # A copy keeps the moved signal, and the clash check does not fire again.
+    assert dataclasses.replace(cfg, log_level="debug").stack_dump_signal is signal.SIGUSR1
     (warning,) = _config_warnings(caplog)
     assert "rank_termination_signal is SIGUSR2" in warning and "stack dumps use SIGUSR1" in warning
     # A dump signal the user chose is kept, and the clash stays an error.

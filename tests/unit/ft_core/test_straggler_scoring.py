@@ -9,6 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from ft_core.config import ConfigError, FaultToleranceConfig
+from ft_core.config_loading import LoadedConfig, load_json
 from ft_core.events import PhaseMedians
 from ft_core.launcher.job_store import C10dJobStore
 from ft_core.launcher.straggler_exchange import (
@@ -130,7 +131,7 @@ def test_config_defaults_and_validation():
     cfg = FaultToleranceConfig.from_kwargs(straggler_report_interval="none", straggler_action="exclude-node",
                                            metrics_port="0")
     assert cfg.straggler_report_interval is None and cfg.straggler_action is StragglerAction.EXCLUDE_NODE
-    assert cfg.metrics_port == 0 and FaultToleranceConfig.from_json(cfg.to_json()).to_dict() == cfg.to_dict()
+    assert cfg.metrics_port == 0 and load_json(LoadedConfig(cfg).to_json()).cfg.to_dict() == cfg.to_dict()
     for key, bad, allowed in [("straggler_threshold", "1.2", "(0, 1]"), ("straggler_action", "kill", "exclude-node"),
                               ("metrics_port", -1, "0 to 65535"), ("straggler_consecutive_reports", 0, "1"),
                               ("straggler_report_interval", 0, "positive")]:
