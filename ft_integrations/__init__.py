@@ -1,0 +1,1 @@
+"""Integrations of the fault tolerance core with the frameworks people train with: Lightning, Megatron-LM."""

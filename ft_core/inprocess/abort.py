@@ -14,12 +14,12 @@ log = logging.getLogger("ft_core.inprocess")
 class AbortTorchDistributed:
     """Abort and destroy every ``torch.distributed`` process group of this rank.
 
-    Runs in the monitor thread while the main thread may still be inside a
+    Runs in the watchdog thread while the main thread may still be inside a
     collective. With NCCL the abort makes pending collectives return at once.
     Gloo cannot cancel an operation the local rank is blocked in, but aborting
     closes this rank's connections, so *peers* blocked on this rank get an
     error immediately; a rank blocked on a peer that cannot abort (stuck in C
-    code) is released when the peer's monitor process terminates it (hard
+    code) is released when the peer's watchdog process terminates it (hard
     timeout).
     """
 

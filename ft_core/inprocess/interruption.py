@@ -1,6 +1,6 @@
 """Making the main thread leave the wrapped function, and ``atomic()`` sections.
 
-The monitor thread cannot raise in another thread directly. It sends a signal
+The watchdog thread cannot raise in another thread directly. It sends a signal
 to the main thread instead, and the handler raises ``RankShouldRestart``.
 Compared with ``PyThreadState_SetAsyncExc`` this has two advantages:
 
@@ -11,10 +11,10 @@ Compared with ``PyThreadState_SetAsyncExc`` this has two advantages:
 * the signal interrupts blocking calls that check for signals (``time.sleep``,
   lock and queue waits, socket reads), so a rank hung in them leaves at once.
 
-The monitor thread repeats the signal until the main thread has left the
+The watchdog thread repeats the signal until the main thread has left the
 function, in case user code catches the exception. C code that neither
 returns to Python nor checks for signals cannot be interrupted this way; the
-monitor process's hard timeout deals with it.
+watchdog process's hard timeout deals with it.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Interruptor:
 
     Must be created, installed and used (``call``, ``enter_atomic``,
     ``exit_atomic``) by the main thread; ``request`` and ``notify_main`` are
-    for the monitor thread.
+    for the watchdog thread.
     """
 
     def __init__(self, signum: int) -> None:
@@ -57,7 +57,7 @@ class Interruptor:
         signal.signal(self._signum, self._previous_handler)
 
     def reset(self) -> None:
-        """Forget the previous request; call only when no monitor thread runs."""
+        """Forget the previous request; call only when no watchdog thread runs."""
         self._requested = False
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[bool, Any]:
@@ -87,7 +87,7 @@ class Interruptor:
         if deferred:
             raise RankShouldRestart()
 
-    # -- monitor thread ----------------------------------------------------------------
+    # -- watchdog thread ----------------------------------------------------------------
 
     def request(self, stop: threading.Event, poll: float) -> bool:
         """Wait until the main thread is outside ``atomic()``, then mark the restart requested.

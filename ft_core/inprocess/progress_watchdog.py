@@ -26,8 +26,8 @@ __all__ = ["Progress", "ProgressWatchdog"]
 class Progress:
     """The last time (``time.monotonic()``) the main thread made progress.
 
-    Kept locally for the monitor thread (soft timeout) and in the shared state
-    for the monitor process (hard timeout).
+    Kept locally for the watchdog thread (soft timeout) and in the shared state
+    for the watchdog process (hard timeout).
     """
 
     def __init__(self, shared: SharedState) -> None:

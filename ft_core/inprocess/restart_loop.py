@@ -1,6 +1,6 @@
 """The restart loop run by one rank for one call of a wrapped function.
 
-``torch.distributed`` is imported where it is used: the monitor process
+``torch.distributed`` is imported where it is used: the watchdog process
 imports this package too, and must start (and enforce the hard timeout)
 without waiting for a torch import.
 """
@@ -149,7 +149,7 @@ class RestartLoop:
             raw = self.o.store_factory(host=self.rank == 0, timeout=self.o.barrier_timeout)
             store = CoordinationStore(raw, self.world_size, self.o.monitor_thread_interval)
             # A second connection for the function, so its blocking store calls
-            # (rendezvous of init_process_group) never delay the monitor thread.
+            # (rendezvous of init_process_group) never delay the watchdog thread.
             self.user_store = self.o.store_factory(host=False, timeout=self.o.soft_timeout)
             result = self._loop(store)
         except RestartAbort as exc:
@@ -266,7 +266,7 @@ class RestartLoop:
         )
         self.interruptor.reset()
         self.progress.stamp()
-        self.shared.armed = True  # from here the monitor process enforces the hard timeout
+        self.shared.armed = True  # from here the watchdog process enforces the hard timeout
         monitor.start()
         completed, value = self.interruptor.call(self.fn, *self.args, **kwargs)
         faulted = False
@@ -303,7 +303,7 @@ class RestartLoop:
         decision = None
         if raised_in_torch_distributed(exc):
             # Probably a peer's fault broke the collective: let that peer (or
-            # the monitor process that saw it die) report first.
+            # the watchdog process that saw it die) report first.
             decision = store.decision_within(self.attempt, 2 * self.o.monitor_process_interval)
         if decision is None:
             decision = store.report_restart(self.attempt, self.rank, reason)

@@ -1,7 +1,7 @@
-"""A few numbers shared between a rank and its monitor process, without IPC.
+"""A few numbers shared between a rank and its watchdog process, without IPC.
 
 The rank writes them into a small memory-mapped file (unlinked, passed to
-the monitor process as an inherited file descriptor); the monitor process
+the watchdog process as an inherited file descriptor); the watchdog process
 reads them. Aligned 8-byte stores and loads do not tear on the platforms we
 support, so no lock is needed, and a rank whose main thread is stuck (even
 holding the GIL) never blocks its monitor.
@@ -34,7 +34,7 @@ class RestartPhase(enum.IntEnum):
 class SharedState:
     """``progress`` (``time.monotonic()`` of the last sign of progress), ``armed``
     (1 while the hard timeout applies), ``attempt`` and ``phase``, written by
-    the rank; ``monitor_ready``, written by the monitor process once it is
+    the rank; ``monitor_ready``, written by the watchdog process once it is
     connected to the store."""
 
     def __init__(self, fd: int) -> None:

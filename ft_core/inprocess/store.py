@@ -6,7 +6,7 @@ restart attempt lives under ``it/<k>/``, so keys left over from an earlier
 attempt can never be mistaken for the current one.
 
 =====================  ===========================================================
-``hb/<r>``             heartbeat counter of initial rank ``r`` (its monitor process)
+``hb/<r>``             heartbeat counter of initial rank ``r`` (its watchdog process)
 ``terminated``         ``r,`` for each process known to be gone
 ``excluded``           ``r,`` for each process that failed its health check
 ``abort``              why in-process restart gave up (first writer wins)
@@ -50,10 +50,10 @@ STORE_PORT_ENV = "FT_INPROCESS_STORE_PORT"
 class StoreFactory(Protocol):
     """Connects to the coordination store (injectable through ``Wrapper(store_factory=...)``).
 
-    Called in every rank and in every monitor process; ``host`` is True only in
+    Called in every rank and in every watchdog process; ``host`` is True only in
     the process that should serve the store if anyone must (initial rank 0).
     A factory must be picklable by reference (defined at module level in an
-    importable module): it is sent to the monitor processes.
+    importable module): it is sent to the watchdog processes.
     """
 
     def __call__(self, *, host: bool, timeout: float) -> torch.distributed.Store: ...

@@ -1,4 +1,4 @@
-"""The monitor process: one per rank, outside the rank's interpreter.
+"""The watchdog process: one per rank, outside the rank's interpreter.
 
 It keeps working when the rank cannot (a main thread stuck in C code while
 holding the GIL stops every thread of the rank). Its jobs:
@@ -71,7 +71,7 @@ class WatchdogConfig:
 
 
 class RankWatchdogProcess:
-    """The rank's handle on its monitor process (the watchdog of one rank of in-process restart;
+    """The rank's handle on its watchdog process (the watchdog of one rank of in-process restart;
     not to be confused with ``ft_core.monitor.MonitorProcess``, the handle on a node monitor)."""
 
     def __init__(self, proc: subprocess.Popen) -> None:
@@ -100,11 +100,11 @@ class RankWatchdogProcess:
             if shared.monitor_ready:
                 return True
             if self._proc.poll() is not None:
-                raise RestartAbort(f"the monitor process exited with code {self._proc.returncode}")
+                raise RestartAbort(f"the watchdog process exited with code {self._proc.returncode}")
             return False
 
         if not wait_until(ready, timeout, interval=0.01):
-            raise RestartAbort(f"the monitor process did not connect to the store within {timeout} s")
+            raise RestartAbort(f"the watchdog process did not connect to the store within {timeout} s")
 
     def stop(self, timeout: float) -> None:
         """Ask the monitor to exit without reporting anything; kill it after ``timeout``."""
@@ -124,7 +124,7 @@ class RankWatchdogProcess:
 
 
 # ---------------------------------------------------------------------------------------------
-# Inside the monitor process
+# Inside the watchdog process
 
 
 class _RankMonitor:
@@ -269,7 +269,7 @@ def _read_config(stdin: BinaryIO) -> WatchdogConfig:
 
 
 def main() -> None:
-    """Entry point of the monitor process (``python -c ...``, see ``RankWatchdogProcess.start``)."""
+    """Entry point of the watchdog process (``python -c ...``, see ``RankWatchdogProcess.start``)."""
     from ft_core.utils.procutil import die_with_parent
 
     rank_gone = threading.Event()

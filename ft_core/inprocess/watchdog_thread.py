@@ -1,4 +1,4 @@
-"""The monitor thread: notices a fault while the function runs and makes the rank restart."""
+"""The watchdog thread: notices a fault while the function runs and makes the rank restart."""
 
 from __future__ import annotations
 

@@ -62,7 +62,7 @@ class Wrapper:
 
     Hooks (all optional, called with a ``State`` unless noted): ``initialize``
     at the start of every iteration on every rank (raise ``RestartAbort`` to
-    give up), ``abort`` when an iteration must end (from the monitor thread,
+    give up), ``abort`` when an iteration must end (from the watchdog thread,
     while the function may still run), ``finalize`` and ``health_check`` after
     an interrupted iteration (an exception excludes the rank),
     ``rank_filter`` and ``rank_assignment`` (``RankAssignmentCtx`` in and out)
@@ -73,13 +73,13 @@ class Wrapper:
     * ``soft_timeout``: no progress of the main thread (see ``CallWrapper.ping``)
       for this long is a fault: all ranks restart;
     * ``hard_timeout``: no progress for this long and the rank could not be
-      interrupted: its monitor process terminates it, the others go on without it;
-    * ``heartbeat_timeout``: a rank whose monitor process stopped heartbeating
+      interrupted: its watchdog process terminates it, the others go on without it;
+    * ``heartbeat_timeout``: a rank whose watchdog process stopped heartbeating
       for this long is gone;
     * ``barrier_timeout``: how long ranks wait for each other between iterations.
 
     ``progress_watchdog_interval=None`` turns off automatic progress (only
-    ``ping()`` counts). ``interrupt_signal`` is the signal the monitor thread
+    ``ping()`` counts). ``interrupt_signal`` is the signal the watchdog thread
     uses to interrupt the main thread. The wrapped function must be called from
     the main thread, before ``torch.distributed`` is initialized, with ``RANK``
     and ``WORLD_SIZE`` set.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 
 from helpers import REPO_ROOT
 
@@ -86,3 +87,18 @@ def test_every_page_is_in_the_site_navigation():
     listed = set(re.findall(r":\s+(\S+\.md)\s*$", nav, flags=re.M))
     pages = {os.path.relpath(path, "docs") for path in _pages()}
     assert pages == listed, f"not in the nav: {sorted(pages - listed)}; in the nav but missing: {sorted(listed - pages)}"
+
+
+
+def test_the_layout_table_matches_the_tree():
+    """The package rows of docs/development.md's Layout table are the modules' opening docstrings (each names the
+    module's one job), one row per module of the tree, and the other rows name paths that exist."""
+    sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
+    try:
+        import layout_table
+    finally:
+        sys.path.pop(0)
+    assert layout_table.main(["--check"]) == 0, "run python tools/layout_table.py"
+    others = re.findall(r"^\| `([^`]+)`", _section(_read("docs", "development.md"), "## Layout").split(
+        layout_table.END)[1], flags=re.M)
+    assert others and all(os.path.exists(os.path.join(REPO_ROOT, path)) for path in others), others
