@@ -30,6 +30,7 @@ from ft_core.protocol import (
     ProtocolError,
     Role,
     WorkloadControl,
+    connect_unix,
     recv_msg,
     request,
     send_msg,
@@ -69,13 +70,13 @@ def connect(socket_path: str, decoder: FrameDecoder, *, token: str, rank: int, t
         fallback_config=dict(fallback_config) if fallback_config else None,
         num_warmup_iters=None if num_warmup_iters is None else int(num_warmup_iters),
     )
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock: Optional[socket.socket] = None
     try:
-        sock.settimeout(REQUEST_TIMEOUT)
-        sock.connect(socket_path)
+        sock = connect_unix(socket_path, REQUEST_TIMEOUT)
         reply = request(sock, decoder, hello, REQUEST_TIMEOUT)
     except (OSError, TimeoutError, ConnectionError, ProtocolError) as exc:
-        sock.close()
+        if sock is not None:
+            sock.close()
         raise RankMonitorClientError(
             f"cannot connect to the rank monitor at {socket_path}: {exc}. Is the monitor running, and "
             f"is {TOKEN_ENV} the job's token?"
@@ -117,9 +118,7 @@ def send_workload_control(req: WorkloadControlRequest) -> None:
     rank = env_rank()
     decoder = FrameDecoder()
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(REQUEST_TIMEOUT)
-            sock.connect(path)
+        with connect_unix(path, REQUEST_TIMEOUT) as sock:
             send_msg(sock, Hello(token=read_token(monitor_socket), rank=rank, role=Role.CONTROL))
             reply = request(sock, decoder, WorkloadControl(req.action.name, req.description, rank),
                             REQUEST_TIMEOUT)

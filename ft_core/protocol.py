@@ -55,6 +55,7 @@ __all__ = [
     "WorkloadControl",
     "check_exception_report",
     "check_max_frame_bytes",
+    "connect_unix",
     "encode",
     "recv_msg",
     "request",
@@ -321,6 +322,34 @@ def _nested_deeper_than(payload: bytes, limit: int) -> bool:
         if left == 0:
             return False
     return False
+
+
+def connect_unix(path: str, timeout: float) -> socket.socket:
+    """A Unix stream socket connected to ``path``, with ``timeout`` set on it.
+
+    A socket with a timeout is non-blocking underneath, and a Unix socket whose peer's accept
+    queue is full refuses such a connect with ``EAGAIN`` at once (a blocking connect would wait).
+    A rank must not fail because a flood filled its monitor's queue for a moment: the connect is
+    retried until ``timeout``, then ``TimeoutError``.
+    """
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+            return sock
+        except BlockingIOError:
+            sock.close()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"{path}: the peer's accept queue stayed full for {timeout} s") from None
+            time.sleep(min(pause, remaining))
+            pause = min(pause * 2, 0.05)
+        except BaseException:
+            sock.close()
+            raise
 
 
 def send_msg(sock: socket.socket, msg: Message) -> None:

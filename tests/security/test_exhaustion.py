@@ -28,7 +28,7 @@ from ft_core.jobdir import JobDir
 from ft_core.launcher import control
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.monitor.spawn import MonitorProcess
-from ft_core.protocol import Ack, FrameDecoder, Hello, Role, WorkloadControl, recv_msg, send_msg
+from ft_core.protocol import Ack, FrameDecoder, Hello, Role, WorkloadControl, connect_unix, recv_msg, send_msg
 from ft_core.utils import procutil
 
 pytestmark = pytest.mark.timeout(90)
@@ -119,9 +119,7 @@ while True:
 
 
 def _control_request(path: str, rank: int, timeout: float = 10.0) -> Ack:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(path)
+    with connect_unix(path, timeout) as sock:  # the flood's connections may still fill the accept queue
         send_msg(sock, Hello(token=TOKEN, rank=rank, role=Role.CONTROL))
         send_msg(sock, WorkloadControl(WorkloadAction.ShutdownWorkload.name, "test", rank))
         reply = recv_msg(sock, FrameDecoder(), timeout)

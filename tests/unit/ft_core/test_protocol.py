@@ -3,7 +3,9 @@ other implementations rely on (the Hello role stays a plain string on the wire).
 
 from __future__ import annotations
 
+import socket
 import struct
+import threading
 
 import msgspec
 import pytest
@@ -92,3 +94,45 @@ def test_a_plain_goodbye_is_the_frame_it_always_was_and_a_finished_one_says_so()
     assert encode(Goodbye())[4:] == msgspec.msgpack.encode({"type": "bye"})
     (decoded,) = FrameDecoder().feed(encode(Goodbye(training_finished=True)))
     assert decoded == Goodbye(training_finished=True)
+
+
+def test_connect_waits_out_a_full_accept_backlog_instead_of_failing_at_once(tmp_path):
+    # A Unix socket whose accept queue is full refuses a connect with EAGAIN at once when the socket has a
+    # timeout (Python's timeout mode is non-blocking); a rank must wait for the queue to drain, not fail.
+    from ft_core.protocol import connect_unix
+
+    path = str(tmp_path / "s.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(0)
+    queued = []
+    try:
+        while True:  # fill the queue
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                sock.connect(path)
+            except BlockingIOError:
+                sock.close()
+                break
+            queued.append(sock)
+        drained = threading.Timer(0.3, lambda: [listener.accept()[0].close() for _ in queued])
+        drained.start()
+        with connect_unix(path, timeout=10.0) as sock:
+            assert sock.gettimeout() == 10.0
+        drained.join()
+        with pytest.raises(TimeoutError):  # a queue that never drains: the timeout, not EAGAIN
+            for _ in range(len(queued) + 1):
+                extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                extra.setblocking(False)
+                try:
+                    extra.connect(path)
+                except BlockingIOError:
+                    extra.close()
+                    break
+                queued.append(extra)
+            connect_unix(path, timeout=0.2)
+    finally:
+        for sock in queued:
+            sock.close()
+        listener.close()
