@@ -1,0 +1,121 @@
+"""One rank's snapshots on its node: what the Lightning callback and the client's helpers use.
+
+Example (a custom loop, under ``ft_launcher``; :meth:`ft_core.client.RankMonitorClient.save_snapshot`
+and ``load_snapshot`` wrap the same)::
+
+    snapshots = NodeSnapshots.for_rank(rank, world_size, every=50)
+    state = snapshots.resume(disk_step=step_of_the_disk_checkpoint)  # on every rank
+    if state is not None:
+        model.load_state_dict(state["model"]); step = state["step"]
+    ...
+    snapshots.maybe_save(step, lambda: {"model": model.state_dict(), "step": step})
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, Optional
+
+from ft_core.events import ResumeSource
+from ft_core.jobdir import MONITOR_SOCKET_ENV
+from ft_core.snapshots.resume import Agreement, agree, all_ranks_ok, choose, record_choice
+from ft_core.snapshots.space import snapshot_dir_for_socket
+from ft_core.snapshots.store import SnapshotStore
+from ft_core.snapshots.writer import SnapshotWriter, copy_state
+
+__all__ = ["DEFAULT_SNAPSHOT_EVERY", "NodeSnapshots"]
+
+log = logging.getLogger("ft_core.snapshots")
+
+#: Steps between snapshots by default: chosen from ``benchmarks/snapshot.py`` (see docs/snapshots.md).
+DEFAULT_SNAPSHOT_EVERY = 20
+
+
+class NodeSnapshots:
+    """The snapshot store of global rank ``rank``, its writer thread and the resume decision."""
+
+    def __init__(self, store: SnapshotStore, socket_path: str, every: int) -> None:
+        self.store = store
+        self.socket_path = socket_path
+        self.every = every
+        self.writer: Optional[SnapshotWriter] = None
+        #: The agreement and choice of the last :meth:`resume`.
+        self.agreement: Optional[Agreement] = None
+        self.source: Optional[ResumeSource] = None
+        self._resumes = 0
+        self._last_step: Optional[int] = None
+
+    @classmethod
+    def for_rank(cls, rank: int, world_size: int, every: int = DEFAULT_SNAPSHOT_EVERY,
+                 socket_path: Optional[str] = None) -> Optional[NodeSnapshots]:
+        """The rank's snapshots, or None when this run has no launcher-owned snapshot directory."""
+        socket_path = socket_path or os.environ.get(MONITOR_SOCKET_ENV)
+        if not socket_path:
+            return None
+        directory = snapshot_dir_for_socket(socket_path)
+        if directory is None:
+            return None
+        return cls(SnapshotStore(directory, rank, world_size), socket_path, every)
+
+    @property
+    def cycle(self) -> int:
+        return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+    def resume(self, disk_step: Optional[int], load: Optional[Callable[[str], Any]] = None) -> Optional[Any]:
+        """The agreed snapshot's state when it is newer than ``disk_step`` and loads on every rank; else None.
+
+        A collective: every rank calls it, before training, with the same ``disk_step``. Discards the
+        slots not resumed from and starts the writer; global rank 0 records the choice.
+        """
+        import torch
+
+        self.agreement = agreement = agree(self.store)
+        source, reason = choose(agreement, disk_step)
+        state = None
+        if source is ResumeSource.SNAPSHOT and agreement.snapshot is not None:
+            path = agreement.snapshot.path
+            try:
+                state = load(path) if load is not None else torch.load(path, map_location="cpu", weights_only=False)
+            except Exception as exc:  # noqa: BLE001 - a snapshot that does not load is skipped, on every rank
+                log.warning("snapshot %s does not load: %s: %s", path, type(exc).__name__, exc)
+            if not all_ranks_ok(state is not None):
+                state = None
+                source, reason = ResumeSource.DISK, f"{reason}, but it did not load on every rank: resuming from disk"
+        self.source = source
+        keep = agreement.snapshot.slot if state is not None and agreement.snapshot is not None else None
+        self.store.discard(keep=keep)
+        self._start_writer(keep)
+        if self.store.rank == 0:
+            record_choice(self.socket_path, self.cycle, source, reason, agreement, disk_step)
+        log.info("resume: %s (%s)", source.value, reason)
+        return state
+
+    def _start_writer(self, keep: Optional[int]) -> SnapshotWriter:
+        if self.writer is not None:
+            self.writer.close()
+        self._resumes += 1
+        # The lineage: the same on every rank of this cycle, new at every resume (see ft_core.snapshots.store).
+        self.writer = SnapshotWriter(self.store, f"{self.cycle}.{self._resumes}", keep_slot=keep)
+        return self.writer
+
+    def due(self, step: int) -> bool:
+        """True when a snapshot is due after step ``step`` (every ``every`` steps, once per step)."""
+        return self.every > 0 and step > 0 and step % self.every == 0 and step != self._last_step
+
+    def save(self, step: int, state: Any) -> bool:
+        """Copy ``state`` (this thread) and have the writer write it (its thread); False when skipped."""
+        writer = self.writer if self.writer is not None else self._start_writer(None)
+        self._last_step = step
+        return writer.submit(step, copy_state(state))
+
+    def maybe_save(self, step: int, state: Callable[[], Any]) -> bool:
+        """:meth:`save` of ``state()`` when :meth:`due`; the state is built only then."""
+        return self.save(step, state()) if self.due(step) else False
+
+    def close(self, timeout: Optional[float] = 60.0) -> None:
+        """Finish the write in progress and stop the writer (the snapshots stay for the next workers)."""
+        if self.writer is not None:
+            self.writer.close(timeout)
+            self.writer = None
