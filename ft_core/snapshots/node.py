@@ -59,6 +59,11 @@ class NodeSnapshots:
             return None
         return cls(SnapshotStore(directory, rank, world_size), socket_path, every)
 
+    @classmethod
+    def for_process(cls) -> Optional[NodeSnapshots]:
+        """:meth:`for_rank` of this worker (``RANK``, ``WORLD_SIZE`` as torchrun and ft_launcher set them)."""
+        return cls.for_rank(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")), every=0)
+
     @property
     def cycle(self) -> int:
         return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
