@@ -487,13 +487,14 @@ class RankMonitorClient:
         snapshots = self._node_snapshots()
         return snapshots.resume(disk_step) if snapshots is not None else None
 
-    def save_snapshot(self, state_dict: Any, step: int) -> bool:
+    def save_snapshot(self, state_dict: Any, step: int, wait: bool = False) -> bool:
         """Copy ``state_dict`` (tensors to host memory) and write it to the node's snapshot store in a thread.
 
-        Returns at once; False when skipped (the previous snapshot is still being written, or no store).
+        Returns at once (with ``wait``: once it is written); False when skipped (the previous snapshot
+        is still being written, or there is no store).
         """
         snapshots = self._node_snapshots()
-        return snapshots is not None and snapshots.save(int(step), state_dict)
+        return snapshots is not None and snapshots.save(int(step), state_dict, wait=wait)
 
     def _node_snapshots(self) -> Any:
         if not hasattr(self, "_snapshots"):

@@ -109,11 +109,17 @@ class NodeSnapshots:
         """True when a snapshot is due after step ``step`` (every ``every`` steps, once per step)."""
         return self.every > 0 and step > 0 and step % self.every == 0 and step != self._last_step
 
-    def save(self, step: int, state: Any) -> bool:
-        """Copy ``state`` (this thread) and have the writer write it (its thread); False when skipped."""
+    def save(self, step: int, state: Any, wait: bool = False) -> bool:
+        """Copy ``state`` (this thread) and have the writer write it (its thread); False when skipped.
+
+        ``wait``: return once it is written (or failed: see ``writer.error``).
+        """
         writer = self.writer if self.writer is not None else self._start_writer(None)
         self._last_step = step
-        return writer.submit(step, copy_state(state))
+        submitted = writer.submit(step, copy_state(state))
+        if submitted and wait:
+            writer.wait()
+        return submitted
 
     def maybe_save(self, step: int, state: Callable[[], Any]) -> bool:
         """:meth:`save` of ``state()`` when :meth:`due`; the state is built only then."""

@@ -1,0 +1,54 @@
+"""A 2-rank Lightning job under ``ft_launcher`` with ``snapshot_every=2``, killed between two checkpoints.
+
+Checkpoints every 10 steps, a rank SIGKILLed at a random step between the checkpoints of steps 10
+and 20: the restarted ranks agree on the newest snapshot both hold and resume from it, the goodput
+report counts at most ``snapshot_every`` steps of recomputation (and what a resume from disk would
+have cost), and no snapshot is left in shared memory after the job. About 30 s.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+from lightning_scripts.harness import reports
+from test_lightning_launcher import launch, of
+
+from ft_core.report import build_report, load_records
+
+SNAPSHOT_EVERY = 2
+MAX_STEPS = 24
+
+
+@pytest.mark.timeout(480)
+def test_a_kill_between_checkpoints_resumes_from_the_newest_snapshot(tmp_path):
+    kill_step = random.Random().randint(12, 19)
+    result, events = launch(tmp_path, "heartbeats", {"kind": "kill", "rank": 1, "step": kill_step},
+                            f"--max-steps={MAX_STEPS}", "--every-n-steps=10", f"--snapshot-every={SNAPSHOT_EVERY}",
+                            "--step-sleep=0.05", "--save-sleep=0.05")
+    assert result.returncode == 0, result.output[-6000:]
+    assert [e["cycle"] for e in of(events, "cycle_start")] == [0, 1], f"kill at step {kill_step}"
+    first, resumed = of(events, "resume_chosen")
+    assert (first["cycle"], first["source"], first["step"]) == (0, "disk", None)  # a fresh start
+    assert (resumed["cycle"], resumed["source"], resumed["disk_step"]) == (1, "snapshot", 10), resumed
+    # The newest snapshot both ranks held whole: at most snapshot_every steps before the kill.
+    assert kill_step - SNAPSHOT_EVERY <= resumed["step"] <= kill_step, (kill_step, resumed)
+    assert resumed["step"] % SNAPSHOT_EVERY == 0 and resumed["world_size"] == 2
+    runs = reports(tmp_path)
+    assert runs[0, 1]["start_step"] == runs[1, 1]["start_step"] == resumed["step"]
+    assert runs[0, 1]["end_step"] == runs[1, 1]["end_step"] == MAX_STEPS
+
+    # The goodput report: the fault's recomputation runs from the snapshot, not from the checkpoint of step 10.
+    report = build_report(load_records([str(tmp_path / "ft_events.jsonl")]))
+    (fault,) = report.faults
+    assert (fault.resumed_from, fault.resume_step, fault.checkpoint_iteration) == ("snapshot", resumed["step"],
+                                                                                   resumed["step"])
+    assert fault.recompute_s is not None and fault.recompute_without_snapshots_s is not None
+    assert fault.recompute_s < fault.recompute_without_snapshots_s
+    assert kill_step - fault.resume_step <= SNAPSHOT_EVERY
+
+    # The launcher removed the job's snapshots when it ended.
+    stores = {run["snapshot_store"] for run in runs.values()}
+    assert None not in stores and len({os.path.dirname(os.path.dirname(s)) for s in stores}) == 1
+    assert not any(os.path.exists(os.path.dirname(os.path.dirname(s))) for s in stores)
