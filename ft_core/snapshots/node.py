@@ -46,6 +46,8 @@ class NodeSnapshots:
         self.source: Optional[ResumeSource] = None
         self._resumes = 0
         self._last_step: Optional[int] = None
+        #: The last copy handed to the writer, reused by the next one (host memory: one state's size).
+        self._staging: Any = None
 
     @classmethod
     def for_rank(cls, rank: int, world_size: int, every: int = DEFAULT_SNAPSHOT_EVERY,
@@ -116,7 +118,12 @@ class NodeSnapshots:
         """
         writer = self.writer if self.writer is not None else self._start_writer(None)
         self._last_step = step
-        submitted = writer.submit(step, copy_state(state))
+        if not writer.idle:  # only this thread submits: idle stays true until the submit below
+            writer.skip(step)
+            return False
+        # The writer is done with the previous copy: copy into it (no fresh pages to fault in).
+        self._staging = copy_state(state, reuse=self._staging)
+        submitted = writer.submit(step, self._staging)
         if submitted and wait:
             writer.wait()
         return submitted

@@ -24,33 +24,45 @@ __all__ = ["SnapshotWriter", "copy_state"]
 log = logging.getLogger("ft_core.snapshots")
 
 
-def copy_state(state: Any) -> Any:
+def copy_state(state: Any, reuse: Any = None) -> Any:
     """``state`` with every tensor replaced by a detached copy in host memory (containers rebuilt, other values kept).
 
     Tensors sharing storage are copied once and keep sharing it (tied weights stay tied).
+    ``reuse``: a previous copy of a state of the same structure; its tensors of the same
+    shape and dtype are overwritten in place (a plain memory copy, without allocating
+    and faulting in fresh pages), so it must no longer be in use.
     """
     import torch
 
     copies: dict[tuple[Any, ...], torch.Tensor] = {}
 
-    def copy(value: Any) -> Any:
+    def copy(value: Any, old: Any) -> Any:
         if isinstance(value, torch.Tensor):
             key = (value.untyped_storage().data_ptr(), value.storage_offset(), value.dtype,
                    tuple(value.shape), tuple(value.stride()))
             found = copies.get(key)
             if found is None:
-                found = copies[key] = value.detach().to("cpu", copy=True)
+                if isinstance(old, torch.Tensor) and old.device.type == "cpu" and old.dtype == value.dtype and \
+                        old.shape == value.shape and old.is_contiguous() and old.data_ptr() not in reused:
+                    found = old.copy_(value.detach())
+                    reused.add(old.data_ptr())
+                else:
+                    found = value.detach().to("cpu", copy=True)
+                copies[key] = found
             return found
         if isinstance(value, dict):
-            copied = {key: copy(item) for key, item in value.items()}
+            olds = old if isinstance(old, dict) else {}
+            copied = {key: copy(item, olds.get(key)) for key, item in value.items()}
             return collections.OrderedDict(copied) if isinstance(value, collections.OrderedDict) else copied
-        if isinstance(value, list):
-            return [copy(item) for item in value]
-        if isinstance(value, tuple) and not hasattr(value, "_fields"):
-            return tuple(copy(item) for item in value)
+        if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
+            previous: list[Any] = list(old) if isinstance(old, (list, tuple)) and len(old) == len(value) \
+                else [None] * len(value)
+            items = [copy(item, before) for item, before in zip(value, previous)]
+            return items if isinstance(value, list) else tuple(items)
         return value
 
-    return copy(state)
+    reused: set[int] = set()
+    return copy(state, reuse)
 
 
 class SnapshotWriter:
@@ -79,14 +91,28 @@ class SnapshotWriter:
             if self._closed:
                 return False
             if self._busy or self._pending is not None:
-                self.skipped += 1
-                if self.skipped in (1, 10, 100) or self.skipped % 1000 == 0:
-                    log.warning("snapshot of step %d skipped: the previous one is still being written (%d skipped "
-                                "so far); take snapshots less often (snapshot_every)", step, self.skipped)
+                self._skip(step)
                 return False
             self._pending = (step, state)
             self._cond.notify_all()
             return True
+
+    def skip(self, step: int) -> None:
+        """Count (and warn about) the snapshot of ``step`` not taken: the previous one is still being written."""
+        with self._cond:
+            self._skip(step)
+
+    def _skip(self, step: int) -> None:
+        self.skipped += 1
+        if self.skipped in (1, 10, 100) or self.skipped % 1000 == 0:
+            log.warning("snapshot of step %d skipped: the previous one is still being written (%d skipped "
+                        "so far); take snapshots less often (snapshot_every)", step, self.skipped)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing pending or being written: a submitted state is free again."""
+        with self._cond:
+            return not self._busy and self._pending is None
 
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Wait until nothing is pending or being written; False on timeout."""

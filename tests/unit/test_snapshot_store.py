@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import stat
+import threading
 
 import pytest
 import torch
@@ -166,3 +167,41 @@ def test_resume_from_disk_discards_every_slot(tmp_path):
 def test_snapshots_are_due_every_n_steps_once():
     node = NodeSnapshots(SnapshotStore("/nonexistent", 0, 1), "/nonexistent/monitor.sock", every=5)
     assert [step for step in range(12) if node.due(step)] == [5, 10]
+
+
+def test_copy_state_reuses_a_previous_copy_in_place():
+    weight = torch.ones(4)
+    first = copy_state({"w": weight, "tied": weight, "other": torch.zeros(2)})
+    buffer = first["w"]
+    weight.add_(1)
+    second = copy_state({"w": weight, "tied": weight, "other": torch.zeros(3)}, reuse=first)
+    assert second["w"] is buffer and second["w"].tolist() == [2.0] * 4 and second["tied"] is second["w"]
+    assert second["other"].shape == (3,)  # another shape: a new copy
+
+
+def test_a_snapshot_due_while_the_previous_is_written_is_skipped_without_copying(tmp_path):
+    store = SnapshotStore(str(tmp_path), rank=0, world_size=1)
+    node = NodeSnapshots(store, str(tmp_path / "job-x" / "monitor.sock"), every=1)
+    release = threading.Event()
+    assert node.save(1, {"w": torch.zeros(2)}, wait=True)
+    assert node.writer is not None
+    node.writer.store = _Blocking(store, release)  # the next write blocks until released
+    assert node.save(2, {"w": torch.zeros(2)})
+    staging = node._staging
+    assert not node.save(3, {"w": torch.ones(2)}) and node.writer.skipped == 1
+    assert node._staging is staging and staging["w"].tolist() == [0.0, 0.0]  # the copy being written untouched
+    release.set()
+    node.close()
+    assert [s.step for s in store.verified()[0]] == [2, 1]
+
+
+class _Blocking:
+    def __init__(self, store, release):
+        self.store, self.release = store, release
+
+    def write(self, *args):
+        self.release.wait(30)
+        return self.store.write(*args)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
