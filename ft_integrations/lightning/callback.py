@@ -133,8 +133,10 @@ class FaultToleranceCallback(Callback):
             checkpoint Lightning would write, plus RNG states) every this many training steps in the
             node's shared memory, written off the training thread; a restart resumes from the newest
             snapshot every rank holds when it is newer than the disk checkpoint, so a fault costs at
-            most this many steps. ``None`` or ``0``: off. See ``docs/snapshots.md`` for the cost and
-            the default (``ft_core.snapshots.node.DEFAULT_SNAPSHOT_EVERY``).
+            most this many steps. ``None`` or ``0`` (the default): off. A snapshot is also taken at
+            ``calculate_timeouts_after_steps``, so the learned timeouts have seen one. See
+            ``docs/snapshots.md`` for the cost and the recommended value
+            (``ft_core.snapshots.node.DEFAULT_SNAPSHOT_EVERY``, measured).
 
     Raises:
         MisconfigurationException: if an argument has an unsupported value, or the monitor's
@@ -268,7 +270,8 @@ class FaultToleranceCallback(Callback):
                                                          verify=self.verify_checkpoints)
         trainer.strategy.checkpoint_io = self._checkpoint_io
         if self.snapshot_every:
-            self._snapshots = LightningSnapshots.for_trainer(trainer, self.snapshot_every)
+            self._snapshots = LightningSnapshots.for_trainer(
+                trainer, self.snapshot_every, self.calculate_timeouts_after_steps if self.calculate_timeouts else None)
         if not self._connect():
             return
         self._check_config(self.client.cfg)

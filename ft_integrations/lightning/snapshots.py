@@ -69,13 +69,18 @@ def _set_rng_states(states: dict[str, Any]) -> None:
 class LightningSnapshots:
     """The snapshots of one rank of a ``Trainer``: taken every ``every`` steps, resumed from when newer."""
 
-    def __init__(self, node: NodeSnapshots) -> None:
+    def __init__(self, node: NodeSnapshots, learn_step: Optional[int] = None) -> None:
         self.node = node
+        #: The step whose end the callback learns timeouts at: a snapshot is taken there too, so the
+        #: learned step (or heartbeat) timeout has seen one (a snapshot first taken after learning, longer
+        #: than the steps learned from, would be killed as a hang).
+        self.learn_step = learn_step
         #: True while this object builds a checkpoint: the callback's ``on_save_checkpoint`` is not a save then.
         self.taking = False
 
     @classmethod
-    def for_trainer(cls, trainer: pl.Trainer, every: int) -> Optional[LightningSnapshots]:
+    def for_trainer(cls, trainer: pl.Trainer, every: int, learn_step: Optional[int] = None
+                    ) -> Optional[LightningSnapshots]:
         """None (with a warning) when this run has no node snapshot store (not launched by ``ft_launcher``)."""
         node = NodeSnapshots.for_rank(trainer.global_rank, trainer.world_size, every)
         if node is None:
@@ -86,7 +91,7 @@ class LightningSnapshots:
             rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every}): {type(trainer.strategy).__name__} "
                            "restores checkpoints after on_fit_start, where a snapshot is chosen: snapshots are off")
             return None
-        return cls(node)
+        return cls(node, learn_step)
 
     def resume(self, trainer: pl.Trainer) -> bool:
         """At ``on_fit_start`` on every rank: make the agreed snapshot Lightning's loaded checkpoint when newer.
@@ -111,7 +116,10 @@ class LightningSnapshots:
 
     def maybe_take(self, trainer: pl.Trainer) -> bool:
         """At the end of a training batch: take a snapshot when one is due (on every rank: it may gather)."""
-        return self.node.maybe_save(trainer.global_step, lambda: self._checkpoint(trainer))
+        step = trainer.global_step
+        if step == self.learn_step and self.node.due(step, every=1):
+            return self.node.save(step, self._checkpoint(trainer))
+        return self.node.maybe_save(step, lambda: self._checkpoint(trainer))
 
     def _checkpoint(self, trainer: pl.Trainer) -> dict[str, Any]:
         self.taking = True

@@ -52,3 +52,16 @@ def test_a_kill_between_checkpoints_resumes_from_the_newest_snapshot(tmp_path):
     stores = {run["snapshot_store"] for run in runs.values()}
     assert None not in stores and len({os.path.dirname(os.path.dirname(s)) for s in stores}) == 1
     assert not any(os.path.exists(os.path.dirname(os.path.dirname(s))) for s in stores)
+
+
+@pytest.mark.timeout(480)
+def test_a_slow_snapshot_is_not_a_hang_under_timeouts_learned_from_short_steps(tmp_path):
+    # Sections mode, 50 ms steps, the step timeout learned after 3 steps (x5, floor 1 s); a snapshot every
+    # 6 steps whose build takes 1.5 s (the model's on_save_checkpoint, which Lightning calls for it). The
+    # first step of a run takes a snapshot, so the learned step timeout has seen one: no false kill.
+    result, events = launch(tmp_path, "sections", {"kind": "kill", "rank": 1, "step": 1000}, "--max-steps=14",
+                            "--every-n-steps=100", "--snapshot-every=6", "--step-sleep=0.05", "--save-sleep=1.5",
+                            ft_flags=("--ft-safety-factor=5",))
+    assert result.returncode == 0, result.output[-6000:]
+    assert of(events, "hang_detected") == [] and [e["cycle"] for e in of(events, "cycle_start")] == [0]
+    assert reports(tmp_path)[0, 0]["end_step"] == 14
