@@ -56,11 +56,16 @@ def _distributed() -> bool:
 
 
 def agree(store: SnapshotStore) -> Agreement:
-    """Agree with every rank on the newest snapshot all of them hold (a collective: call it on every rank)."""
+    """Agree with every rank on the newest snapshot all of them hold (a collective: call it on every rank).
+
+    The ranks exchange what their slots' manifests list (cheap), then check the checksums of the
+    candidates every rank lists, newest first, one all-reduce each, until one passes on every
+    rank: usually one CRC-32 pass over one slot per rank.
+    """
     import torch.distributed as dist
 
-    mine, _ = store.verified()
-    offered = [(s.step, s.lineage) for s in mine]
+    mine = {(s.step, s.lineage): s for s in store.listed()}
+    offered = sorted(mine)
     if _distributed():
         everyone: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, offered, group=_gloo_group())
@@ -68,10 +73,20 @@ def agree(store: SnapshotStore) -> Agreement:
         everyone = [offered]
     held = [{(int(step), str(lineage)) for step, lineage in offer} for offer in everyone]
     common = set.intersection(*held) if held else set()
-    if common:
-        step, lineage = max(common)
-        snapshot = next(s for s in mine if (s.step, s.lineage) == (step, lineage))
-        return Agreement(snapshot, f"every rank holds a verified snapshot of step {step}", store.world_size)
+    torn: list[int] = []
+    for step, lineage in sorted(common, reverse=True):
+        snapshot = mine[step, lineage]
+        problem = store.verify(snapshot)
+        if all_ranks_ok(problem is None):
+            why = f"every rank holds a verified snapshot of step {step}"
+            if torn:
+                why += f" (newer ones fail their checksum on some rank: steps {', '.join(map(str, torn))})"
+            return Agreement(snapshot, why, store.world_size)
+        torn.append(step)
+        held = [{key for key in offer if key != (step, lineage)} for offer in held]
+    if torn and not any(held):
+        return Agreement(None, f"no verified snapshot (steps {', '.join(map(str, torn))} fail their checksum on "
+                               "some rank)", store.world_size)
     empty = [rank for rank, offer in enumerate(held) if not offer]
     if len(empty) == len(held):
         reason = "no rank holds a verified snapshot"

@@ -90,6 +90,15 @@ class SnapshotStore:
                                   self.state_file(slot)))
         return sorted(found, key=lambda s: s.step, reverse=True)
 
+    def verify(self, snapshot: Snapshot) -> Optional[Rejection]:
+        """Why ``snapshot`` (from :meth:`listed`) must not be loaded: its slot no longer holds it whole; else None."""
+        found = verified_version(self.slot_dir(snapshot.slot))
+        if isinstance(found, Rejection):
+            return found
+        if found is None or (found.global_step, str(found.run or "")) != (snapshot.step, snapshot.lineage):
+            return Rejection(self.slot_dir(snapshot.slot), "the slot holds another snapshot now")
+        return None
+
     def verified(self) -> tuple[list[Snapshot], list[Rejection]]:
         """The snapshots whose state matches its manifest (size and CRC-32), newest first, and the rejected slots."""
         good: list[Snapshot] = []

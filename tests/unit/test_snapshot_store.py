@@ -205,3 +205,15 @@ class _Blocking:
 
     def __getattr__(self, name):
         return getattr(self.store, name)
+
+
+def test_the_agreement_skips_a_newest_snapshot_that_fails_its_checksum(tmp_path):
+    store = SnapshotStore(str(tmp_path), rank=0, world_size=1)
+    _write(store, 0, 5)
+    _write(store, 1, 10)
+    with open(store.state_file(1), "r+b") as handle:
+        handle.seek(100)
+        handle.write(b"\0\1\2\3")
+    agreement = agree(store)
+    assert agreement.snapshot is not None and agreement.snapshot.step == 5
+    assert "fail their checksum on some rank: steps 10" in agreement.reason
