@@ -35,18 +35,23 @@ class Agreement:
 
 
 def _gloo_group() -> Any:
-    """A gloo process group over the default group's ranks (the default group itself when it is gloo)."""
+    """A gloo process group over the default group's ranks (the default group itself when it is gloo).
+
+    Made once per default group (a collective: every rank gets here in the same order), again
+    when the default group was replaced (an in-process restart).
+    """
     import torch.distributed as dist
 
     global _GLOO
     if dist.get_backend() == "gloo":
         return None
-    if _GLOO is None:
-        _GLOO = dist.new_group(backend="gloo")
-    return _GLOO
+    world = dist.group.WORLD
+    if _GLOO is None or _GLOO[0] is not world:
+        _GLOO = (world, dist.new_group(backend="gloo"))
+    return _GLOO[1]
 
 
-_GLOO: Any = None
+_GLOO: Optional[tuple[Any, Any]] = None
 
 
 def _distributed() -> bool:
