@@ -84,15 +84,19 @@ class NodeSnapshots:
         self.agreement = agreement = agree(self.store)
         source, reason = choose(agreement, disk_step)
         state = None
-        if source is ResumeSource.SNAPSHOT and agreement.snapshot is not None:
+        if agreement.snapshot is not None:  # the same on every rank: so is the collective below
             path = agreement.snapshot.path
-            try:
-                state = load(path) if load is not None else torch.load(path, map_location="cpu", weights_only=False)
-            except Exception as exc:  # noqa: BLE001 - a snapshot that does not load is skipped, on every rank
-                log.warning("snapshot %s does not load: %s: %s", path, type(exc).__name__, exc)
-            if not all_ranks_ok(state is not None):
+            if source is ResumeSource.SNAPSHOT:
+                try:
+                    state = load(path) if load is not None else torch.load(path, map_location="cpu",
+                                                                            weights_only=False)
+                except Exception as exc:  # noqa: BLE001 - a snapshot that does not load is skipped, on every rank
+                    log.warning("snapshot %s does not load: %s: %s", path, type(exc).__name__, exc)
+            # Every rank resumes from it, or none does (a rank that did not load it, or chose its disk
+            # checkpoint because it saw another step there).
+            if not all_ranks_ok(state is not None) and source is ResumeSource.SNAPSHOT:
                 state = None
-                source, reason = ResumeSource.DISK, f"{reason}, but it did not load on every rank: resuming from disk"
+                source, reason = ResumeSource.DISK, f"{reason}, but not every rank loaded it: resuming from disk"
         self.source = source
         keep = agreement.snapshot.slot if state is not None and agreement.snapshot is not None else None
         self.store.discard(keep=keep)

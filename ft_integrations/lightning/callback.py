@@ -522,6 +522,10 @@ class FaultToleranceCallback(Callback):
             rank_zero_warn(f"FaultToleranceCallback: checkpoint {rejection.path} rejected ({rejection.reason}); "
                            f"resuming from {result.path}")
 
+    def snapshot_instead_of(self, path: str) -> Optional[dict[str, Any]]:
+        """From :class:`FaultToleranceCheckpointIO` before a resume loads ``path``: a newer snapshot, if any."""
+        return self._snapshots.instead_of(path) if self._snapshots is not None else None
+
     def _open_checkpointing(self) -> None:
         if not self._sections:
             self.client.send_heartbeat()

@@ -6,10 +6,13 @@ with the callbacks' states and the loops' progress) plus the RNG states, taken a
 of every ``snapshot_every``-th training batch. The training thread only copies its
 tensors; the node's snapshot store is written by a thread (:mod:`ft_core.snapshots`).
 
-On a restart, after Lightning restored the disk checkpoint's model and callbacks and
-before it restores the loops and optimizers (``on_fit_start``), the ranks agree on the
-newest snapshot every rank holds; when it is newer than the disk checkpoint, it becomes
-the checkpoint Lightning restores from. Disk checkpoints stay the source of truth.
+On a restart the ranks agree on the newest snapshot every rank holds; when it is newer
+than the disk checkpoint, it becomes the checkpoint Lightning restores from. The choice is
+made when Lightning is about to load the disk checkpoint (``CheckpointIO.load_checkpoint``,
+comparing with the step its manifest names, so a newer snapshot spares the disk load), or,
+without a disk checkpoint to load or a manifest naming its step, in ``on_fit_start``
+(after Lightning restored the model and callbacks, before the loops and optimizers).
+Disk checkpoints stay the source of truth.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ import logging
 import random
 from typing import Any, Optional
 
+from ft_core.checkpoint_manifest import read_manifest
+from ft_core.events import ResumeSource
 from ft_core.snapshots.node import NodeSnapshots
+from ft_core.snapshots.resume import all_ranks_ok
 from ft_core.validation import ValidationError
 from ft_integrations.lightning._pl import pl, rank_zero_warn
 
@@ -75,6 +81,7 @@ class LightningSnapshots:
         #: learned step (or heartbeat) timeout has seen one (a snapshot first taken after learning, longer
         #: than the steps learned from, would be killed as a hang).
         self.learn_step = learn_step
+        self._rng: Optional[dict[str, Any]] = None
         #: True while this object builds a checkpoint: the callback's ``on_save_checkpoint`` is not a save then.
         self.taking = False
 
@@ -93,26 +100,51 @@ class LightningSnapshots:
             return None
         return cls(node, learn_step)
 
-    def resume(self, trainer: pl.Trainer) -> bool:
-        """At ``on_fit_start`` on every rank: make the agreed snapshot Lightning's loaded checkpoint when newer.
+    def instead_of(self, path: str) -> Optional[dict[str, Any]]:
+        """When a resume is about to load the disk checkpoint ``path`` (every rank): the agreed snapshot's
+        state when it is newer than the step ``path``'s manifest names, so the disk checkpoint is not loaded.
 
-        Returns True when the run resumes from a snapshot.
+        None (load ``path``) when it is not, or when some rank cannot read ``path``'s step from its
+        manifest: then :meth:`resume` decides after the load.
         """
-        connector = trainer._checkpoint_connector
-        loaded = connector._loaded_checkpoint
-        step = loaded.get("global_step") if loaded else None
-        state = self.node.resume(None if step is None else int(step))
-        if state is None:
-            return False
-        rng = state.pop(_RNG_KEY, None)
-        connector._loaded_checkpoint = state
-        # What _restore_modules_and_callbacks did with the disk checkpoint; the loops and optimizers follow.
-        connector.restore_model()
-        connector.restore_datamodule()
-        connector.restore_callbacks()
-        if rng is not None:
-            _set_rng_states(rng)
-        return True
+        if self.node.source is not None:
+            return None  # decided already
+        try:
+            manifest = read_manifest(path)
+        except (OSError, ValueError):
+            manifest = None
+        step = manifest.global_step if manifest is not None else None
+        if not all_ranks_ok(step is not None):
+            return None
+        state = self.node.resume(step)
+        if state is not None:
+            self._rng = state.pop(_RNG_KEY, None)
+        return state
+
+    def resume(self, trainer: pl.Trainer) -> bool:
+        """At ``on_fit_start`` on every rank: resume from the agreed snapshot when newer than what Lightning loaded.
+
+        Lightning has restored the model and callbacks, not yet the loops and optimizers. When
+        :meth:`instead_of` decided already (the snapshot is Lightning's loaded checkpoint, or the disk
+        checkpoint was newer), only the RNG states are left to restore. Returns True when the run
+        resumes from a snapshot.
+        """
+        if self.node.source is None:
+            connector = trainer._checkpoint_connector
+            loaded = connector._loaded_checkpoint
+            step = loaded.get("global_step") if loaded else None
+            state = self.node.resume(None if step is None else int(step))
+            if state is not None:
+                self._rng = state.pop(_RNG_KEY, None)
+                connector._loaded_checkpoint = state
+                # What _restore_modules_and_callbacks did with the disk checkpoint; loops and optimizers follow.
+                connector.restore_model()
+                connector.restore_datamodule()
+                connector.restore_callbacks()
+        if self._rng is not None:
+            _set_rng_states(self._rng)
+            self._rng = None
+        return self.node.source is ResumeSource.SNAPSHOT
 
     def maybe_take(self, trainer: pl.Trainer) -> bool:
         """At the end of a training batch: take a snapshot when one is due (on every rank: it may gather)."""
