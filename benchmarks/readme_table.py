@@ -154,11 +154,39 @@ def inprocess_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
            f"in-job restart by {data['injob']['launcher']}: {injob['median']:.2f} s", "")
 
 
+def snapshot_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
+    floor, copy, write = data["floor_memcpy_to_shm_s"], data["copy_on_training_thread_s"], data["snapshot_write_s"]
+    mb = data["state_mb"]
+    yield (f"snapshot of a {mb:.0f} MB state: training thread blocked (`snapshot.py`, {copy['n']} snapshots)",
+           f"{copy['median'] * 1000:.0f} ms, p99 {copy['p99'] * 1000:.0f} ms",
+           f"raw copy of the same bytes to /dev/shm: {floor['median'] * 1000:.0f} ms, p99 "
+           f"{floor['p99'] * 1000:.0f} ms (a copy into fresh memory: "
+           f"{data['copy_into_fresh_memory_s']['median'] * 1000:.0f} ms)", "≈ the raw copy")
+    yield (f"snapshot of a {mb:.0f} MB state, written end to end (copy, `torch.save`, CRC-32)",
+           f"{write['median']:.2f} s, p99 {write['p99']:.2f} s", "", "")
+    step = data["step_s_without"]["median"]
+    yield (f"step-time overhead, a snapshot every {data['snapshot_every']} steps ({data['step_ms']:g} ms of compute "
+           f"per step, {data['rounds']} interleaved rounds): wall / CPU time",
+           f"{spread(data['overhead_pct'], ' %')} / {spread(data['cpu_overhead_pct'], ' %')}",
+           f"the same loop without snapshots: {step * 1000:.0f} ms, "
+           f"{data['step_cpu_s_without']['median'] * 1000:.0f} ms CPU per step", "")
+    cost, every, chosen = data["cost_per_snapshot_cpu_s"], data["snapshot_every_for_3pct"], data["recommended_snapshot_every"]
+    cpu_step = data["step_cpu_s_without"]["median"]
+    yield ("→ interval that keeps snapshots within 3 % of the step (CPU)",
+           f"{every} steps (a snapshot costs {cost:.2f} s CPU; every {chosen} steps: "
+           f"{100 * cost / (chosen * cpu_step):.1f} %)", "", f"≤ 3 % at the recommended `snapshot_every` ({chosen})")
+    snap, disk = data["resume_from_snapshot_s"], data["resume_from_disk_s"]
+    yield ("resume from the snapshot (agreement, CRC-32, load) / from a disk checkpoint of the same state",
+           f"{snap['median']:.2f} s, p99 {snap['p99']:.2f} s",
+           f"disk, cold page cache: {disk['median']:.2f} s, p99 {disk['p99']:.2f} s; warm: "
+           f"{data['resume_from_disk_warm_s']['median']:.2f} s", "≤ disk")
+
+
 SECTIONS = (("ipc_overhead", ipc_rows), ("detection_latency", detection_rows),
             ("restart_latency_prewarm_on", restart_rows), ("restart_latency_prewarm_off", restart_rows),
             ("memory_overhead", memory_rows), ("startup", startup_rows), ("false_kills", false_kills_rows),
             ("lightning_overhead", lightning_rows),
-            ("inprocess_restart", inprocess_rows))
+            ("inprocess_restart", inprocess_rows), ("snapshot", snapshot_rows))
 
 
 def table(directory: str) -> str:

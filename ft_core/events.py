@@ -64,6 +64,8 @@ __all__ = [
     "RanksSnapshot",
     "Restart",
     "RestartKind",
+    "ResumeChosen",
+    "ResumeSource",
     "SignalReceived",
     "Straggler",
     "TimeoutsUpdated",
@@ -95,6 +97,7 @@ class EventName(str, enum.Enum):
     DEADLINE_EXTENDED = "deadline_extended"
     RANKS_SNAPSHOT = "ranks_snapshot"
     PHASE_MEDIANS = "phase_medians"  # read by the launcher only (straggler detection)
+    RESUME_CHOSEN = "resume_chosen"  # written by global rank 0 into the monitor's file (ft_core.snapshots)
     # written by the launcher
     LAUNCHER_STARTED = "launcher_started"
     CYCLE_START = "cycle_start"
@@ -281,6 +284,29 @@ class PhaseMedians(Event, frozen=True, tag=EventName.PHASE_MEDIANS.value):
     medians: list[PhaseMedian]
 
 
+class ResumeSource(str, enum.Enum):
+    """What a restarted job resumed from (the ``source`` of a ``resume_chosen`` event)."""
+
+    SNAPSHOT = "snapshot"  # the newest in-memory snapshot every rank holds (ft_core.snapshots)
+    DISK = "disk"  # the disk checkpoint (or nothing, on a first start)
+
+
+class ResumeChosen(Event, frozen=True, tag=EventName.RESUME_CHOSEN.value):
+    """The ranks' choice between the newest snapshot they all hold and the disk checkpoint, and why."""
+
+    cycle: int  # TORCHELASTIC_RESTART_COUNT of the workers that chose
+    source: ResumeSource
+    #: The step resumed from (None: a fresh start).
+    step: Optional[int]
+    reason: str
+    world_size: int
+    #: The disk checkpoint's step (None: none loaded), and the newest step every rank holds a verified snapshot of.
+    disk_step: Optional[int] = None
+    snapshot_step: Optional[int] = None
+    #: Unix time the chosen snapshot was taken (the report's recomputation with snapshots starts there).
+    snapshot_time: Optional[float] = None
+
+
 # -- records of the launcher ----------------------------------------------------
 class MonitorLate(Event, frozen=True, tag=EventName.MONITOR_LATE.value):
     """The monitor woke ``late`` seconds after it meant to; that time was granted to the ranks as grace."""
@@ -445,7 +471,7 @@ AnyEvent = Union[
     MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported, RankException,
     TimeoutsUpdated, ConnectionRejected, MonitorLate, DeadlineExtended, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
     WorkersSucceeded, Restart, FaultFingerprint, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
-    SignalReceived, LauncherExit, RanksSnapshot, Diagnosis,
+    SignalReceived, LauncherExit, RanksSnapshot, Diagnosis, ResumeChosen,
 ]
 
 _ENCODER = msgspec.json.Encoder()

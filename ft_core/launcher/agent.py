@@ -54,6 +54,7 @@ from ft_core.events import (
     RankTerminated,
     Restart,
     RestartKind,
+    ResumeChosen,
     SignalReceived,
     WorkerExit,
     WorkersStopped,
@@ -607,6 +608,8 @@ class FtElasticAgent(LocalElasticAgent):
                     self._svc.events.write(msgspec.structs.replace(ev, stack=None))
                 case CheckpointReported():
                     self._on_progress(ev.iteration, f"rank {ev.rank}")
+                case ResumeChosen():  # the ranks' snapshot-or-disk choice (ft_core.snapshots)
+                    self._svc.events.write(ev)
                 case RankException():
                     if self._is_current_worker(ev.pid):
                         self._exceptions.append(ev)

@@ -35,6 +35,7 @@ from ft_integrations.lightning._pl import (
     rank_zero_warn,
 )
 from ft_integrations.lightning.checkpoint_io import FaultToleranceCheckpointIO
+from ft_integrations.lightning.snapshots import LightningSnapshots, snapshot_every_arg
 from ft_integrations.session import (
     FINISHED_FLAG_ENV,
     FaultToleranceSession,
@@ -129,6 +130,14 @@ class FaultToleranceCallback(Callback):
             resume checks the checkpoint it loads (manifest, loads, finite tensors), falling back
             to the newest older checkpoint of the same directory that passes, on every rank the
             same. Local and mounted filesystems only; remote URLs are written and read as they are.
+        snapshot_every: under ``ft_launcher``, keep an in-memory snapshot of the training state (the
+            checkpoint Lightning would write, plus RNG states) every this many training steps in the
+            node's shared memory, written off the training thread; a restart resumes from the newest
+            snapshot every rank holds when it is newer than the disk checkpoint, so a fault costs at
+            most this many steps. ``None`` or ``0`` (the default): off. A snapshot is also taken at
+            ``calculate_timeouts_after_steps``, so the learned timeouts have seen one. See
+            ``docs/snapshots.md`` for the cost and the recommended value
+            (``ft_core.snapshots.node.DEFAULT_SNAPSHOT_EVERY``, measured).
 
     Raises:
         MisconfigurationException: if an argument has an unsupported value, or the monitor's
@@ -160,6 +169,7 @@ class FaultToleranceCallback(Callback):
         standalone: Union[StandalonePolicy, str] = StandalonePolicy.MONITOR,
         config: Optional[Union[FaultToleranceConfig, Mapping[str, Any], str, os.PathLike[str]]] = None,
         verify_checkpoints: bool = True,
+        snapshot_every: Optional[int] = None,
     ) -> None:
         super().__init__()
         name = "FaultToleranceCallback."
@@ -171,6 +181,7 @@ class FaultToleranceCallback(Callback):
             boolean(name + "verify_checkpoints", verify_checkpoints)
             steps = int_in_range(name + "calculate_timeouts_after_steps", calculate_timeouts_after_steps, 1)
             state_file = path_or_none(name + "state_file", state_file)
+            self.snapshot_every = snapshot_every_arg(name + "snapshot_every", snapshot_every)
             callable_or_none(name + "exc_handling_policy", exc_handling_policy,
                              allowed="None or a callable (exception -> WorkloadControlRequest or None)")
         except ValidationError as exc:
@@ -198,6 +209,7 @@ class FaultToleranceCallback(Callback):
         self._trainer: Optional[pl.Trainer] = None
         self._checkpoint_io: Optional[FaultToleranceCheckpointIO] = None
         self._injector: Optional[FaultInjector] = None
+        self._snapshots: Optional[LightningSnapshots] = None
         self._reset_run_state()
 
     def _reset_run_state(self) -> None:
@@ -258,6 +270,9 @@ class FaultToleranceCallback(Callback):
         self._checkpoint_io = FaultToleranceCheckpointIO(trainer.strategy.checkpoint_io, self,
                                                          verify=self.verify_checkpoints)
         trainer.strategy.checkpoint_io = self._checkpoint_io
+        if self.snapshot_every:
+            self._snapshots = LightningSnapshots.for_trainer(
+                trainer, self.snapshot_every, self.calculate_timeouts_after_steps if self.calculate_timeouts else None)
         if not self._connect():
             return
         self._check_config(self.client.cfg)
@@ -343,12 +358,21 @@ class FaultToleranceCallback(Callback):
             if trainer.strategy.checkpoint_io is self._checkpoint_io:
                 trainer.strategy.checkpoint_io = self._checkpoint_io.checkpoint_io
             self._checkpoint_io = None
+        if self._snapshots is not None:
+            self._snapshots.close()  # a write in progress ends whole
+            self._snapshots = None
         if self.client.is_initialized:
             self.client.end_all_sections()
             self.client.shutdown_workload_monitoring(training_finished=training_finished)
         self._save_pending = self._in_setup = self._checkpointing_open = False
 
     # -- training ---------------------------------------------------------
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Between the restore of the model and callbacks and that of the loops and optimizers: every rank.
+        if self._snapshots is not None:
+            self._snapshots.resume(trainer)
+
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.active:
@@ -391,6 +415,8 @@ class FaultToleranceCallback(Callback):
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
+        if self._snapshots is not None:
+            self._snapshots.maybe_take(trainer)
         if not self.active:
             return
         if self._sections:
@@ -463,8 +489,8 @@ class FaultToleranceCallback(Callback):
                            checkpoint: dict[str, Any]) -> None:
         # Called on every rank right before the write. Only some ranks write (rank 0 under DDP);
         # the others wait for it in a barrier, so for them the save also lasts until the write
-        # ends: the section stays open until this rank's next hook.
-        if not self.active:
+        # ends: the section stays open until this rank's next hook. A snapshot being built is no save.
+        if not self.active or (self._snapshots is not None and self._snapshots.taking):
             return
         self._save_pending = True
         self._open_checkpointing()
@@ -495,6 +521,10 @@ class FaultToleranceCallback(Callback):
         for rejection in result.rejected:
             rank_zero_warn(f"FaultToleranceCallback: checkpoint {rejection.path} rejected ({rejection.reason}); "
                            f"resuming from {result.path}")
+
+    def snapshot_instead_of(self, path: str) -> Optional[dict[str, Any]]:
+        """From :class:`FaultToleranceCheckpointIO` before a resume loads ``path``: a newer snapshot, if any."""
+        return self._snapshots.instead_of(path) if self._snapshots is not None else None
 
     def _open_checkpointing(self) -> None:
         if not self._sections:

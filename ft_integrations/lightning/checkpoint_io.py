@@ -37,6 +37,10 @@ class CheckpointWriteObserver(Protocol):
 
     def on_checkpoint_loaded_verified(self, result: LoadResult) -> None: ...
 
+    def snapshot_instead_of(self, path: str) -> Optional[dict[str, Any]]:
+        """A newer in-memory snapshot's state to resume from instead of loading ``path``; None: load it."""
+        ...
+
 
 def _weights(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """What must be finite in a Lightning checkpoint: the model and the optimizers (a callback may keep ``inf``)."""
@@ -84,6 +88,9 @@ class FaultToleranceCheckpointIO(CheckpointIO):
 
     @override
     def load_checkpoint(self, path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        snapshot = self.observer.snapshot_instead_of(str(path))
+        if snapshot is not None:
+            return snapshot
         if not (self.verify and _local(path)):
             return self.checkpoint_io.load_checkpoint(path, *args, **kwargs)
         requested = os.fspath(path)

@@ -54,6 +54,8 @@ from ft_core.events import (
     RankConnected,
     Restart,
     RestartKind,
+    ResumeChosen,
+    ResumeSource,
     SignalReceived,
     WorkerExit,
     WorkersSucceeded,
@@ -96,6 +98,11 @@ class Fault:
     #: Ranks that only waited for the culprit, and the diagnosis' headline (hangs the launchers diagnosed).
     waiting: list[int] = dataclasses.field(default_factory=list)
     diagnosis: Optional[str] = None
+    #: What the next cycle resumed from (``resume_chosen``: "snapshot" or "disk"), its step, and the
+    #: recomputation had it resumed from the disk checkpoint (``recompute_s`` is the one it had).
+    resumed_from: Optional[str] = None
+    resume_step: Optional[int] = None
+    recompute_without_snapshots_s: Optional[float] = None
 
     @property
     def lost_s(self) -> float:
@@ -205,6 +212,8 @@ class Report:
                 "iterations_lost": f.iterations_lost, "detection_s": _round(f.detection_s),
                 "restart_s": _round(f.restart_s), "recompute_s": _round(f.recompute_s),
                 "lost_s": _round(f.lost_s), "reason": f.reason, "waiting": f.waiting, "diagnosis": f.diagnosis,
+                "resumed_from": f.resumed_from, "resume_step": f.resume_step,
+                "recompute_without_snapshots_s": _round(f.recompute_without_snapshots_s),
             } for f in self.faults],
             "exit_codes": self.exit_codes,
             "exit_reasons": self.exit_reasons,
@@ -415,6 +424,14 @@ def _fault(attempt: int, cycle: _Cycle, group: Sequence[_Launcher], following: O
     in_cycle = [c[0] for c in before if c[0] >= cycle.ready]
     recompute = max(0.0, onset - (max(in_cycle) if in_cycle else cycle.ready)) if has_progress else None
     resumed = following.ready if following is not None else None
+    resume = next((r for lc in group for r in lc.records if following is not None and
+                   isinstance(r, ResumeChosen) and r.cycle == following.number), None)
+    without = recompute
+    if resume is not None and resume.source is ResumeSource.SNAPSHOT and recompute is not None and \
+            resume.snapshot_time is not None:
+        # Resumed from a snapshot: only the training after it (in this cycle) is recomputed.
+        recompute = min(recompute, max(0.0, onset - max(resume.snapshot_time, cycle.ready)))
+        checkpoint_iteration = resume.step
     culprit = _culprit(failures)
     diagnosis = diagnoses[0][0] if diagnoses else None  # the same record on every node
     if diagnosis is not None and diagnosis.culprits:
@@ -433,7 +450,9 @@ def _fault(attempt: int, cycle: _Cycle, group: Sequence[_Launcher], following: O
         restart_s=max(0.0, resumed - detected) if resumed is not None else None,
         recompute_s=recompute, detected=detected, resumed=resumed,
         waiting=list(diagnosis.waiting) if diagnosis else [],
-        diagnosis=diagnosis.headline if diagnosis else None)
+        diagnosis=diagnosis.headline if diagnosis else None,
+        resumed_from=resume.source.value if resume else None, resume_step=resume.step if resume else None,
+        recompute_without_snapshots_s=without if resume else None)
 
 
 def _culprit(failures: Sequence[_Failure]) -> tuple[Optional[int], Optional[str]]:

@@ -63,6 +63,9 @@ def format_report(report: Report) -> str:
                 f"{seconds(f.restart_s):<9} {seconds(f.recompute_s)}")
             if f.diagnosis:
                 lines.append(f"     diagnosis: {f.diagnosis}")
+            if f.resumed_from == "snapshot":
+                lines.append(f"     resumed from the snapshot of step {f.resume_step}: recomputation "
+                             f"{seconds(f.recompute_s)} ({seconds(f.recompute_without_snapshots_s)} from disk)")
     codes = sorted({str(code) for code in report.exit_codes})
     lines.append(f"  exit code(s)   : {', '.join(codes) or 'n/a'}"
                  + (f" ({report.exit_reasons[-1]})" if report.exit_reasons else ""))

@@ -71,7 +71,8 @@ class Report(Callback):
     def on_train_start(self, trainer, pl_module):
         self.data.update(start_step=trainer.global_step, start_timeouts=self.ft.client.state_dict(),
                          active=self.ft.active, setup_seconds=time.monotonic() - self._setup_started,
-                         prewarmed="ft_core.launcher.zygote" in sys.modules)
+                         prewarmed="ft_core.launcher.zygote" in sys.modules,
+                         snapshot_store=self.ft._snapshots.node.store.path if self.ft._snapshots else None)
         self._write()
 
     def on_fit_end(self, trainer, pl_module):
@@ -102,6 +103,7 @@ def main() -> None:
     parser.add_argument("--ckpt-dir", required=True)
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--seed", type=int, default=None, help="seed torch before the data and the model")
+    parser.add_argument("--snapshot-every", type=int, default=None, help="FaultToleranceCallback(snapshot_every=)")
     args = parser.parse_args()
     if args.seed is not None:
         torch.manual_seed(args.seed)
@@ -115,6 +117,7 @@ def main() -> None:
         exc_handling_policy=shutdown_policy if args.policy == "shutdown" else None,
         standalone=args.standalone,
         config=json.loads(args.config_json) if args.config_json else None,
+        snapshot_every=args.snapshot_every,
     )
     data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
     trainer = Trainer(

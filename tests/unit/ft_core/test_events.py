@@ -54,6 +54,9 @@ SAMPLES: list[ev.Event] = [
     ev.Diagnosis(time=1.0, cycle=0, culprits=[1], waiting=[0], evidence="rank 0 was blocked in a collective",
                  headline="rank 1 (node h:7, pid 12) hung in section step at iteration 25 for 3.0 s; "
                           "ranks 0 were waiting for it", culprit_nodes=["h:7"], decided_by="h:7"),
+    ev.ResumeChosen(time=1.0, cycle=1, source=ev.ResumeSource.SNAPSHOT, step=20, world_size=2, disk_step=10,
+                    snapshot_step=20, snapshot_time=0.5, reason="every rank holds a verified snapshot of step 20, "
+                                                                "newer than the disk checkpoint of step 10"),
 ]
 
 

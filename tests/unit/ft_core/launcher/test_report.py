@@ -145,6 +145,22 @@ def test_time_accounting_across_nodes_and_requeues(job_dir):
     assert "2 (1 crash, 1 hang)" in text and "rank 3 @ hostB" in text
 
 
+def test_a_resume_from_a_snapshot_recomputes_only_what_followed_it(tmp_path):
+    # The hang of attempt 0 (onset 18.0, disk checkpoint of iteration 10 at 10.0); the next cycle resumed from
+    # the snapshot of step 14, taken at 16.5.
+    records = [*attempt0()[A0], *attempt0()[B0],
+               ev("resume_chosen", 23.5, A0, cycle=1, source="snapshot", step=14, reason="...", world_size=4,
+                  disk_step=10, snapshot_step=14, snapshot_time=16.5)]
+    path = write(tmp_path / "ft_events.jsonl", records)
+    report = build_report(load_records([path]), [path])
+    hang = report.faults[0]
+    assert (hang.resumed_from, hang.resume_step) == ("snapshot", 14)
+    assert hang.recompute_s == pytest.approx(18.0 - 16.5)
+    assert hang.recompute_without_snapshots_s == pytest.approx(18.0 - 10.0)
+    assert (hang.checkpoint_iteration, hang.iterations_lost) == (14, 1)
+    assert "resumed from the snapshot of step 14: recomputation 1.5 s (8.0 s from disk)" in format_report(report)
+
+
 def test_one_shared_file_gives_the_same_report(job_dir, tmp_path):
     records = [r for nodes in (attempt0(), attempt1()) for recs in nodes.values() for r in recs]
     shared = write(tmp_path / "shared" / "ft_events.jsonl", sorted(records, key=lambda r: -r["time"]))
@@ -170,7 +186,8 @@ def test_json_keys_are_fixed_and_unknowns_are_null(tmp_path):
     (fault,) = data["faults"]
     assert list(fault) == ["attempt", "cycle", "kind", "time", "culprit_rank", "culprit_node", "ranks", "iteration",
                            "checkpoint_iteration", "iterations_lost", "detection_s", "restart_s", "recompute_s",
-                           "lost_s", "reason", "waiting", "diagnosis"]
+                           "lost_s", "reason", "waiting", "diagnosis", "resumed_from", "resume_step",
+                           "recompute_without_snapshots_s"]
     assert fault["recompute_s"] is None and fault["checkpoint_iteration"] is None
     assert fault["waiting"] == [] and fault["diagnosis"] is None  # no diagnosis record in this log
     assert fault["restart_s"] == pytest.approx(23.2 - 20.0)

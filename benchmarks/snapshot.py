@@ -1,0 +1,223 @@
+"""Cost of in-memory snapshots (``ft_core.snapshots``) for a ~200 MB training state (prints JSON).
+
+The state is a model's parameters and Adam's two moments (``--state-mb`` in all, float32).
+Measured in one process, in this order:
+
+* ``floor_memcpy_to_shm_s``: the raw copy of the same bytes into a ``/dev/shm`` file (``os.write``
+  of each tensor's buffer), beside ``copy_on_training_thread_s`` (what ``save()`` blocks the
+  training thread for: the tensors copied to host memory) and ``snapshot_write_s`` (copy,
+  ``torch.save`` into the slot and its manifest's CRC-32, end to end);
+* ``overhead_pct``: the step time of a training loop paced like a step (``--step-ms`` of real
+  matmul compute, then an in-place update of every parameter and moment, as an optimizer does)
+  with a snapshot every ``--snapshot-every`` steps, against the same loop without snapshots,
+  in interleaved rounds (per-round means; median, p99, min, max over the rounds); the same in
+  CPU seconds of the process (``cpu_overhead_pct``: on a shared machine, wall time is mostly
+  the other processes' noise), from which ``cost_per_snapshot_cpu_s`` and the interval that
+  keeps snapshots within 3 % of a step (``snapshot_every_for_3pct``) follow;
+* ``resume_from_snapshot_s`` (agreement, checksums, ``torch.load`` from shared memory) against
+  ``resume_from_disk_s`` (the manifest's checksum and ``torch.load`` of the same state saved as
+  a disk checkpoint in ``--disk-dir``, its pages dropped from the page cache first, as after a
+  restart on another day; ``resume_from_disk_warm_s`` with the pages cached).
+
+    python benchmarks/snapshot.py [--state-mb 192] [--repeats 10] [--rounds 4] [--steps 60]
+                                  [--step-ms 200] [--snapshot-every N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import emit, summarize  # noqa: E402
+
+from ft_core.checkpoint_manifest import save_file_atomically, verify  # noqa: E402
+from ft_core.jobdir import JobDir  # noqa: E402
+from ft_core.snapshots.node import DEFAULT_SNAPSHOT_EVERY, NodeSnapshots  # noqa: E402
+from ft_core.snapshots.space import SHM_BASE  # noqa: E402
+from ft_core.snapshots.store import SnapshotStore  # noqa: E402
+from ft_core.snapshots.writer import copy_state  # noqa: E402
+
+
+def make_state(state_mb: int) -> dict:
+    per = state_mb * (1 << 20) // 4 // 3 // 8  # float32 elements per tensor: 8 parameters, 3 copies each
+    params = [torch.randn(per) for _ in range(8)]
+    return {"step": 0, "model": {f"w{i}": p for i, p in enumerate(params)},
+            "optimizer": {"exp_avg": [torch.zeros(per) for _ in params],
+                          "exp_avg_sq": [torch.zeros(per) for _ in params]}}
+
+
+def tensors(state: dict) -> list[torch.Tensor]:
+    return [*state["model"].values(), *state["optimizer"]["exp_avg"], *state["optimizer"]["exp_avg_sq"]]
+
+
+def floor_copy(state: dict, path: str) -> float:
+    start = time.perf_counter()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        for tensor in tensors(state):
+            view = memoryview(tensor.numpy()).cast("B")
+            while view:
+                view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    return time.perf_counter() - start
+
+
+class Stepper:
+    """A training step: ``step_ms`` of matmuls, then an in-place update of the whole state."""
+
+    def __init__(self, state: dict, step_ms: float) -> None:
+        self.state = state
+        self.a = torch.randn(256, 256)
+        self.matmuls = 1
+        start = time.perf_counter()
+        for _ in range(20):
+            self.a @ self.a
+        per = (time.perf_counter() - start) / 20
+        update = time.perf_counter()
+        self._update()
+        spent = time.perf_counter() - update
+        self.matmuls = max(1, int((step_ms / 1000 - spent) / per))
+
+    def _update(self) -> None:
+        for tensor in tensors(self.state):
+            tensor.mul_(0.999)
+
+    def step(self) -> None:
+        for _ in range(self.matmuls):
+            self.a @ self.a
+        self._update()
+        self.state["step"] += 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--state-mb", type=int, default=192)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=60, help="steps per round and variant")
+    parser.add_argument("--step-ms", type=float, default=200.0)
+    parser.add_argument("--snapshot-every", type=int, default=10,
+                        help="snapshots in the measured loop (often, to measure their cost; the default interval "
+                             f"is {DEFAULT_SNAPSHOT_EVERY}: see snapshot_every_for_3pct)")
+    parser.add_argument("--disk-dir", default=os.path.dirname(os.path.abspath(__file__)))
+    args = parser.parse_args()
+
+    state = make_state(args.state_mb)
+    nbytes = sum(t.numel() * t.element_size() for t in tensors(state))
+    shm = tempfile.mkdtemp(prefix="ft-snapshot-bench-", dir=SHM_BASE)
+    disk = tempfile.mkdtemp(prefix=".snapshot-bench-", dir=args.disk_dir)
+    try:
+        job = JobDir(os.path.join(shm, "job-bench")).create()
+        store = SnapshotStore(os.path.join(shm, "store"), rank=0, world_size=1)
+        node = NodeSnapshots(store, job.monitor_socket, every=args.snapshot_every)
+        node.resume(None)  # starts the writer, as a rank's first start does
+        floor, copy, write, fresh = [], [], [], []
+        for _ in range(args.repeats):
+            floor.append(floor_copy(state, os.path.join(shm, "floor.bin")))
+            start = time.perf_counter()
+            copied = copy_state(state)  # into fresh memory: what reusing the buffers saves
+            fresh.append(time.perf_counter() - start)
+            del copied
+            start = time.perf_counter()
+            node.save(state["step"], state)  # what the training thread waits for
+            copy.append(time.perf_counter() - start)
+            assert node.writer is not None and node.writer.wait()
+            write.append(time.perf_counter() - start)
+            state["step"] += 1
+        os.unlink(os.path.join(shm, "floor.bin"))
+
+        stepper = Stepper(state, args.step_ms)
+        without, with_snapshots, overhead, cpu_without, cpu_with, cpu_overhead = [], [], [], [], [], []
+        for _ in range(args.rounds):
+            means, cpu = {}, {}
+            for variant in ("without", "with"):
+                assert node.writer is not None
+                node.writer.wait()
+                start, cpu_start = time.perf_counter(), time.process_time()
+                for _ in range(args.steps):
+                    stepper.step()
+                    if variant == "with":
+                        node.maybe_save(state["step"], lambda: state)
+                node.writer.wait()  # the last snapshot's write belongs to this variant
+                means[variant] = (time.perf_counter() - start) / args.steps
+                cpu[variant] = (time.process_time() - cpu_start) / args.steps
+            without.append(means["without"])
+            with_snapshots.append(means["with"])
+            overhead.append(100.0 * (means["with"] / means["without"] - 1.0))
+            cpu_without.append(cpu["without"])
+            cpu_with.append(cpu["with"])
+            cpu_overhead.append(100.0 * (cpu["with"] / cpu["without"] - 1.0))
+
+        assert node.writer is not None
+        node.writer.wait()
+        skipped = node.writer.skipped
+        node.close()
+        checkpoint = os.path.join(disk, "last.ckpt")
+        save_file_atomically(checkpoint, lambda temp: torch.save(state, temp), global_step=state["step"])
+        from_snapshot, from_disk, from_disk_warm = [], [], []
+        for _ in range(args.repeats):
+            resumed = NodeSnapshots(store, job.monitor_socket, every=args.snapshot_every)
+            start = time.perf_counter()
+            loaded = resumed.resume(None)
+            from_snapshot.append(time.perf_counter() - start)
+            resumed.close()
+            assert loaded is not None
+            del loaded
+            for cold, samples in ((True, from_disk), (False, from_disk_warm)):
+                if cold:
+                    fd = os.open(checkpoint, os.O_RDONLY)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                    os.close(fd)
+                start = time.perf_counter()
+                assert verify(checkpoint) is None
+                loaded = torch.load(checkpoint, map_location="cpu", weights_only=False)
+                samples.append(time.perf_counter() - start)
+                del loaded
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(disk, ignore_errors=True)
+    cost = max(0.0, statistics.median(w - wo for w, wo in zip(with_snapshots, without)) * args.snapshot_every)
+    # CPU seconds (every thread of the process): what a snapshot takes from training on saturated cores,
+    # and far less disturbed than wall time by other processes on a shared machine.
+    cpu_cost = max(0.0, statistics.median(w - wo for w, wo in zip(cpu_with, cpu_without)) * args.snapshot_every)
+    every_for_3pct = max(1, math.ceil(cpu_cost / (0.03 * statistics.median(cpu_without))))
+    emit({
+        "state_mb": round(nbytes / (1 << 20), 1),
+        "repeats": args.repeats,
+        "floor_memcpy_to_shm_s": summarize(floor, digits=4),
+        "copy_on_training_thread_s": summarize(copy, digits=4),
+        "copy_into_fresh_memory_s": summarize(fresh, digits=4),
+        "snapshot_write_s": summarize(write, digits=4),
+        "step_ms": args.step_ms,
+        "snapshot_every": args.snapshot_every,
+        "rounds": args.rounds,
+        "steps_per_round": args.steps,
+        "step_s_without": summarize(without, digits=4),
+        "step_s_with": summarize(with_snapshots, digits=4),
+        "overhead_pct": summarize(overhead, digits=2),
+        # What one snapshot costs the loop, and the interval that keeps it within 3 % of the step time.
+        "cost_per_snapshot_s": round(cost, 4),
+        "step_cpu_s_without": summarize(cpu_without, digits=4),
+        "cpu_overhead_pct": summarize(cpu_overhead, digits=2),
+        "cost_per_snapshot_cpu_s": round(cpu_cost, 4),
+        "snapshot_every_for_3pct": every_for_3pct,
+        "recommended_snapshot_every": DEFAULT_SNAPSHOT_EVERY,
+        "snapshots_skipped": skipped,
+        "resume_from_snapshot_s": summarize(from_snapshot, digits=4),
+        "resume_from_disk_s": summarize(from_disk, digits=4),
+        "resume_from_disk_warm_s": summarize(from_disk_warm, digits=4),
+    })
+
+
+if __name__ == "__main__":
+    main()

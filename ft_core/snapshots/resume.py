@@ -1,0 +1,142 @@
+"""The ranks' agreement on the newest snapshot every rank holds, and the choice between it and the disk checkpoint.
+
+Before loading, every rank lists the snapshots of its store whose content passes its
+checksum (:meth:`~ft_core.snapshots.store.SnapshotStore.verified`), and the ranks
+exchange the lists through ``torch.distributed`` (a gloo group: small CPU objects,
+whatever the training backend). The agreed snapshot is the newest ``(step, lineage)``
+every rank holds; when a rank holds none (a replaced node, a torn write, another world
+size) there is none, and the job resumes from its disk checkpoint as without snapshots.
+A snapshot is chosen only when it is newer than the disk checkpoint, and only when it
+then loads on every rank. Global rank 0 records the choice and its reason in one
+``resume_chosen`` event (:class:`ft_core.events.ResumeChosen`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional
+
+from ft_core.events import EventWriter, ResumeChosen, ResumeSource
+from ft_core.jobdir import JobDir
+from ft_core.snapshots.store import Snapshot, SnapshotStore
+
+__all__ = ["Agreement", "agree", "all_ranks_ok", "choose", "record_choice"]
+
+_MAX_LISTED = 4  # ranks named in a reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """This rank's copy of the newest snapshot every rank holds (None: there is none), and why."""
+
+    snapshot: Optional[Snapshot]
+    reason: str
+    world_size: int
+
+
+def _gloo_group() -> Any:
+    """A gloo process group over the default group's ranks (the default group itself when it is gloo).
+
+    Made once per default group (a collective: every rank gets here in the same order), again
+    when the default group was replaced (an in-process restart).
+    """
+    import torch.distributed as dist
+
+    global _GLOO
+    if dist.get_backend() == "gloo":
+        return None
+    world = dist.group.WORLD
+    if _GLOO is None or _GLOO[0] is not world:
+        _GLOO = (world, dist.new_group(backend="gloo"))
+    return _GLOO[1]
+
+
+_GLOO: Optional[tuple[Any, Any]] = None
+
+
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def agree(store: SnapshotStore) -> Agreement:
+    """Agree with every rank on the newest snapshot all of them hold (a collective: call it on every rank).
+
+    The ranks exchange what their slots' manifests list (cheap), then check the checksums of the
+    candidates every rank lists, newest first, one all-reduce each, until one passes on every
+    rank: usually one CRC-32 pass over one slot per rank.
+    """
+    import torch.distributed as dist
+
+    mine = {(s.step, s.lineage): s for s in store.listed()}
+    offered = sorted(mine)
+    if _distributed():
+        everyone: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, offered, group=_gloo_group())
+    else:
+        everyone = [offered]
+    held = [{(int(step), str(lineage)) for step, lineage in offer} for offer in everyone]
+    common = set.intersection(*held) if held else set()
+    torn: list[int] = []
+    for step, lineage in sorted(common, reverse=True):
+        snapshot = mine[step, lineage]
+        problem = store.verify(snapshot)
+        if all_ranks_ok(problem is None):
+            why = f"every rank holds a verified snapshot of step {step}"
+            if torn:
+                why += f" (newer ones fail their checksum on some rank: steps {', '.join(map(str, torn))})"
+            return Agreement(snapshot, why, store.world_size)
+        torn.append(step)
+        held = [{key for key in offer if key != (step, lineage)} for offer in held]
+    if torn and not any(held):
+        return Agreement(None, f"no verified snapshot (steps {', '.join(map(str, torn))} fail their checksum on "
+                               "some rank)", store.world_size)
+    empty = [rank for rank, offer in enumerate(held) if not offer]
+    if len(empty) == len(held):
+        reason = "no rank holds a verified snapshot"
+    elif empty:
+        reason = f"rank(s) {', '.join(map(str, empty[:_MAX_LISTED]))} hold no verified snapshot"
+    else:
+        listed = "; ".join(f"rank {rank}: {sorted(step for step, _ in offer)}"
+                           for rank, offer in list(enumerate(held))[:_MAX_LISTED])
+        reason = f"no snapshot that every rank holds ({listed})"
+    return Agreement(None, reason, store.world_size)
+
+
+def choose(agreement: Agreement, disk_step: Optional[int]) -> tuple[ResumeSource, str]:
+    """Snapshot or disk, and why: the snapshot only when it is newer than the disk checkpoint."""
+    snapshot = agreement.snapshot
+    disk = "no disk checkpoint" if disk_step is None else f"the disk checkpoint of step {disk_step}"
+    if snapshot is None:
+        return ResumeSource.DISK, f"{agreement.reason}: resuming from {disk}"
+    if disk_step is not None and disk_step >= snapshot.step:
+        return ResumeSource.DISK, f"{agreement.reason}, not newer than {disk}"
+    return ResumeSource.SNAPSHOT, f"{agreement.reason}, newer than {disk}"
+
+
+def all_ranks_ok(ok: bool) -> bool:
+    """True when ``ok`` on every rank (a collective over the gloo group)."""
+    import torch
+    import torch.distributed as dist
+
+    if not _distributed():
+        return ok
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=_gloo_group())
+    return bool(flag.item())
+
+
+def record_choice(socket_path: str, cycle: int, source: ResumeSource, reason: str, agreement: Agreement,
+                  disk_step: Optional[int]) -> ResumeChosen:
+    """Append the ``resume_chosen`` record to the monitor's event file; the launcher forwards it to the job's log."""
+    snapshot = agreement.snapshot
+    used = source is ResumeSource.SNAPSHOT and snapshot is not None
+    record = ResumeChosen(
+        cycle=cycle, source=source, step=snapshot.step if used and snapshot is not None else disk_step, reason=reason,
+        world_size=agreement.world_size, disk_step=disk_step,
+        snapshot_step=snapshot.step if snapshot is not None else None,
+        snapshot_time=snapshot.written if used and snapshot is not None else None)
+    with EventWriter(JobDir.of_socket(socket_path).monitor_events) as out:
+        out.write(record)
+    return record

@@ -1,0 +1,166 @@
+"""``FaultToleranceCallback(snapshot_every=N)``: in-memory snapshots of a Lightning run (see ``docs/snapshots.md``).
+
+A snapshot is the checkpoint Lightning would write at that step, built the way it builds
+one (``trainer._checkpoint_connector.dump_checkpoint()``, as ``ModelCheckpoint`` does,
+with the callbacks' states and the loops' progress) plus the RNG states, taken at the end
+of every ``snapshot_every``-th training batch. The training thread only copies its
+tensors; the node's snapshot store is written by a thread (:mod:`ft_core.snapshots`).
+
+On a restart the ranks agree on the newest snapshot every rank holds; when it is newer
+than the disk checkpoint, it becomes the checkpoint Lightning restores from. The choice is
+made when Lightning is about to load the disk checkpoint (``CheckpointIO.load_checkpoint``,
+comparing with the step its manifest names, so a newer snapshot spares the disk load), or,
+without a disk checkpoint to load or a manifest naming its step, in ``on_fit_start``
+(after Lightning restored the model and callbacks, before the loops and optimizers).
+Disk checkpoints stay the source of truth.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from typing import Any, Optional
+
+from ft_core.checkpoint_manifest import read_manifest
+from ft_core.events import ResumeSource
+from ft_core.snapshots.node import NodeSnapshots
+from ft_core.snapshots.resume import all_ranks_ok
+from ft_core.utils.validation import ValidationError
+from ft_integrations.lightning._pl import pl, rank_zero_warn
+
+__all__ = ["LightningSnapshots", "snapshot_every_arg"]
+
+log = logging.getLogger("ft_integrations.lightning")
+
+_RNG_KEY = "ft_rng_states"
+
+
+def snapshot_every_arg(name: str, value: Any) -> int:
+    """``snapshot_every`` as a number of steps (0: off). Raises ValidationError naming the argument."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationError(name, value, "None or 0 (snapshots off), or a whole number of training steps >= 1")
+    return value
+
+
+def _rng_states() -> dict[str, Any]:
+    import torch
+
+    states: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy
+
+        states["numpy"] = numpy.random.get_state()
+    except ImportError:
+        pass
+    return states
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+    if "numpy" in states:
+        import numpy
+
+        numpy.random.set_state(states["numpy"])
+
+
+class LightningSnapshots:
+    """The snapshots of one rank of a ``Trainer``: taken every ``every`` steps, resumed from when newer."""
+
+    def __init__(self, node: NodeSnapshots, learn_step: Optional[int] = None) -> None:
+        self.node = node
+        #: The step whose end the callback learns timeouts at: a snapshot is taken there too, so the
+        #: learned step (or heartbeat) timeout has seen one (a snapshot first taken after learning, longer
+        #: than the steps learned from, would be killed as a hang).
+        self.learn_step = learn_step
+        self._rng: Optional[dict[str, Any]] = None
+        #: True while this object builds a checkpoint: the callback's ``on_save_checkpoint`` is not a save then.
+        self.taking = False
+
+    @classmethod
+    def for_trainer(cls, trainer: pl.Trainer, every: int, learn_step: Optional[int] = None
+                    ) -> Optional[LightningSnapshots]:
+        """None (with a warning) when this run has no node snapshot store (not launched by ``ft_launcher``)."""
+        node = NodeSnapshots.for_rank(trainer.global_rank, trainer.world_size, every)
+        if node is None:
+            rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every}): no snapshot store on this node "
+                           "(snapshots need ft_launcher, which keeps them across worker restarts): snapshots are off")
+            return None
+        if trainer.strategy.restore_checkpoint_after_setup:
+            rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every}): {type(trainer.strategy).__name__} "
+                           "restores checkpoints after on_fit_start, where a snapshot is chosen: snapshots are off")
+            return None
+        return cls(node, learn_step)
+
+    def instead_of(self, path: str) -> Optional[dict[str, Any]]:
+        """When a resume is about to load the disk checkpoint ``path`` (every rank): the agreed snapshot's
+        state when it is newer than the step ``path``'s manifest names, so the disk checkpoint is not loaded.
+
+        None (load ``path``) when it is not, or when some rank cannot read ``path``'s step from its
+        manifest: then :meth:`resume` decides after the load.
+        """
+        if self.node.source is not None:
+            return None  # decided already
+        try:
+            manifest = read_manifest(path)
+        except (OSError, ValueError):
+            manifest = None
+        step = manifest.global_step if manifest is not None else None
+        if not all_ranks_ok(step is not None):
+            return None
+        state = self.node.resume(step)
+        if state is not None:
+            self._rng = state.pop(_RNG_KEY, None)
+        return state
+
+    def resume(self, trainer: pl.Trainer) -> bool:
+        """At ``on_fit_start`` on every rank: resume from the agreed snapshot when newer than what Lightning loaded.
+
+        Lightning has restored the model and callbacks, not yet the loops and optimizers. When
+        :meth:`instead_of` decided already (the snapshot is Lightning's loaded checkpoint, or the disk
+        checkpoint was newer), only the RNG states are left to restore. Returns True when the run
+        resumes from a snapshot.
+        """
+        if self.node.source is None:
+            connector = trainer._checkpoint_connector
+            loaded = connector._loaded_checkpoint
+            step = loaded.get("global_step") if loaded else None
+            state = self.node.resume(None if step is None else int(step))
+            if state is not None:
+                self._rng = state.pop(_RNG_KEY, None)
+                connector._loaded_checkpoint = state
+                # What _restore_modules_and_callbacks did with the disk checkpoint; loops and optimizers follow.
+                connector.restore_model()
+                connector.restore_datamodule()
+                connector.restore_callbacks()
+        if self._rng is not None:
+            _set_rng_states(self._rng)
+            self._rng = None
+        return self.node.source is ResumeSource.SNAPSHOT
+
+    def maybe_take(self, trainer: pl.Trainer) -> bool:
+        """At the end of a training batch: take a snapshot when one is due (on every rank: it may gather)."""
+        step = trainer.global_step
+        if step == self.learn_step and self.node.due(step, every=1):
+            return self.node.save(step, self._checkpoint(trainer))
+        return self.node.maybe_save(step, lambda: self._checkpoint(trainer))
+
+    def _checkpoint(self, trainer: pl.Trainer) -> dict[str, Any]:
+        self.taking = True
+        try:
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+        finally:
+            self.taking = False
+        checkpoint[_RNG_KEY] = _rng_states()
+        return checkpoint
+
+    def close(self) -> None:
+        self.node.close()
