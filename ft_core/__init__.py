@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ft_core.config import ConfigError, FaultToleranceConfig
     from ft_core.data import WorkloadAction, WorkloadControlRequest
     from ft_core.monitor.server import RankMonitorServer
+    from ft_core.snapshots.node import load_snapshot, save_snapshot
     from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts
 
 #: public name -> the module that owns it
@@ -36,6 +37,8 @@ _EXPORTS = {
     "WorkloadControlRequest": "ft_core.data",
     "HeartbeatTimeouts": "ft_core.timeouts",
     "SectionTimeouts": "ft_core.timeouts",
+    "save_snapshot": "ft_core.snapshots.node",
+    "load_snapshot": "ft_core.snapshots.node",
     "__version__": "ft_core.version",
 }
 
@@ -50,6 +53,8 @@ __all__ = [
     "WorkloadAction",
     "WorkloadControlRequest",
     "__version__",
+    "load_snapshot",
+    "save_snapshot",
 ]
 assert sorted(_EXPORTS) == __all__, "every export has one owning module"
 

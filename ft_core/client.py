@@ -417,33 +417,6 @@ class RankMonitorClient:
         self._require_init("report_checkpoint")
         self._send_state(encode(ReportCheckpoint(int(iteration))))
 
-    # -- in-memory snapshots (ft_core.snapshots, docs/snapshots.md) -------------
-    def load_snapshot(self, disk_step: Optional[int] = None) -> Optional[Any]:
-        """The state of the newest snapshot every rank holds when it is newer than ``disk_step``; else None.
-
-        A collective (through a gloo group when ``torch.distributed`` is initialized): call it on every
-        rank before training, with the step of the disk checkpoint the job would resume from (None:
-        none). None also when the job was not launched by ``ft_launcher``, which owns the snapshots.
-        """
-        snapshots = self._node_snapshots()
-        return snapshots.resume(disk_step) if snapshots is not None else None
-
-    def save_snapshot(self, state_dict: Any, step: int, wait: bool = False) -> bool:
-        """Copy ``state_dict`` (tensors to host memory) and write it to the node's snapshot store in a thread.
-
-        Returns at once (with ``wait``: once it is written); False when skipped (the previous snapshot
-        is still being written, or there is no store).
-        """
-        snapshots = self._node_snapshots()
-        return snapshots is not None and snapshots.save(int(step), state_dict, wait=wait)
-
-    def _node_snapshots(self) -> Any:
-        if not hasattr(self, "_snapshots"):
-            from ft_core.snapshots.node import NodeSnapshots
-
-            self._snapshots = NodeSnapshots.for_process()
-        return self._snapshots
-
     # -- timeouts ---------------------------------------------------------
     def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False, calc_initial: bool = True) -> bool:
         """Learn heartbeat timeouts from observed intervals (a collective across ranks).

@@ -25,7 +25,7 @@ from ft_core.snapshots.space import snapshot_dir_for_socket
 from ft_core.snapshots.store import SnapshotStore
 from ft_core.snapshots.writer import SnapshotWriter, copy_state
 
-__all__ = ["DEFAULT_SNAPSHOT_EVERY", "NodeSnapshots"]
+__all__ = ["DEFAULT_SNAPSHOT_EVERY", "NodeSnapshots", "load_snapshot", "process_snapshots", "save_snapshot"]
 
 log = logging.getLogger("ft_core.snapshots")
 
@@ -145,3 +145,35 @@ class NodeSnapshots:
         if self.writer is not None:
             self.writer.close(timeout)
             self.writer = None
+
+
+# -- the plain-PyTorch API (``from ft_core import save_snapshot, load_snapshot``) ----------------------
+_PROCESS: list[Optional[NodeSnapshots]] = []  # this worker's NodeSnapshots, made at the first call
+
+
+def process_snapshots() -> Optional[NodeSnapshots]:
+    """This worker's :class:`NodeSnapshots` (None when not under ``ft_launcher``), made at the first call."""
+    if not _PROCESS:
+        _PROCESS.append(NodeSnapshots.for_process())
+    return _PROCESS[0]
+
+
+def load_snapshot(disk_step: Optional[int] = None) -> Optional[Any]:
+    """The state of the newest snapshot every rank holds when it is newer than ``disk_step``; else None.
+
+    A collective (through a gloo group when ``torch.distributed`` is initialized): call it on every
+    rank before training, with the step of the disk checkpoint the job would resume from (None:
+    none). None also when the job was not launched by ``ft_launcher``, which owns the snapshots.
+    """
+    snapshots = process_snapshots()
+    return snapshots.resume(disk_step) if snapshots is not None else None
+
+
+def save_snapshot(state_dict: Any, step: int, wait: bool = False) -> bool:
+    """Copy ``state_dict`` (tensors to host memory) and write it to the node's snapshot store in a thread.
+
+    Returns at once (with ``wait``: once it is written); False when skipped (the previous snapshot
+    is still being written, or there is no store: not under ``ft_launcher``).
+    """
+    snapshots = process_snapshots()
+    return snapshots is not None and snapshots.save(int(step), state_dict, wait=wait)

@@ -35,6 +35,8 @@ from ft_integrations.lightning._pl import (
     rank_zero_warn,
 )
 from ft_integrations.lightning.checkpoint_io import FaultToleranceCheckpointIO
+from ft_integrations.lightning.config_argument import coerce_config, default_config
+from ft_integrations.lightning.data_phase import DataPhaseStart, callbacks_of
 from ft_integrations.lightning.snapshots import LightningSnapshots, snapshot_every_arg
 from ft_integrations.session import (
     FINISHED_FLAG_ENV,
@@ -62,15 +64,6 @@ class StandalonePolicy(StrEnum):
 
 #: The sections this callback opens in ``mode="sections"``.
 SECTIONS = (Section.SETUP, Section.STEP, Section.VALIDATION, Section.CHECKPOINTING)
-#: Timeouts of the node monitor the callback starts itself in ``mode="sections"`` (no ``config=``):
-#: the heartbeat defaults, moved onto the sections. Learning shrinks them in the first run.
-DEFAULT_SECTION_CONFIG: dict[str, Any] = {
-    "rank_section_timeouts": {"setup": 3600.0, "step": 2700.0, "validation": 2700.0, "checkpointing": 2700.0},
-    "rank_out_of_section_timeout": 2700.0,
-    "initial_rank_heartbeat_timeout": None,
-    "rank_heartbeat_timeout": None,
-}
-
 ExceptionPolicy = Callable[[BaseException], Optional[WorkloadControlRequest]]
 
 
@@ -123,7 +116,7 @@ class FaultToleranceCallback(Callback):
             the launcher's user did not set (``--ft-*`` flags and ``--ft-cfg-path`` keys win,
             even when they equal the defaults). Default: the core
             defaults in heartbeats mode; in sections mode the same limits moved onto the
-            sections (:data:`DEFAULT_SECTION_CONFIG`), so ``mode="sections"`` works with a plain
+            sections (:data:`~ft_integrations.lightning.config_argument.DEFAULT_SECTION_CONFIG`), so ``mode="sections"`` works with a plain
             ``ft_launcher`` command line.
         verify_checkpoints: checkpoint writes through the strategy's ``CheckpointIO`` are atomic
             (temp file, fsync, rename) with a manifest beside each (size, CRC-32, step), and a
@@ -195,7 +188,7 @@ class FaultToleranceCallback(Callback):
         self.simulated_fault = fault
         self.exc_handling_policy = exc_handling_policy
         self.standalone = standalone
-        self.config = _coerce_config(config, mode)
+        self.config = coerce_config(config)
         # Learned at global step ``steps``; "setup" and the initial heartbeat only when the Trainer
         # resumed from a checkpoint (on_load_checkpoint ran): a fresh start's would kill a resume;
         # out-of-section gaps once an epoch boundary was seen.
@@ -285,10 +278,9 @@ class FaultToleranceCallback(Callback):
     def _connect(self) -> bool:
         """Connect to ft_launcher's monitor, or handle ``standalone``; False if fault tolerance is off."""
         self._session.load_state_file()
+        cfg = self.config if self.config is not None else default_config(self.mode)
         if os.environ.get(MONITOR_SOCKET_ENV):
             # Settings given at launch (--ft-*, --ft-cfg-path) win; ours fill in the keys not set there.
-            cfg = self.config if self.config is not None else _coerce_config(None, self.mode, default=True)
-            assert cfg is not None
             self.client.init_workload_monitoring(fallback_config=fallback_of(cfg))
             return True
         if self.standalone is StandalonePolicy.ERROR:
@@ -300,8 +292,6 @@ class FaultToleranceCallback(Callback):
             rank_zero_info("FaultToleranceCallback: not launched by ft_launcher and standalone='off': "
                            "hang detection is disabled")
             return False
-        cfg = self.config if self.config is not None else _coerce_config(None, self.mode, default=True)
-        assert cfg is not None
         path = connect_standalone(self.client, cfg)
         rank_zero_info(f"FaultToleranceCallback: not launched by ft_launcher; started a rank monitor for this "
                        f"node ({path}). Hung ranks are detected and killed, but restarts need ft_launcher.")
@@ -349,8 +339,8 @@ class FaultToleranceCallback(Callback):
         ``training_finished``: report training complete in the goodbye (see
         ``RankMonitorClient.shutdown_workload_monitoring``).
         """
-        callbacks = _callbacks(trainer)
-        callbacks[:] = [c for c in callbacks if not (isinstance(c, _DataPhaseStart) and c.owner is self)]
+        callbacks = callbacks_of(trainer)
+        callbacks[:] = [c for c in callbacks if not (isinstance(c, DataPhaseStart) and c.owner is self)]
         if self._injector is not None:
             self._injector.cancel()
             self._injector = None
@@ -377,9 +367,9 @@ class FaultToleranceCallback(Callback):
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not self.active:
             return
-        callbacks = _callbacks(trainer)
-        if not any(isinstance(c, _DataPhaseStart) and c.owner is self for c in callbacks):
-            callbacks.append(_DataPhaseStart(self))
+        callbacks = callbacks_of(trainer)
+        if not any(isinstance(c, DataPhaseStart) and c.owner is self for c in callbacks):
+            callbacks.append(DataPhaseStart(self))
         self._first_epoch = trainer.current_epoch
         self.client.set_iteration(trainer.global_step)
         if not self._sections:
@@ -401,7 +391,7 @@ class FaultToleranceCallback(Callback):
         step = trainer.global_step
         self.client.set_iteration(step)
         now = time.monotonic()
-        # The data fetch: previous batch end (after every callback's, see _DataPhaseStart) -> this batch
+        # The data fetch: previous batch end (after every callback's, see DataPhaseStart) -> this batch
         # start, within an epoch (across an epoch boundary the gap holds validation and checkpointing,
         # which are not the data loader's).
         if self._batch_ended is not None and batch_idx > 0:
@@ -607,54 +597,3 @@ def _training_complete(trainer: pl.Trainer) -> bool:
     if max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps:
         return True
     return max_epochs is not None and max_epochs >= 0 and trainer.current_epoch >= max_epochs
-
-
-def _coerce_config(
-    config: Optional[Union[FaultToleranceConfig, Mapping[str, Any], str, os.PathLike[str]]],
-    mode: MonitoringMode,
-    default: bool = False,
-) -> Optional[FaultToleranceConfig]:
-    """``config=`` as a FaultToleranceConfig; with ``default``, the mode's default for a missing one."""
-    name = "FaultToleranceCallback.config"
-    try:
-        if isinstance(config, FaultToleranceConfig):
-            return config
-        if isinstance(config, Mapping):
-            return FaultToleranceConfig.from_mapping(config)
-        if isinstance(config, (str, os.PathLike)):
-            return FaultToleranceConfig.from_yaml_file(config)
-        if config is not None:
-            raise ValidationError(name, config, "a FaultToleranceConfig, a mapping, a YAML path or None")
-    except ValidationError as exc:
-        raise MisconfigurationException(str(exc) if exc.name == name else f"{name}: {exc}") from None
-    if not default:
-        return None
-    return FaultToleranceConfig.from_mapping(DEFAULT_SECTION_CONFIG) if mode is MonitoringMode.SECTIONS \
-        else FaultToleranceConfig()
-
-
-class _DataPhaseStart(Callback):
-    """Starts the next batch's ``data`` phase once every callback's ``on_train_batch_end`` ran.
-
-    :class:`FaultToleranceCallback` appends it last at ``on_train_start``. Callbacks after the
-    fault-tolerance callback (the progress bar, model checkpointing) do work on rank 0 only (the
-    bar's metrics are a device sync on a GPU, a checkpoint is written by rank 0): inside the
-    ``data`` phase it would make rank 0 look like a straggler. Work Lightning does after the hooks
-    (its loggers, on rank 0) still falls inside; ``straggler_min_phase_seconds`` keeps a phase that
-    short from being scored.
-    """
-
-    def __init__(self, owner: FaultToleranceCallback) -> None:
-        self.owner = owner
-
-    @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
-                           batch_idx: int) -> None:
-        if self.owner.active:
-            self.owner._batch_ended = time.monotonic()
-
-
-def _callbacks(trainer: pl.Trainer) -> list[Callback]:
-    """The trainer's callback list, which Lightning's callback connector sets (not declared on the class)."""
-    callbacks: list[Callback] = trainer.callbacks  # type: ignore[attr-defined]
-    return callbacks

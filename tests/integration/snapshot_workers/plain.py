@@ -1,7 +1,7 @@
 """A plain-torch training loop with in-memory snapshots through the client API, for ft_launcher tests.
 
 Every rank all-reduces a step's update over gloo, saves a snapshot every 2 steps
-(``RankMonitorClient.save_snapshot``, waiting for the write so the test knows what each
+(``ft_core.save_snapshot``, waiting for the write so the test knows what each
 rank holds) and, on a restart, resumes from ``load_snapshot()`` (no disk checkpoint).
 Appends ``{rank, cycle, resumed_step, store, weight}`` to ``SNAP_OUT`` at start and at the end.
 ``SNAP_STEPS``: steps to reach; ``SNAP_KILL_AT``: global rank 1 SIGKILLs itself after that step in cycle 0.
@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from ft_core.client import RankMonitorClient
+from ft_core.snapshots.node import load_snapshot, process_snapshots, save_snapshot
 
 rank, cycle = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 steps, kill_at = int(os.environ["SNAP_STEPS"]), int(os.environ.get("SNAP_KILL_AT", "-1"))
@@ -32,11 +33,11 @@ def record(**fields) -> None:
         out.write(json.dumps({"rank": rank, "cycle": cycle, **fields}) + "\n")
 
 
-state = client.load_snapshot(disk_step=None)
+state = load_snapshot(disk_step=None)
 step = 0
 if state is not None:
     weight, step = state["weight"], state["step"]
-snapshots = client._node_snapshots()
+snapshots = process_snapshots()
 record(resumed_step=step, store=snapshots.store.path if snapshots is not None else None)
 while step < steps:
     step += 1
@@ -45,7 +46,7 @@ while step < steps:
     weight += update
     client.send_heartbeat()
     if step % 2 == 0:
-        client.save_snapshot({"weight": weight, "step": step}, step, wait=True)
+        save_snapshot({"weight": weight, "step": step}, step, wait=True)
     if cycle == 0 and rank == 1 and step == kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
     time.sleep(0.05)
