@@ -54,7 +54,7 @@ from ft_core.client_connection import (
 from ft_core.client_errors import LauncherUnavailableError, RankMonitorClientError
 from ft_core.client_hooks import StackDump, install_exception_hook, install_report_hook
 from ft_core.compile_phase import CompileWatch
-from ft_core.config import FaultToleranceConfig
+from ft_core.config import FaultToleranceConfig, timeouts_of
 from ft_core.data import WorkloadAction, WorkloadControlRequest
 from ft_core.fault_policy import exception_name, user_frames
 
@@ -90,7 +90,6 @@ from ft_core.timeouts import (
     apply_calculated,
     job_life_from_state_dict,
     timeouts_from_state_dict,
-    timeouts_of,
     timeouts_state_dict,
 )
 from ft_core.timeouts_calc import TimeoutsCalc, TimeoutsNotReadyError

@@ -39,7 +39,7 @@ import msgspec
 
 from ft_core.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES_LIMIT
 from ft_core.straggler_scoring import DEFAULT_MIN_PHASE_SECONDS, DEFAULT_WINDOW, StragglerAction
-from ft_core.utils.lazy import lazy_exports
+from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts
 from ft_core.utils.validation import (
     ValidationError,
     boolean,
@@ -54,19 +54,14 @@ from ft_core.utils.validation import (
 if TYPE_CHECKING:
     import argparse
 
-    from ft_core.config_fallback import FALLBACK_FIELDS, with_fallback
-
 # argparse is imported where it is used: the node monitor and every rank import this module but
 # never parse flags, and each import costs memory in every process.
 
 __all__ = [
-    "FALLBACK_FIELDS", "FIELD_HELP", "NVRX_ONLY_KEYS", "ConfigError", "FaultToleranceConfig", "LogLevel",
-    "checked_value", "parse_log_level", "parse_signal", "with_fallback",
+    "FIELD_HELP", "NVRX_ONLY_KEYS", "ConfigError", "FaultToleranceConfig", "LogLevel",
+    "checked_value", "parse_log_level", "parse_signal", "timeouts_of",
 ]
 
-#: The fallback policy's names, still importable from here (its module imports this one).
-__getattr__, __dir__ = lazy_exports(__name__, dict.fromkeys(("FALLBACK_FIELDS", "with_fallback"),
-                                                            "ft_core.config_fallback"), globals())
 
 log = logging.getLogger(__name__)
 
@@ -562,3 +557,17 @@ _FIELD_NAMES = tuple(field.name for field in dataclasses.fields(FaultToleranceCo
 assert set(_CHECKS) == set(_FIELD_NAMES), "every field has exactly one check"
 assert set(FIELD_HELP) == set(_FIELD_NAMES), "every field has a flag help text"
 assert not NVRX_ONLY_KEYS & set(_FIELD_NAMES), "a key is either implemented or NVRx-only"
+
+
+def timeouts_of(cfg: FaultToleranceConfig) -> tuple[HeartbeatTimeouts, SectionTimeouts]:
+    """The timeouts ``cfg`` sets, none calculated: what the monitor times a new connection by, and the
+    client starts from (both then overlay the calculated values of a state dict, :func:`apply_calculated`).
+
+    >>> from ft_core.config import FaultToleranceConfig
+    >>> timeouts_of(FaultToleranceConfig(rank_section_timeouts={"step": 30}, rank_out_of_section_timeout=60))
+    (HeartbeatTimeouts(initial=3600.0, subsequent=2700.0, were_calculated=False), \
+SectionTimeouts(section={'step': 30.0}, out_of_section=60.0, calculated_sections=set(), \
+is_out_of_section_calculated=False))
+    """
+    return (HeartbeatTimeouts(cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout),
+            SectionTimeouts(dict(cfg.rank_section_timeouts), cfg.rank_out_of_section_timeout))

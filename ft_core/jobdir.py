@@ -10,7 +10,7 @@ launcher and the standalone monitor, so no other module spells them::
       launcher.sock             ft_launcher's control socket (0600) FT_LAUNCHER_IPC_SOCKET
       monitor_events.jsonl      the monitor's event records (0600)
       stacks/rank<R>_pid<P>.txt each rank's faulthandler output (0700 dir)
-    /dev/shm/ft-<uid>/job-<random>/ its in-memory snapshots (ft_core.snapshots.space), same lock and lifetime
+    /dev/shm/ft-<uid>/job-<random>/ its in-memory snapshots (ft_core.snapshots.space), same name, lock and lifetime
 
     <log dir>/ft_events.jsonl   ft_launcher's event log
     <log dir>/ft_stacks/        stacks of hung ranks, kept after the job dir is removed
@@ -346,13 +346,9 @@ class JobDirClaim:
 
     job_dir: JobDir
     _lock_fd: Optional[int]
-    #: The job's snapshot directory in shared memory (:mod:`ft_core.snapshots.space`), released with it.
-    snapshots: Optional[JobDirClaim] = None
 
     def release(self) -> None:
-        """Remove the directory (and its snapshot directory) and drop the lock (idempotent)."""
-        if self.snapshots is not None:
-            self.snapshots.release()
+        """Remove the directory and drop the lock (idempotent)."""
         if self._lock_fd is None:
             return
         shutil.rmtree(self.job_dir.path, ignore_errors=True)
@@ -379,10 +375,7 @@ def claim_job_dir(root: Optional[str] = None) -> JobDirClaim:
     fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     # Only now: a sweeper removes nothing without this file, so it never sees our dir unlocked.
     write_private_file(os.path.join(path, OWNER_FILE), f"{os.getpid()}\n")
-    from ft_core.snapshots.space import claim_snapshot_dir  # it builds on this module
-
-    job_dir = JobDir(path).create()
-    return JobDirClaim(job_dir, lock_fd, claim_snapshot_dir(job_dir))
+    return JobDirClaim(JobDir(path).create(), lock_fd)
 
 
 def remove_stale_job_dirs(root: str) -> list[str]:

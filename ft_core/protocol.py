@@ -95,7 +95,7 @@ class Hello(msgspec.Struct, tag="hello", forbid_unknown_fields=True):
     role: Role = Role.RANK
     timeouts: Optional[dict[str, Any]] = None  # a loaded ``current_timeouts`` state dict
     dump_path: Optional[str] = None  # file the rank's faulthandler writes stack dumps to
-    fallback_config: Optional[dict[str, Any]] = None  # see ft_core.config.with_fallback
+    fallback_config: Optional[dict[str, Any]] = None  # see ft_core.config_fallback.with_fallback
     num_warmup_iters: Optional[int] = None  # overrides num_warmup_iterations for this connection (NVRx)
     # A "control" connection sends Hello then WorkloadControl back to back and reads one Ack.
 

@@ -10,10 +10,8 @@ the key, the value and what is allowed): a string, NaN, infinity or a value <= 0
 would otherwise crash the monitor, silently disable detection or kill at connect.
 
 Learning them is :mod:`ft_core.timeouts_calc` (``TimeoutsCalc``, the merge
-rule); the warm-up rule is :mod:`ft_core.warmup`; :func:`timeouts_of` builds them from a
-config (for the client and the monitor alike). The moved public names
-(``TimeoutsCalc``, ``SectionAction``, ``TimeoutsCalcError``, ``TimeoutsNotReadyError``,
-``EMA_ALPHA``, ``WarmupRule``, ``warmup_step_timeout``) import from here too.
+rule); the warm-up rule is :mod:`ft_core.warmup`; :func:`ft_core.config.timeouts_of` builds them from a
+config (for the client and the monitor alike).
 """
 
 from __future__ import annotations
@@ -22,26 +20,12 @@ import dataclasses
 import math
 import numbers
 from collections.abc import Collection, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Optional, TypeVar
-
-from ft_core.utils.lazy import lazy_exports
-
-if TYPE_CHECKING:
-    from ft_core.config import FaultToleranceConfig
-    from ft_core.timeouts_calc import (
-        EMA_ALPHA,
-        SectionAction,
-        TimeoutsCalc,
-        TimeoutsCalcError,
-        TimeoutsNotReadyError,
-    )
-    from ft_core.warmup import WarmupRule, warmup_step_timeout
+from typing import Any, Optional, TypeVar
 
 __all__ = [
     "describe_timeouts",
     "COMPILE_SECTION",
     "CURRENT_TIMEOUTS_KEY",
-    "EMA_ALPHA",
     "STEP_SECTION",
     "WARMUP_SECTION",
     "HeartbeatTimeouts",
@@ -49,27 +33,12 @@ __all__ = [
     "JOB_LIFE_KEY",
     "JobLife",
     "PhaseHistory",
-    "SectionAction",
     "SectionTimeouts",
-    "TimeoutsCalc",
-    "TimeoutsCalcError",
-    "TimeoutsNotReadyError",
-    "WarmupRule",
     "apply_calculated",
     "job_life_from_state_dict",
     "timeouts_from_state_dict",
-    "timeouts_of",
-    "warmup_step_timeout",
     "timeouts_state_dict",
 ]
-
-#: Public names that moved to their own modules, still importable from here (resolved on first use:
-#: those modules import this one).
-__getattr__, __dir__ = lazy_exports(__name__, {
-    **dict.fromkeys(("EMA_ALPHA", "SectionAction", "TimeoutsCalc", "TimeoutsCalcError", "TimeoutsNotReadyError"),
-                    "ft_core.timeouts_calc"),
-    **dict.fromkeys(("WarmupRule", "warmup_step_timeout"), "ft_core.warmup"),
-}, globals())
 
 #: The one key of a client state dict (NVRx's ``RankMonitorClient.CURRENT_TIMEOUTS_STATE_KEY``).
 CURRENT_TIMEOUTS_KEY = "current_timeouts"
@@ -366,20 +335,6 @@ def timeouts_from_state_dict(state: Any) -> tuple[Optional[HeartbeatTimeouts], O
     if "section" in current:
         sections = SectionTimeouts.from_dict(current["section"], f"{CURRENT_TIMEOUTS_KEY}.section")
     return hb, sections
-
-
-def timeouts_of(cfg: FaultToleranceConfig) -> tuple[HeartbeatTimeouts, SectionTimeouts]:
-    """The timeouts ``cfg`` sets, none calculated: what the monitor times a new connection by, and the
-    client starts from (both then overlay the calculated values of a state dict, :func:`apply_calculated`).
-
-    >>> from ft_core.config import FaultToleranceConfig
-    >>> timeouts_of(FaultToleranceConfig(rank_section_timeouts={"step": 30}, rank_out_of_section_timeout=60))
-    (HeartbeatTimeouts(initial=3600.0, subsequent=2700.0, were_calculated=False), \
-SectionTimeouts(section={'step': 30.0}, out_of_section=60.0, calculated_sections=set(), \
-is_out_of_section_calculated=False))
-    """
-    return (HeartbeatTimeouts(cfg.initial_rank_heartbeat_timeout, cfg.rank_heartbeat_timeout),
-            SectionTimeouts(dict(cfg.rank_section_timeouts), cfg.rank_out_of_section_timeout))
 
 
 def describe_timeouts(hb: Optional[HeartbeatTimeouts], sections: Optional[SectionTimeouts]) -> str:

@@ -39,6 +39,7 @@ from ft_core.launcher.seams import (
 )
 from ft_core.launcher.slurm import job_id
 from ft_core.monitor.status import status_path
+from ft_core.snapshots.space import claim_snapshot_dir
 
 __all__ = ["launch"]
 
@@ -57,6 +58,8 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     # Mode 0700, unpredictable, locked while we run; job dirs of SIGKILLed launchers are removed first.
     claim = claim_job_dir()
     job_dir = claim.job_dir
+    # The in-memory snapshots' directory in /dev/shm: the same name, lock and lifetime (None: no snapshots).
+    snapshots = claim_snapshot_dir(job_dir)
     token = secrets.token_hex(16)
     monitor = NodeMonitor(cfg, job_dir, token, stacks_dir=saved_stacks_dir(events.path), explicit_keys=explicit_keys)
     control = None
@@ -122,6 +125,8 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         if factory is not None:
             factory.close()
         monitor.stop()
+        if snapshots is not None:
+            snapshots.release()
         claim.release()
         events.write(LauncherExit(exit_code=outcome.exit_code, reason=outcome.reason))
         print(events.summary(outcome.exit_code, outcome.reason), file=sys.stderr, flush=True)

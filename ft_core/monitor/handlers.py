@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable
 from typing import NoReturn, Optional
 
-from ft_core.config import FaultToleranceConfig
+from ft_core.config import FaultToleranceConfig, timeouts_of
 from ft_core.config_fallback import with_fallback
 from ft_core.events import (
     CheckpointReported,
@@ -54,7 +54,7 @@ from ft_core.protocol import (
     encode,
 )
 from ft_core.straggler_scoring import MAX_PHASES_PER_RANK, STEP_PHASE, PhaseWindows, check_phase_sample
-from ft_core.timeouts import apply_calculated, describe_timeouts, timeouts_of
+from ft_core.timeouts import apply_calculated, describe_timeouts
 
 __all__ = ["MessageHandlers"]
 

@@ -203,6 +203,7 @@ class FaultToleranceCallback(Callback):
         self._checkpoint_io: Optional[FaultToleranceCheckpointIO] = None
         self._injector: Optional[FaultInjector] = None
         self._snapshots: Optional[LightningSnapshots] = None
+        self._data_phase = DataPhaseStart()
         self._reset_run_state()
 
     def _reset_run_state(self) -> None:
@@ -212,7 +213,7 @@ class FaultToleranceCallback(Callback):
         self._checkpointing_open = False
         self._last_reported: Optional[int] = None
         # Straggler phases (monotonic times): the last batch's end, and this batch's start until its backward.
-        self._batch_ended: Optional[float] = None
+        self._data_phase.ended = None
         self._batch_started: Optional[float] = None
 
     # The arguments the session owns, read-only so that the callback and its session cannot disagree.
@@ -340,7 +341,7 @@ class FaultToleranceCallback(Callback):
         ``RankMonitorClient.shutdown_workload_monitoring``).
         """
         callbacks = callbacks_of(trainer)
-        callbacks[:] = [c for c in callbacks if not (isinstance(c, DataPhaseStart) and c.owner is self)]
+        callbacks[:] = [c for c in callbacks if c is not self._data_phase]
         if self._injector is not None:
             self._injector.cancel()
             self._injector = None
@@ -368,8 +369,8 @@ class FaultToleranceCallback(Callback):
         if not self.active:
             return
         callbacks = callbacks_of(trainer)
-        if not any(isinstance(c, DataPhaseStart) and c.owner is self for c in callbacks):
-            callbacks.append(DataPhaseStart(self))
+        if not any(c is self._data_phase for c in callbacks):
+            callbacks.append(self._data_phase)
         self._first_epoch = trainer.current_epoch
         self.client.set_iteration(trainer.global_step)
         if not self._sections:
@@ -394,8 +395,8 @@ class FaultToleranceCallback(Callback):
         # The data fetch: previous batch end (after every callback's, see DataPhaseStart) -> this batch
         # start, within an epoch (across an epoch boundary the gap holds validation and checkpointing,
         # which are not the data loader's).
-        if self._batch_ended is not None and batch_idx > 0:
-            self.client.record_phase(Phase.DATA.value, now - self._batch_ended)
+        if self._data_phase.ended is not None and batch_idx > 0:
+            self.client.record_phase(Phase.DATA.value, now - self._data_phase.ended)
         self._batch_started = now
         if self._sections:
             self.client.start_section(Section.STEP)

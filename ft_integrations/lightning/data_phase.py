@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Optional
 
 from typing_extensions import override
 
 from ft_integrations.lightning._pl import Callback, pl
-
-if TYPE_CHECKING:
-    from ft_integrations.lightning.callback import FaultToleranceCallback
 
 __all__ = ["DataPhaseStart", "callbacks_of"]
 
@@ -18,7 +15,7 @@ __all__ = ["DataPhaseStart", "callbacks_of"]
 class DataPhaseStart(Callback):
     """Starts the next batch's ``data`` phase once every callback's ``on_train_batch_end`` ran.
 
-    :class:`FaultToleranceCallback` appends it last at ``on_train_start``. Callbacks after the
+    The fault-tolerance callback appends it last at ``on_train_start`` and reads :attr:`ended`. Callbacks after the
     fault-tolerance callback (the progress bar, model checkpointing) do work on rank 0 only (the
     bar's metrics are a device sync on a GPU, a checkpoint is written by rank 0): inside the
     ``data`` phase it would make rank 0 look like a straggler. Work Lightning does after the hooks
@@ -26,14 +23,14 @@ class DataPhaseStart(Callback):
     short from being scored.
     """
 
-    def __init__(self, owner: FaultToleranceCallback) -> None:
-        self.owner = owner
+    def __init__(self) -> None:
+        #: ``time.monotonic()`` once every callback's hook of the last batch had run; None: no batch yet.
+        self.ended: Optional[float] = None
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
-        if self.owner.active:
-            self.owner._batch_ended = time.monotonic()
+        self.ended = time.monotonic()
 
 
 def callbacks_of(trainer: pl.Trainer) -> list[Callback]:

@@ -22,15 +22,13 @@ from ft_core.data import WorkloadAction, WorkloadControlRequest
 from ft_core.timeouts import (
     HeartbeatTimeouts,
     InvalidTimeoutsError,
-    SectionAction,
     SectionTimeouts,
-    TimeoutsCalc,
-    TimeoutsCalcError,
-    WarmupRule,
     apply_calculated,
     timeouts_from_state_dict,
     timeouts_state_dict,
 )
+from ft_core.timeouts_calc import SectionAction, TimeoutsCalc, TimeoutsCalcError
+from ft_core.warmup import WarmupRule
 
 NVRX_NOTHING_CALCULATED = {"current_timeouts": {}}
 NVRX_HEARTBEAT_ONLY = {"current_timeouts": {

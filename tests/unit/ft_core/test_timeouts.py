@@ -12,14 +12,13 @@ from ft_core.timeouts import (
     InvalidTimeoutsError,
     JobLife,
     SectionTimeouts,
-    TimeoutsCalc,
-    TimeoutsNotReadyError,
-    WarmupRule,
     apply_calculated,
     job_life_from_state_dict,
     timeouts_from_state_dict,
     timeouts_state_dict,
 )
+from ft_core.timeouts_calc import TimeoutsCalc, TimeoutsNotReadyError
+from ft_core.warmup import WarmupRule
 
 
 def _calc(**kwargs) -> TimeoutsCalc:

@@ -461,7 +461,7 @@ def test_fallback_timeout_kills_a_hung_rank_when_the_launch_did_not_set_it(start
 def test_heartbeats_learn_the_same_gaps_as_timeouts_calc(start_monitor, monkeypatch):
     """The hot path consults TimeoutsCalc only for a new largest gap: what is learned must not change."""
     from ft_core import client as client_module
-    from ft_core.timeouts import TimeoutsCalc
+    from ft_core.timeouts_calc import TimeoutsCalc
 
     monitor = start_monitor(rank_heartbeat_timeout=60, safety_factor=2.0, min_calculated_timeout=0.001)
     monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)

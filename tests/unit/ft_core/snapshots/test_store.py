@@ -105,15 +105,18 @@ def test_the_snapshot_dir_lives_and_dies_with_the_job_dir_and_a_sigkilled_launch
     assert os.listdir(os.path.dirname(path)) == []
 
 
-def test_claim_job_dir_claims_the_snapshot_dir_and_release_removes_it(tmp_path):
+def test_the_snapshot_dir_of_a_job_dir_is_found_from_its_monitor_socket(tmp_path):
     claim = claim_job_dir(str(tmp_path / "runtime"))
+    snapshots = claim_snapshot_dir(claim.job_dir)
     try:
-        if claim.snapshots is None:
+        if snapshots is None:
             pytest.skip("no /dev/shm here")
-        assert snapshot_dir_for_socket(claim.job_dir.monitor_socket) == claim.snapshots.job_dir.path
+        assert snapshot_dir_for_socket(claim.job_dir.monitor_socket) == snapshots.job_dir.path
     finally:
+        if snapshots is not None:
+            snapshots.release()
         claim.release()
-    assert claim.snapshots is None or not os.path.exists(claim.snapshots.job_dir.path)
+    assert snapshots is None or not os.path.exists(snapshots.job_dir.path)
 
 
 def test_no_launcher_no_snapshots(tmp_path, monkeypatch):
