@@ -96,6 +96,19 @@ def test_a_plain_goodbye_is_the_frame_it_always_was_and_a_finished_one_says_so()
     assert decoded == Goodbye(training_finished=True)
 
 
+def _fill_accept_queue(path: str, queued: list) -> None:
+    """Connect without accepting until the listener's queue refuses one more (EAGAIN)."""
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(path)
+        except BlockingIOError:
+            sock.close()
+            return
+        queued.append(sock)
+
+
 def test_connect_waits_out_a_full_accept_backlog_instead_of_failing_at_once(tmp_path):
     # A Unix socket whose accept queue is full refuses a connect with EAGAIN at once when the socket has a
     # timeout (Python's timeout mode is non-blocking); a rank must wait for the queue to drain, not fail.
@@ -105,32 +118,16 @@ def test_connect_waits_out_a_full_accept_backlog_instead_of_failing_at_once(tmp_
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(0)
-    queued = []
+    queued: list[socket.socket] = []
     try:
-        while True:  # fill the queue
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            try:
-                sock.connect(path)
-            except BlockingIOError:
-                sock.close()
-                break
-            queued.append(sock)
+        _fill_accept_queue(path, queued)
         drained = threading.Timer(0.3, lambda: [listener.accept()[0].close() for _ in queued])
         drained.start()
         with connect_unix(path, timeout=10.0) as sock:
             assert sock.gettimeout() == 10.0
         drained.join()
-        with pytest.raises(TimeoutError):  # a queue that never drains: the timeout, not EAGAIN
-            for _ in range(len(queued) + 1):
-                extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                extra.setblocking(False)
-                try:
-                    extra.connect(path)
-                except BlockingIOError:
-                    extra.close()
-                    break
-                queued.append(extra)
+        _fill_accept_queue(path, queued)  # and now nobody accepts: the timeout, not EAGAIN
+        with pytest.raises(TimeoutError):
             connect_unix(path, timeout=0.2)
     finally:
         for sock in queued:
