@@ -77,8 +77,14 @@ from ft_core.launcher.job_store import open_job_store
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.prewarm import WorkerFactory
-from ft_core.launcher.process import kill_process_groups, signal_process_groups, workers_die_with_agent
+from ft_core.launcher.process import (
+    kill_process_groups,
+    signal_process_groups,
+    wait_for_an_exit,
+    workers_die_with_agent,
+)
 from ft_core.launcher.progress import ProgressTracker
+from ft_core.launcher.rendezvous_skew import join_skew_skipped
 from ft_core.launcher.rendezvous_wait import reporting_rendezvous_wait
 from ft_core.launcher.stragglers import StragglerDetector, StragglerRound, exclusion_blocker
 from ft_core.procutil import listens_on_tcp_port
@@ -90,6 +96,9 @@ log = logging.getLogger("ft_core.launcher")
 
 #: How long the launcher waits for the monitor's snapshot beyond the monitor's own stack-dump wait.
 SNAPSHOT_MARGIN = 2.0
+#: How often the launcher reads the monitor's records while it waits for the snapshot: the monitor writes it
+#: as soon as the dumps settled (two of its 5 ms polls), and the survivors are stopped only after it.
+SNAPSHOT_POLL = 0.005
 #: How long a node that ends the job keeps the rendezvous store up for hot spares to see the end.
 SPARE_RELEASE_TIMEOUT = 10.0
 #: Exit code of a launcher whose node left an unfinished job (excluded): requeue, as for 128+N (EX_TEMPFAIL).
@@ -179,7 +188,11 @@ class FtElasticAgent(LocalElasticAgent):
     # -- seams: rendezvous, environment, start, stop, monitor ---------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         spec = worker_group.spec
-        with reporting_rendezvous_wait(spec.rdzv_handler):
+        # Torch's random skew of a first join spreads the nodes of a starting job; a restart's nodes rejoin
+        # together anyway, and one node has nobody to spread out (see .rendezvous_skew).
+        settings = getattr(spec.rdzv_handler, "settings", None)
+        skip_skew = self._cycle is not None or getattr(settings, "max_nodes", None) == 1
+        with reporting_rendezvous_wait(spec.rdzv_handler), join_skew_skipped(skip_skew):
             super()._rendezvous(worker_group)
         # Torch's WorkerGroup declares these None until its rendezvous has run, as it just did.
         store, group_rank, master_addr = worker_group.store, worker_group.group_rank, worker_group.master_addr
@@ -277,7 +290,7 @@ class FtElasticAgent(LocalElasticAgent):
         try:
             self._initialize_workers(self._worker_group)
             while True:
-                time.sleep(self._worker_group.spec.monitor_interval)
+                self._wait_for_next_pass()
                 result = self._step()
                 if result is not None:
                     return result
@@ -295,6 +308,12 @@ class FtElasticAgent(LocalElasticAgent):
             if stop is not None:
                 return self._finish(Outcome(stop.exit_code, stop.reason, "keep"))
             return self._finish(Outcome(1, "the rendezvous was closed by another node", "keep"))
+
+    def _wait_for_next_pass(self) -> None:
+        """Wait ``--monitor-interval``, or less: a running worker's exit starts the next pass at once."""
+        handlers = (getattr(self._pcontext, "subprocess_handlers", None) or {}).values()
+        wait_for_an_exit([h.proc.pid for h in handlers if h.proc.poll() is None],
+                         self._worker_group.spec.monitor_interval)
 
     def _step(self) -> Optional[RunResult]:
         """One monitoring pass; returns a result when this launcher is done."""
@@ -451,7 +470,8 @@ class FtElasticAgent(LocalElasticAgent):
                 return self._snapshot
 
             # The monitor waits at most stack_dump_timeout for the dumps; then it writes the record.
-            if wait_until(snapshot_in, self._svc.monitor.cfg.stack_dump_timeout + SNAPSHOT_MARGIN) is None:
+            if wait_until(snapshot_in, self._svc.monitor.cfg.stack_dump_timeout + SNAPSHOT_MARGIN,
+                          interval=SNAPSHOT_POLL) is None:
                 log.warning("the rank monitor sent no snapshot of its ranks; diagnosing without it")
         node = self._svc.events.node
         evidence = [evidence_of_hang(h, node) for h in self._hangs.values()]
