@@ -184,6 +184,8 @@ class FtElasticAgent(LocalElasticAgent):
         #: Why training is finished, decided at the cycle's first worker failure; None: it is not.
         self._finished_reason: Optional[str] = None
         self.outcome = Outcome(1, "the launcher stopped before the job ended")
+        #: ``outcome`` is the agent's verdict (a signal arriving after it, in torch's bookkeeping, changes nothing).
+        self.decided = False
 
     # -- seams: rendezvous, environment, start, stop, monitor ---------------
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
@@ -706,6 +708,7 @@ class FtElasticAgent(LocalElasticAgent):
 
     def _finish(self, outcome: Outcome, result: Optional[RunResult] = None) -> RunResult:
         self.outcome = outcome
+        self.decided = True
         if result is not None and result.state == WorkerState.SUCCEEDED:
             return result
         # Torch's run() accounts every worker of a non-successful result as failed or terminated.

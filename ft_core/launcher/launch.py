@@ -100,7 +100,12 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         agent.run()
         outcome = agent.outcome
     except SignalException as exc:
-        outcome = signal_outcome(exc.sigval, "before any worker started")
+        if agent is not None and agent.decided:
+            # The agent had ended (e.g. every worker succeeded) when the signal arrived, in torch's
+            # bookkeeping after its loop: the verdict stands (a finished job must not be requeued).
+            outcome = agent.outcome
+        else:
+            outcome = signal_outcome(exc.sigval, "before any worker started")
     except TorchSeamsError as exc:  # the one clear message, no traceback: the torch in use is the problem
         log.error("%s", exc)
         outcome = Outcome(1, f"torch {exc.torch_version} lacks torch elastic seams: {'; '.join(exc.problems)}")

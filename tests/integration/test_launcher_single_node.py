@@ -196,18 +196,24 @@ def test_sigterm_exit_code_says_whether_to_requeue(launchers, tmp_path, finished
 
 
 def test_sigterm_after_every_worker_exited_0_exits_0(launchers):
-    # A long monitoring interval keeps the launcher asleep after its workers are done: the
-    # signal lands before it saw them succeed (as SIGTERM during the exit barrier would).
-    node = launchers.start("--monitor-interval=30", FT_TEST_STEPS="1")
-    workers = wait_for(lambda: len(launchers.worker_records("finished")) == 2 and launchers.worker_records("finished"),
-                       120, "both workers to finish")
+    # The launcher is stopped (SIGSTOP) while its workers finish, so the signal is pending when it
+    # resumes, before it saw them succeed (as SIGTERM during the exit barrier would): a worker's exit
+    # wakes the agent at once, so no monitoring interval is long enough to keep it asleep.
+    node = launchers.start("--monitor-interval=30", FT_TEST_STEPS="40")  # 2 s of steps after they connect
+    node.wait_event("rank_connected", 120, count=2)
+    node.proc.send_signal(signal.SIGSTOP)
+    try:
+        workers = wait_for(lambda: len(launchers.worker_records("finished")) == 2 and
+                           launchers.worker_records("finished"), 120, "both workers to finish")
 
-    def exited() -> bool:
-        return all(not psutil.pid_exists(w["pid"]) or psutil.Process(w["pid"]).status() == psutil.STATUS_ZOMBIE
-                   for w in workers)
+        def exited() -> bool:
+            return all(not psutil.pid_exists(w["pid"]) or psutil.Process(w["pid"]).status() == psutil.STATUS_ZOMBIE
+                       for w in workers)
 
-    wait_for(exited, 30, "both workers to exit")
-    node.proc.send_signal(signal.SIGTERM)
+        wait_for(exited, 30, "both workers to exit")
+        node.proc.send_signal(signal.SIGTERM)
+    finally:
+        node.proc.send_signal(signal.SIGCONT)
     assert node.wait(60) == 0, node.output()[-3000:]
     (sig,) = node.events("signal")
     assert sig["running_workers"] == 0
