@@ -1,0 +1,54 @@
+"""FtElasticAgent keeps what torch's own monitoring loop does on every pass: the group's state and its metrics."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+from torch.distributed.elastic.metrics import api as metrics_api
+
+from ft_core.launcher.agent import FtElasticAgent
+from ft_core.launcher.outcome import Outcome
+
+
+class Recorder(metrics_api.MetricHandler):
+    def __init__(self) -> None:
+        self.points: list[tuple[str, str, int]] = []
+
+    def emit(self, metric_data: metrics_api.MetricData) -> None:
+        self.points.append((metric_data.group_name, metric_data.name, metric_data.value))
+
+
+@pytest.fixture
+def recorder(monkeypatch):
+    handler = Recorder()
+    monkeypatch.setattr(metrics_api, "_metrics_map", {"torchelastic": handler})  # torch's registry, restored after
+    return handler
+
+
+def agent_with(role: str, remaining_restarts: int) -> FtElasticAgent:
+    """Only the state the pass's bookkeeping reads (torch's worker group and restart count)."""
+    agent = FtElasticAgent.__new__(FtElasticAgent)
+    agent._worker_group = types.SimpleNamespace(state=WorkerState.HEALTHY, spec=types.SimpleNamespace(role=role))
+    agent._remaining_restarts = remaining_restarts
+    return agent
+
+
+def test_each_pass_sets_the_group_state_and_puts_torchs_metrics(recorder):
+    agent = agent_with("trainer", 3)
+    agent._record_pass(RunResult(state=WorkerState.FAILED))
+    assert agent._worker_group.state is WorkerState.FAILED
+    assert recorder.points == [("torchelastic", "workers.trainer.remaining_restarts", 3),
+                               ("torchelastic", "workers.trainer.failed", 1)]
+    agent._record_pass(RunResult(state=WorkerState.HEALTHY))
+    assert agent._worker_group.state is WorkerState.HEALTHY
+    assert recorder.points[-1] == ("torchelastic", "workers.trainer.healthy", 1)
+
+
+def test_a_group_the_launcher_gives_up_on_ends_failed_as_in_torchs_loop(recorder):
+    agent = agent_with("trainer", 0)
+    outcome = Outcome(1, "restart budget spent")
+    result = agent._finish(outcome, RunResult(state=WorkerState.FAILED))
+    assert result.state is WorkerState.FAILED and agent.outcome is outcome
+    assert agent._worker_group.state is WorkerState.FAILED
