@@ -45,7 +45,9 @@ class HangDiagnosis(AgentState):
 
         An exception a worker reported is the strongest evidence; the first one reported is
         the culprit's (its peers fail after it, with their own errors). A worker that exited
-        with code 1 may have sent its report an instant before: wait for it, briefly.
+        with code 1 may have sent its report an instant before: wait for it, briefly. In a
+        hang's cycle the hang is the fault: an exception reported then is a waiter's reaction
+        to the hung rank's kill (its collective lost a peer), which must not be blamed.
         """
         if trigger.kind is RestartKind.CRASH and not self._exceptions and any(
                 code == 1 for _pid, code in self._failed.values()):
@@ -54,7 +56,7 @@ class HangDiagnosis(AgentState):
                 return bool(self._exceptions)
 
             wait_until(reported, EXCEPTION_REPORT_WAIT, interval=0.02)
-        if self._exceptions:
+        if self._exceptions and trigger.kind is not RestartKind.HANG:
             first = self._exceptions[0]
             fingerprint = Fingerprint(FaultKind.EXCEPTION, culprits=(first.rank,), iteration=first.iteration,
                                       exception_type=first.exception_type, frames=tuple(first.frames))

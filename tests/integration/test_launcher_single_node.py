@@ -39,6 +39,9 @@ def test_crashes_of_every_kind_are_restarted(launchers):
     assert [r["restarts"] for r in restarts] == [1, 2, 3, 4]
     # Every cycle's workers saw the job-wide cycle number.
     assert {r["cycle"] for r in launchers.worker_records("first_heartbeat")} == {0, 1, 2, 3, 4}
+    # Forked workers start with what their client imports at init (torch.compile's callbacks) in place.
+    started = launchers.worker_records("started")
+    assert all(r["prewarmed"] and r["dynamo"] for r in started) and len(started) == 10
     assert exit_event(node)["exit_code"] == 0
     assert "faults     : 4 crash" in node.output()
 
@@ -199,10 +202,13 @@ def test_sigterm_after_every_worker_exited_0_exits_0(launchers):
     # The launcher is stopped (SIGSTOP) while its workers finish, so the signal is pending when it
     # resumes, before it saw them succeed (as SIGTERM during the exit barrier would): a worker's exit
     # wakes the agent at once, so no monitoring interval is long enough to keep it asleep.
-    node = launchers.start("--monitor-interval=30", FT_TEST_STEPS="40")  # 2 s of steps after they connect
+    finish = os.path.join(launchers.tmp_path, "finish")
+    node = launchers.start("--monitor-interval=30", FT_TEST_STEPS="1", FT_TEST_FINISH_AFTER=finish)
     node.wait_event("rank_connected", 120, count=2)
     node.proc.send_signal(signal.SIGSTOP)
     try:
+        with open(finish, "w"):
+            pass  # the workers finish only now, with the launcher stopped
         workers = wait_for(lambda: len(launchers.worker_records("finished")) == 2 and
                            launchers.worker_records("finished"), 120, "both workers to finish")
 

@@ -18,6 +18,7 @@ FT_TEST_FAULT_STEP_BY_CYCLE  comma-separated: the fault's step in cycle 0, 1, ..
 FT_TEST_FAULT_AFTER   path: the fault waits until this file exists; cycles that start before it
                       exists step until they are stopped
 FT_TEST_STEPS         steps per cycle (default 5); "forever" runs until signalled
+FT_TEST_FINISH_AFTER  path: after its last step, the worker waits until this file exists before it finishes
 FT_TEST_STEP_TIME     seconds slept per step (default 0.05)
 FT_TEST_SECTIONS      "1": each step is a tracked section "step", with its iteration reported
                       (the fault then happens inside the step, before its all-reduce)
@@ -170,7 +171,8 @@ def main() -> int:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     elif on_sigterm == "ignore":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    record(event="started", time=STARTED, prewarmed="ft_core.launcher.zygote" in sys.modules)
+    record(event="started", time=STARTED, prewarmed="ft_core.launcher.zygote" in sys.modules,
+           dynamo="torch._dynamo" in sys.modules)
     if os.environ.get("FT_TEST_CHILD") == "1":
         start_child()
     kind = fault_kind()
@@ -245,6 +247,10 @@ def main() -> int:
         step += 1
         if resume_file and RANK == 0:
             write_resume_step(resume_file, resumed + step)
+    finish_file = os.environ.get("FT_TEST_FINISH_AFTER")
+    while finish_file and not os.path.exists(finish_file):
+        client.send_heartbeat()
+        time.sleep(step_time)
     report_finished = os.environ.get("FT_TEST_REPORT_FINISHED")
     client.shutdown_workload_monitoring(training_finished=report_finished in ("all", str(RANK)))
     if use_torch:
