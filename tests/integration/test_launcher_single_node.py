@@ -204,7 +204,7 @@ def test_sigterm_after_every_worker_exited_0_exits_0(launchers):
     # wakes the agent at once, so no monitoring interval is long enough to keep it asleep.
     finish = os.path.join(launchers.tmp_path, "finish")
     node = launchers.start("--monitor-interval=30", FT_TEST_STEPS="1", FT_TEST_FINISH_AFTER=finish)
-    node.wait_event("rank_connected", 120, count=2)
+    wait_for(lambda: len(launchers.worker_records("finish_waiting")) == 2, 120, "both workers to end their steps")
     node.proc.send_signal(signal.SIGSTOP)
     try:
         with open(finish, "w"):

@@ -18,7 +18,8 @@ FT_TEST_FAULT_STEP_BY_CYCLE  comma-separated: the fault's step in cycle 0, 1, ..
 FT_TEST_FAULT_AFTER   path: the fault waits until this file exists; cycles that start before it
                       exists step until they are stopped
 FT_TEST_STEPS         steps per cycle (default 5); "forever" runs until signalled
-FT_TEST_FINISH_AFTER  path: after its last step, the worker waits until this file exists before it finishes
+FT_TEST_FINISH_AFTER  path: after its last step, its client's shutdown and the process group's end, the worker
+                      records "finish_waiting" and waits until this file exists before it finishes and exits
 FT_TEST_STEP_TIME     seconds slept per step (default 0.05)
 FT_TEST_SECTIONS      "1": each step is a tracked section "step", with its iteration reported
                       (the fault then happens inside the step, before its all-reduce)
@@ -247,10 +248,6 @@ def main() -> int:
         step += 1
         if resume_file and RANK == 0:
             write_resume_step(resume_file, resumed + step)
-    finish_file = os.environ.get("FT_TEST_FINISH_AFTER")
-    while finish_file and not os.path.exists(finish_file):
-        client.send_heartbeat()
-        time.sleep(step_time)
     report_finished = os.environ.get("FT_TEST_REPORT_FINISHED")
     client.shutdown_workload_monitoring(training_finished=report_finished in ("all", str(RANK)))
     if use_torch:
@@ -259,6 +256,11 @@ def main() -> int:
         from ft_core.autoresume import mark_training_finished
 
         mark_training_finished()
+    finish_file = os.environ.get("FT_TEST_FINISH_AFTER")
+    if finish_file:  # done with the launcher's store and the monitor: only the exit is left
+        record(event="finish_waiting", time=time.time())
+        while not os.path.exists(finish_file):
+            time.sleep(0.02)
     record(event="finished", time=time.time())
     if kind == "abort_at_exit":
         record(event="fault", kind=kind, time=time.time())
