@@ -85,6 +85,11 @@ def restart_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
     yield (f"crash → restarted ranks heartbeating, {mode}",
            f"{heartbeat['median']:.2f} s, p90 {heartbeat['p90']:.2f} s", floor,
            "≤ 0.4 s pre-warmed" if data["prewarm"] else "")
+    hang_spawn = data.get("hang_to_spawn_s")
+    if hang_spawn and data["prewarm"]:
+        yield ("hang → new workers, from the detection (the culprit's stack dumped, the survivors' stacks "
+               "taken, the survivors stopped with SIGTERM)", f"{hang_spawn['median']:.2f} s, p90 {hang_spawn['p90']:.2f} s",
+               f"crash → new workers: {spawn['median']:.2f} s", "≤ 0.15 s")
     hang = data.get("ft_launcher_hang", {}).get("seconds_from_fault", {}).get("detection_minus_timeout")
     if hang and data["prewarm"]:
         yield ("hang → detection, beyond the timeout", f"{hang['median'] * 1000:.0f} ms", "", "≤ 100 ms")
@@ -107,6 +112,10 @@ def startup_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
            spread(data["ratio"], "×"),
            f"ft_launcher {data['ft_launcher_s']['median']:.2f} s, torchrun {data['torchrun_s']['median']:.2f} s",
            "≤ 1.03×")
+    first = data.get("first_rank_running_s")
+    if first:
+        yield ("launch → first rank running: ft_launcher / torchrun", spread(data["first_rank_ratio"], "×"),
+               f"ft_launcher {first['ft']['median']:.2f} s, torchrun {first['torchrun']['median']:.2f} s", "≤ 1×")
 
 
 def false_kills_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:

@@ -4,7 +4,10 @@ The job (``_trivial_job.py``) imports torch, joins a gloo process group, does
 one all_reduce and exits: the time from starting the launcher to its exit is
 almost all start-up and shutdown. Runs alternate between the launchers
 (``--runs`` of each, interleaved); ``ratio`` is ft / torchrun per pair of
-consecutive runs (median and min-max over the pairs).
+consecutive runs (median and min-max over the pairs). ``first_rank_running_s``
+is the time from starting the launcher to the first rank's first line of Python
+(each rank writes the moment it starts, before its imports), per launcher, with
+``first_rank_ratio`` (ft / torchrun) over the same pairs.
 
     python benchmarks/startup.py [--runs 5] [--nproc 2] [--prewarm on|off]
 """
@@ -26,8 +29,11 @@ from _common import emit  # noqa: E402
 JOB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_trivial_job.py")
 
 
-def run(command: list[str], nproc: int, log_path: str) -> float:
-    env = dict(os.environ, OMP_NUM_THREADS="1", LOGLEVEL="WARNING")
+def run(command: list[str], nproc: int, log_path: str) -> tuple[float, float]:
+    """(launch -> launcher exit, launch -> first rank running), in seconds."""
+    started_file = log_path + ".started"
+    env = dict(os.environ, OMP_NUM_THREADS="1", LOGLEVEL="WARNING", FT_BENCH_STARTED_FILE=started_file)
+    launched = time.time()
     started = time.perf_counter()
     with open(log_path, "wb") as log:
         code = subprocess.call([*command, "--standalone", f"--nproc-per-node={nproc}", JOB], env=env, stdout=log,
@@ -35,7 +41,9 @@ def run(command: list[str], nproc: int, log_path: str) -> float:
     elapsed = time.perf_counter() - started
     if code != 0:
         raise RuntimeError(f"{command[2]} exited with {code}; see {log_path}")
-    return elapsed
+    with open(started_file) as handle:
+        first_rank = min(float(line) for line in handle if line.strip()) - launched
+    return elapsed, first_rank
 
 
 def spread(values: list[float], digits: int = 3) -> dict[str, Any]:
@@ -54,18 +62,23 @@ def main() -> None:
     ft = [sys.executable, "-m", "ft_core.launcher", f"--ft-prewarm={args.prewarm}"]
     torchrun = [sys.executable, "-m", "torch.distributed.run"]
     times: dict[str, list[float]] = {"ft": [], "torchrun": []}
+    first_rank: dict[str, list[float]] = {"ft": [], "torchrun": []}
     with tempfile.TemporaryDirectory(prefix="ft_startup_") as tmp:
         for i in range(args.runs):
             # Alternate which launcher goes first, so neither always runs on a warmer page cache.
             order = (("ft", ft), ("torchrun", torchrun)) if i % 2 == 0 else (("torchrun", torchrun), ("ft", ft))
             for name, command in order:
-                times[name].append(run(command, args.nproc, os.path.join(tmp, f"{name}{i}.log")))
+                elapsed, first = run(command, args.nproc, os.path.join(tmp, f"{name}{i}.log"))
+                times[name].append(elapsed)
+                first_rank[name].append(first)
     emit({
         "benchmark": "startup", "nproc": args.nproc, "prewarm": args.prewarm == "on", "cpus": os.cpu_count(),
         "load_avg_1m": os.getloadavg()[0],
         "ft_launcher_s": spread(times["ft"]), "torchrun_s": spread(times["torchrun"]),
         "ratio": spread([a / b for a, b in zip(times["ft"], times["torchrun"])]),
-        "targets": {"ratio": 1.03},
+        "first_rank_running_s": {name: spread(values) for name, values in first_rank.items()},
+        "first_rank_ratio": spread([a / b for a, b in zip(first_rank["ft"], first_rank["torchrun"])]),
+        "targets": {"ratio": 1.03, "first_rank_ratio": 1.0},
     })
 
 

@@ -11,39 +11,38 @@ What it changes, and where:
   with ``--workers-stop-timeout`` (torch hard-codes 30 s inside its poll).
 * ``_invoke_run``: the monitoring loop, which also reads the node monitor's
   events (hangs, checkpoints), respawns a dead monitor, serves workload-control
-  requests, follows decisions taken by other nodes, and forwards SIGTERM/SIGINT.
+  requests, follows decisions taken by other nodes, and forwards SIGTERM/SIGINT;
+  on every pass it keeps torch's bookkeeping (the group's state, its metrics).
+
+Its parts: :mod:`.cycle_triggers` (what ends a cycle), :mod:`.hang_diagnosis`
+(who hung, who waited), :mod:`.outcome` (how the launcher ends), sharing the
+state declared in :mod:`.agent_state`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable
 from typing import Any, Optional
 
 import msgspec
 from torch.distributed.elastic.agent.server.api import DEFAULT_ROLE, RunResult, WorkerGroup, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.metrics import put_metric
 from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, RendezvousGracefulExitError
+from typing_extensions import override
 
 from ft_core.autoresume import finished_flag_path, training_finished
-from ft_core.data import WorkloadAction
-from ft_core.diagnosis import evidence_of_hang
 from ft_core.events import (
     CheckpointReported,
     ConnectionRejected,
     CycleStart,
-    Diagnosis,
-    FaultFingerprint,
     HangDetected,
     MonitorConnectionRejected,
-    MonitorDied,
     MonitorLate,
-    MonitorStarted,
     PhaseMedians,
     Progress,
     RankConnected,
@@ -59,12 +58,11 @@ from ft_core.events import (
     WorkerExit,
     WorkersStopped,
     WorkersSucceeded,
-    WorkloadControlReceived,
 )
-from ft_core.fault_policy import FaultKind, FaultPolicy, Fingerprint
+from ft_core.fault_policy import FaultPolicy
 from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV
+from ft_core.launcher.agent_state import Services, Trigger
 from ft_core.launcher.checkpointed_iteration import CheckpointedIterationTracker
-from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.coordination import (
     CycleInfo,
     Decision,
@@ -72,73 +70,35 @@ from ft_core.launcher.coordination import (
     leave_rendezvous,
     spares_waiting,
 )
-from ft_core.launcher.culprit import CulpritExchange
-from ft_core.launcher.event_log import EventLog
+from ft_core.launcher.cycle_triggers import CycleTriggers
+from ft_core.launcher.hang_diagnosis import HangDiagnosis
 from ft_core.launcher.job_store import open_job_store
-from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
-from ft_core.launcher.prewarm import WorkerFactory
+from ft_core.launcher.outcome import Outcome, exit_status, left_job_outcome, signal_outcome
+from ft_core.launcher.rendezvous_skew import join_skew_skipped
 from ft_core.launcher.rendezvous_wait import reporting_rendezvous_wait
-from ft_core.launcher.straggler_exchange import StragglerDetector, StragglerRound, exclusion_blocker
-from ft_core.launcher.workers import kill_process_groups, signal_process_groups, workers_die_with_agent
-from ft_core.straggler_scoring import StragglerAction
+from ft_core.launcher.straggler_exchange import StragglerDetector
+from ft_core.launcher.workers import (
+    kill_process_groups,
+    signal_process_groups,
+    wait_for_an_exit,
+    workers_die_with_agent,
+)
 from ft_core.utils.deadline import wait_until
-from ft_core.utils.procutil import listens_on_tcp_port
 
-__all__ = ["LEFT_UNFINISHED_EXIT_CODE", "FtElasticAgent", "Outcome", "Services", "left_job_outcome", "signal_outcome"]
+__all__ = ["FtElasticAgent"]
 
 log = logging.getLogger("ft_core.launcher")
 
-#: How long the launcher waits for the monitor's snapshot beyond the monitor's own stack-dump wait.
-SNAPSHOT_MARGIN = 2.0
 #: How long a node that ends the job keeps the rendezvous store up for hot spares to see the end.
 SPARE_RELEASE_TIMEOUT = 10.0
-#: Exit code of a launcher whose node left an unfinished job (excluded): requeue, as for 128+N (EX_TEMPFAIL).
-LEFT_UNFINISHED_EXIT_CODE = 75
 #: ``worker_exit.cause`` of a worker that failed once training was finished (not a fault: no restart).
 FINISHED_EXIT_CAUSE = "exit after training finished"
 #: Why training counts as finished when no flag file says so (see ``FtElasticAgent._training_finished``).
 RANKS_FINISHED = "every rank reported training complete and shut its client down"
-#: How long a worker that exited with code 1 may take to have its exception report reach us (it sends it
-#: before it exits; the monitor records it within milliseconds): only such a crash waits, at most this.
-EXCEPTION_REPORT_WAIT = 0.5
 
 
-@dataclasses.dataclass(frozen=True)
-class Outcome:
-    """How this launcher ends: its exit code, why, and what to do with the rendezvous."""
-
-    exit_code: int
-    reason: str
-    #: "close" ends the rendezvous for every node (and releases hot spares), "leave" removes
-    #: only this node, "keep" leaves it alone (signal: the other nodes decide for themselves).
-    rendezvous: str = "close"
-
-
-@dataclasses.dataclass
-class Services:
-    """Per-node helpers the launcher starts before the agent and stops after it."""
-
-    monitor: NodeMonitor
-    control: WorkloadControlServer
-    events: EventLog
-    token: str
-    #: Called with every straggler report read (the metrics endpoint's scores); None: nobody listens.
-    on_straggler_round: Optional[Callable[[StragglerRound], None]] = None
-    #: Forks pre-warmed workers; None when pre-warming is off or cannot apply.
-    factory: Optional[WorkerFactory] = None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Trigger:
-    """Why the current cycle must end."""
-
-    kind: RestartKind  # ``kind.is_fault``: spends the restart budget, counts for the no-progress rule
-    reason: str
-    time: float
-
-
-class FtElasticAgent(LocalElasticAgent):
+class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
     """See the module docstring. ``agent.outcome`` holds the result after ``run()``."""
 
     def __init__(self, spec: Any, logs_specs: Any, *, services: Services, options: LauncherOptions,
@@ -176,11 +136,18 @@ class FtElasticAgent(LocalElasticAgent):
         #: Why training is finished, decided at the cycle's first worker failure; None: it is not.
         self._finished_reason: Optional[str] = None
         self.outcome = Outcome(1, "the launcher stopped before the job ended")
+        #: ``outcome`` is the agent's verdict (a signal arriving after it, in torch's bookkeeping, changes nothing).
+        self.decided = False
 
     # -- seams: rendezvous, environment, start, stop, monitor ---------------
+    @override
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         spec = worker_group.spec
-        with reporting_rendezvous_wait(spec.rdzv_handler):
+        # Torch's random skew of a first join spreads the nodes of a starting job; a restart's nodes rejoin
+        # together anyway, and one node has nobody to spread out (see .rendezvous_skew).
+        settings = getattr(spec.rdzv_handler, "settings", None)
+        skip_skew = self._cycle is not None or getattr(settings, "max_nodes", None) == 1
+        with reporting_rendezvous_wait(spec.rdzv_handler), join_skew_skipped(skip_skew):
             super()._rendezvous(worker_group)
         # Torch's WorkerGroup declares these None until its rendezvous has run, as it just did.
         store, group_rank, master_addr = worker_group.store, worker_group.group_rank, worker_group.master_addr
@@ -193,6 +160,7 @@ class FtElasticAgent(LocalElasticAgent):
         # Torch derives its logs and TORCHELASTIC_RESTART_COUNT from this; keep it job-wide.
         self._remaining_restarts = spec.max_restarts - self._cycle.restarts
 
+    @override
     def _set_local_rank_env(self, worker_env: dict[str, Any], local_rank: int, spec: Any) -> None:
         super()._set_local_rank_env(worker_env, local_rank, spec)
         assert self._cycle is not None
@@ -205,6 +173,7 @@ class FtElasticAgent(LocalElasticAgent):
             TOKEN_ENV: self._svc.token,
         })
 
+    @override
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         assert self._cycle is not None
         self._hangs.clear()
@@ -229,6 +198,7 @@ class FtElasticAgent(LocalElasticAgent):
                  len(pids), [w.global_rank for w in worker_group.workers], self._cycle.restarts)
         return pids
 
+    @override
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: Optional[float] = None) -> None:
         """Torch's shutdown, extended to each worker's whole process group, its leader alive or not.
 
@@ -247,10 +217,12 @@ class FtElasticAgent(LocalElasticAgent):
         if stuck:
             log.error("processes of the workers' groups survived SIGKILL (uninterruptible sleep?): %s", stuck)
 
+    @override
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown()
         self._svc.events.write(WorkersStopped(cycle=self._cycle_number()))
 
+    @override
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         pcontext = self._pcontext
         handlers = getattr(pcontext, "subprocess_handlers", None) or {}
@@ -274,11 +246,12 @@ class FtElasticAgent(LocalElasticAgent):
         return super()._monitor_workers(worker_group)
 
     # -- the monitoring loop -----------------------------------------------
+    @override
     def _invoke_run(self, role: str = DEFAULT_ROLE) -> RunResult:
         try:
             self._initialize_workers(self._worker_group)
             while True:
-                time.sleep(self._worker_group.spec.monitor_interval)
+                self._wait_for_next_pass()
                 result = self._step()
                 if result is not None:
                     return result
@@ -297,10 +270,24 @@ class FtElasticAgent(LocalElasticAgent):
                 return self._finish(Outcome(stop.exit_code, stop.reason, "keep"))
             return self._finish(Outcome(1, "the rendezvous was closed by another node", "keep"))
 
+    def _wait_for_next_pass(self) -> None:
+        """Wait ``--monitor-interval``, or less: a running worker's exit starts the next pass at once."""
+        handlers = (getattr(self._pcontext, "subprocess_handlers", None) or {}).values()
+        wait_for_an_exit([h.proc.pid for h in handlers if h.proc.poll() is None],
+                         self._worker_group.spec.monitor_interval)
+
+    def _record_pass(self, result: RunResult) -> None:
+        """What torch's own loop does after each look at the workers: the group's state and two metrics."""
+        self._worker_group.state = result.state
+        role = self._worker_group.spec.role
+        put_metric(f"workers.{role}.remaining_restarts", self._remaining_restarts)
+        put_metric(f"workers.{role}.{result.state.name.lower()}", 1)
+
     def _step(self) -> Optional[RunResult]:
         """One monitoring pass; returns a result when this launcher is done."""
         wg = self._worker_group
         result = self._monitor_workers(wg)
+        self._record_pass(result)
         self._read_monitor_events()
         self._read_progress_file()
         if result.state == WorkerState.SUCCEEDED:
@@ -323,15 +310,15 @@ class FtElasticAgent(LocalElasticAgent):
         else:
             decision = self._coord.poll(self._cycle_number())
             if decision is not None:
-                trigger = _Trigger(RestartKind.PEER, f"{decision.node}: {decision.reason}", time.time())
+                trigger = Trigger(RestartKind.PEER, f"{decision.node}: {decision.reason}", time.time())
             elif wg.spec.rdzv_handler.num_nodes_waiting() > 0:
                 # Torch's scale-up rule: new nodes are waiting; not a fault, not budgeted.
-                trigger = _Trigger(RestartKind.MEMBERSHIP, "new nodes are waiting to join", time.time())
+                trigger = Trigger(RestartKind.MEMBERSHIP, "new nodes are waiting to join", time.time())
         if trigger is None:
             return None
         return self._end_cycle(trigger, decision, result)
 
-    def _end_cycle(self, trigger: _Trigger, decision: Optional[Decision], result: RunResult) -> Optional[RunResult]:
+    def _end_cycle(self, trigger: Trigger, decision: Optional[Decision], result: RunResult) -> Optional[RunResult]:
         cycle = self._cycle_number()
         diagnosis = self._diagnose(trigger, decision)
         if diagnosis is not None:
@@ -383,43 +370,6 @@ class FtElasticAgent(LocalElasticAgent):
                 return None
         return RANKS_FINISHED
 
-    def _fingerprint(self, trigger: _Trigger) -> Optional[Fingerprint]:
-        """This node's fingerprint of the fault that ends the cycle (:mod:`ft_core.fault_policy`), recorded.
-
-        An exception a worker reported is the strongest evidence; the first one reported is
-        the culprit's (its peers fail after it, with their own errors). A worker that exited
-        with code 1 may have sent its report an instant before: wait for it, briefly.
-        """
-        if trigger.kind is RestartKind.CRASH and not self._exceptions and any(
-                code == 1 for _pid, code in self._failed.values()):
-            def reported() -> bool:
-                self._read_monitor_events()
-                return bool(self._exceptions)
-
-            wait_until(reported, EXCEPTION_REPORT_WAIT, interval=0.02)
-        if self._exceptions:
-            first = self._exceptions[0]
-            fingerprint = Fingerprint(FaultKind.EXCEPTION, culprits=(first.rank,), iteration=first.iteration,
-                                      exception_type=first.exception_type, frames=tuple(first.frames))
-        elif trigger.kind is RestartKind.HANG:
-            hangs = sorted(self._hangs.values(), key=lambda h: h.detected_time)
-            iterations = [h.iteration for h in hangs if h.iteration is not None]
-            fingerprint = Fingerprint(FaultKind.HANG, culprits=tuple(sorted({h.rank for h in hangs})),
-                                      iteration=min(iterations) if iterations else None)
-        elif trigger.kind is RestartKind.CRASH and self._failed:
-            local_rank, (_pid, code) = min(self._failed.items())
-            _exit_code, sig = _exit_status(code)
-            rank = self._global_ranks().get(local_rank)
-            fingerprint = Fingerprint(FaultKind.SIGNAL if sig else FaultKind.CRASH,
-                                      culprits=() if rank is None else (rank,), signal=sig)
-        else:
-            return None
-        self._svc.events.write(FaultFingerprint(
-            cycle=self._cycle_number(), kind=fingerprint.kind.value, culprits=list(fingerprint.culprits),
-            iteration=fingerprint.iteration, exception_type=fingerprint.exception_type,
-            frames=list(fingerprint.frames), signal=fingerprint.signal))
-        return fingerprint
-
     def _finished_anyway(self, result: RunResult, why: str) -> RunResult:
         """Workers failed after training finished (``why``: see :meth:`_training_finished`): warn, never restart, exit 0.
 
@@ -429,7 +379,7 @@ class FtElasticAgent(LocalElasticAgent):
         """
         workers = self._global_ranks()
         for local_rank, (pid, code) in sorted(self._failed.items()):
-            exit_code, sig = _exit_status(code)
+            exit_code, sig = exit_status(code)
             self._svc.events.write(WorkerExit(
                 time=self._failed_at, cycle=self._cycle_number(), rank=workers.get(local_rank), local_rank=local_rank,
                 pid=pid, cause=FINISHED_EXIT_CAUSE, exit_code=exit_code, signal=sig))
@@ -439,157 +389,6 @@ class FtElasticAgent(LocalElasticAgent):
         self._exit_barrier()
         return self._finish(Outcome(0, f"training is finished ({why}); {len(self._failed)} worker(s) failed at exit"),
                             result)
-
-    # -- who hung, who waited (diagnosis) -------------------------------------
-    def _take_evidence(self) -> list[RankEvidence]:
-        """This node's evidence: its hang records and a snapshot of its live ranks (stacks included)."""
-        if self._evidence is not None:
-            return self._evidence
-        self._snapshot = None
-        if self._svc.monitor.request_snapshot():
-            def snapshot_in() -> Optional[RanksSnapshot]:
-                self._read_monitor_events()
-                return self._snapshot
-
-            # The monitor waits at most stack_dump_timeout for the dumps; then it writes the record.
-            if wait_until(snapshot_in, self._svc.monitor.cfg.stack_dump_timeout + SNAPSHOT_MARGIN) is None:
-                log.warning("the rank monitor sent no snapshot of its ranks; diagnosing without it")
-        node = self._svc.events.node
-        evidence = [evidence_of_hang(h, node) for h in self._hangs.values()]
-        if self._snapshot is not None:
-            evidence += [msgspec.structs.replace(e, node=node) for e in self._snapshot.ranks]
-        self._evidence = evidence
-        return evidence
-
-    def _diagnose(self, trigger: _Trigger, decision: Optional[Decision]) -> Optional[Diagnosis]:
-        """The job-wide diagnosis of this cycle's hang (see :mod:`.culprit`), written and told; None otherwise."""
-        store = self._coord.job_store
-        if store is None:
-            return None
-        cycle = self._cycle_number()
-        exchange = CulpritExchange(store, self._svc.events.node, self._svc.monitor.cfg.stack_dump_timeout)
-        group_rank = self._worker_group.group_rank or 0
-        if decision is None or decision.node == self._svc.events.node:  # this node decided
-            if trigger.kind is not RestartKind.HANG:
-                exchange.publish(cycle, None)  # the others need not snapshot their ranks
-                return None
-            exchange.request(cycle)
-            evidence = self._take_evidence()
-            exchange.share(cycle, group_rank, evidence)
-            workers = self._worker_group.workers
-            diagnosis = exchange.decide(cycle, self._worker_group.group_world_size or 1, evidence,
-                                        workers[0].world_size if workers else None)
-        else:
-            if trigger.kind not in (RestartKind.HANG, RestartKind.PEER):
-                return None
-            wanted = exchange.requested(cycle)
-            if not wanted and trigger.kind is not RestartKind.HANG:
-                return None  # another node's crash or stop: nothing to diagnose, no stack dumps
-            evidence = self._take_evidence()
-            if wanted:
-                exchange.share(cycle, group_rank, evidence)
-            diagnosis = exchange.wait(cycle, evidence)
-        if diagnosis is not None:
-            self._svc.events.write(diagnosis)
-            # The one line per hang: the culprit, who waited, why, and where the culprit's stack is.
-            stacks = [h.stack_dump_file for h in self._hangs.values()
-                      if h.rank in diagnosis.culprits and h.stack_dump_file]
-            log.error("cycle %d: %s (evidence: %s)%s", cycle, diagnosis.headline, diagnosis.evidence,
-                      f"; stack: {', '.join(stacks)}" if stacks else "")
-        return diagnosis
-
-    # -- what ends a cycle --------------------------------------------------
-    def _local_trigger(self, result: RunResult) -> Optional[_Trigger]:
-        now = time.time()
-        if not self._svc.monitor.is_alive():
-            code = self._svc.monitor.exit_code()
-            log.error("the rank monitor died (exit code %s); starting a new one and restarting the cycle", code)
-            self._svc.events.write(MonitorDied(exit_code=code))
-            self._svc.monitor.respawn()
-            self._svc.events.write(MonitorStarted(pid=self._svc.monitor.pid, socket=self._svc.monitor.socket_path))
-            return _Trigger(RestartKind.MONITOR, f"rank monitor died (exit code {code})", now)
-        if result.state == WorkerState.FAILED:
-            return self._failure_trigger(result, now)
-        if result.state == WorkerState.UNHEALTHY:
-            return _Trigger(RestartKind.UNHEALTHY, "a worker is stuck in uninterruptible sleep", now)
-        if result.state != WorkerState.HEALTHY:
-            return _Trigger(RestartKind.CRASH, f"worker group in state {result.state.name}", now)
-        # A hung rank the monitor could not kill (e.g. a catchable termination signal).
-        for hang in self._hangs.values():
-            return _Trigger(RestartKind.HANG, hang.describe(), hang.detected_time)
-        return None
-
-    def _failure_trigger(self, result: RunResult, now: float) -> _Trigger:
-        workers = self._global_ranks()
-        reasons, kind = [], RestartKind.CRASH
-        for local_rank, (pid, code) in sorted(self._failed.items()):
-            hang = self._hangs.get(pid)
-            kind = RestartKind.HANG if hang else kind
-            exit_code, sig = _exit_status(code)
-            self._svc.events.write(WorkerExit(
-                time=self._failed_at, cycle=self._cycle_number(), rank=workers.get(local_rank),
-                local_rank=local_rank, pid=pid, cause="hang" if hang else "crash", exit_code=exit_code, signal=sig))
-            reasons.append(hang.describe() if hang else
-                           f"rank {workers.get(local_rank)} (pid {pid}) " +
-                           (f"exited with code {code}" if sig is None else f"killed by {sig}"))
-        if not reasons:  # failure seen by torch only (e.g. pids mismatch)
-            reasons = [f"rank {rank} failed (exit code {f.exitcode})" for rank, f in result.failures.items()]
-        return _Trigger(kind, "; ".join(reasons), self._failed_at or now)
-
-    def _straggler_trigger(self) -> Optional[_Trigger]:
-        """Log the stragglers of a new job-wide report; a trigger when straggler_action asks for one."""
-        wg = self._worker_group
-        if self._stragglers is None or wg.group_rank is None or wg.group_world_size is None:
-            return None
-        trigger = None
-        for straggler in self._stragglers.poll(self._cycle_number(), wg.group_rank, wg.group_world_size):
-            self._svc.events.write(straggler)
-            if straggler.action is StragglerAction.RESTART:
-                trigger = _Trigger(RestartKind.STRAGGLER, straggler.describe(), time.time())
-            elif straggler.action is StragglerAction.EXCLUDE_NODE and straggler.rank_node == self._svc.events.node:
-                blocker = self._exclusion_blocker()
-                if blocker is None:
-                    trigger = _Trigger(RestartKind.EXCLUDED, straggler.describe(), time.time())
-                elif blocker not in self._exclusion_warned:
-                    self._exclusion_warned.add(blocker)
-                    log.warning("straggler_action exclude-node falls back to report for this node: %s", blocker)
-        return trigger
-
-    def _exclusion_blocker(self) -> Optional[str]:
-        """Why this node cannot leave without ending the job (None: it can); see :func:`.exclusion_blocker`."""
-        wg = self._worker_group
-        handler = wg.spec.rdzv_handler
-        settings = getattr(handler, "settings", None)
-        store = self._coord.job_store
-        rdzv_store = getattr(handler, "_store", None)
-        hosts_store = (store is not None and not store.survives_node_loss
-                       and isinstance(getattr(rdzv_store, "port", None), int)
-                       and listens_on_tcp_port(rdzv_store.port))  # type: ignore[union-attr]
-        return exclusion_blocker(dynamic=settings is not None, hosts_store=hosts_store,
-                                 nodes=wg.group_world_size or 1,
-                                 min_nodes=getattr(settings, "min_nodes", 1), spares=spares_waiting(handler))
-
-    def _control_trigger(self) -> Optional[_Trigger]:
-        request = self._svc.control.pop()
-        if request is None:
-            return None
-        self._svc.events.write(WorkloadControlReceived(action=request.action.name, rank=request.rank,
-                                                       description=request.description))
-        why = f"rank {request.rank} requested {request.action.name}" + (
-            f": {request.description}" if request.description else "")
-        if request.action == WorkloadAction.ExcludeThisNode:
-            blocker = self._exclusion_blocker()
-            if blocker is None:
-                return _Trigger(RestartKind.EXCLUDED, why, request.time)
-            # The rank says its node is faulty, but leaving would end the job unfinished: restart every
-            # worker as after a fault instead (the budget and the no-progress rule bound a node that
-            # stays faulty), never report only (the rank often exits right after asking).
-            log.warning("rank %d requested ExcludeThisNode, but the job cannot go on without this node (%s): "
-                        "restarting the workers as after a fault", request.rank, blocker)
-            return _Trigger(RestartKind.NODE_FAULT, f"{why}; not excluded: {blocker}", request.time)
-        if request.action == WorkloadAction.ShutdownWorkload:
-            return _Trigger(RestartKind.SHUTDOWN, why, request.time)
-        return None  # Continue: nothing to do
 
     def _read_monitor_events(self) -> None:
         """Act on the monitor's records; forward to the job's event log those it carries."""
@@ -668,7 +467,7 @@ class FtElasticAgent(LocalElasticAgent):
         self._shutdown(sig, timeout=self._opts.term_timeout)
         codes = [h.proc.returncode for h in handlers]
         for handler in running:
-            exit_code, killed_by = _exit_status(handler.proc.returncode)
+            exit_code, killed_by = exit_status(handler.proc.returncode)
             self._svc.events.write(WorkerExit(
                 cycle=self._cycle_number(), local_rank=handler.local_rank_id, pid=handler.proc.pid,
                 cause=f"launcher {sig.name}", exit_code=exit_code, signal=killed_by))
@@ -689,8 +488,10 @@ class FtElasticAgent(LocalElasticAgent):
 
     def _finish(self, outcome: Outcome, result: Optional[RunResult] = None) -> RunResult:
         self.outcome = outcome
+        self.decided = True
         if result is not None and result.state == WorkerState.SUCCEEDED:
             return result
+        self._worker_group.state = WorkerState.FAILED  # as torch's loop leaves a group it gives up on
         # Torch's run() accounts every worker of a non-successful result as failed or terminated.
         return RunResult(state=WorkerState.FAILED, failures=result.failures if result is not None else {})
 
@@ -711,34 +512,3 @@ class FtElasticAgent(LocalElasticAgent):
     def _cycle_number(self) -> int:
         return self._cycle.cycle if self._cycle is not None else -1
 
-
-def _exit_status(returncode: int) -> tuple[Optional[int], Optional[str]]:
-    """(exit code, None) for a process that exited, (None, signal name) for one a signal killed."""
-    return (returncode, None) if returncode >= 0 else (None, signal.Signals(-returncode).name)
-
-
-def left_job_outcome(reason: str) -> Outcome:
-    """How a launcher whose node left the job (excluded) exits: 0 only if training is finished.
-
-    The job goes on without this node, but this launcher did not see it finish: it exits
-    :data:`LEFT_UNFINISHED_EXIT_CODE`, which a requeue loop requeues (anything but 0 and the
-    no-restart code), never 0, which SLURM would read as a finished job.
-    """
-    if training_finished():
-        return Outcome(0, f"{reason}; training is finished ({finished_flag_path()} exists)", "leave")
-    return Outcome(LEFT_UNFINISHED_EXIT_CODE, f"{reason}; this node left an unfinished job", "leave")
-
-
-def signal_outcome(sig: signal.Signals, detail: str, workers_finished: bool = False) -> Outcome:
-    """How a launcher stopped by a forwarded signal exits: the rule a requeue loop relies on.
-
-    SLURM sends SIGTERM before preemption or the time limit; the workers save and exit 0, but the
-    job is not done. So the launcher exits 128+N (143 for SIGTERM: requeue) unless training is
-    finished: the finished flag exists (:mod:`ft_core.autoresume`) or every worker had already
-    exited 0 before the signal (``workers_finished``).
-    """
-    if workers_finished:
-        return Outcome(0, f"{sig.name} received after every worker had finished ({detail})", "keep")
-    if training_finished():
-        return Outcome(0, f"{sig.name} received; training is finished ({finished_flag_path()} exists)", "keep")
-    return Outcome(128 + sig.value, f"{sig.name} received; training not finished ({detail})", "keep")

@@ -22,13 +22,15 @@ from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
 from ft_core.config import FaultToleranceConfig
 from ft_core.events import LauncherExit, LauncherStarted
 from ft_core.jobdir import claim_job_dir, saved_stacks_dir
-from ft_core.launcher.agent import FtElasticAgent, Outcome, Services, signal_outcome
+from ft_core.launcher.agent import FtElasticAgent
+from ft_core.launcher.agent_state import Services
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.etcd_v3 import register as register_etcd_v3
 from ft_core.launcher.event_log import EVENTS_FILE_NAME, EventLog
 from ft_core.launcher.metrics import SCRAPE_TARGETS_DIR, LauncherMetrics
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
+from ft_core.launcher.outcome import Outcome, signal_outcome
 from ft_core.launcher.prewarm import WorkerFactory
 from ft_core.launcher.rendezvous_records import use_cheap_method_names
 from ft_core.launcher.seams import (
@@ -107,7 +109,12 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         agent.run()
         outcome = agent.outcome
     except SignalException as exc:
-        outcome = signal_outcome(exc.sigval, "before any worker started")
+        if agent is not None and agent.decided:
+            # The agent had ended (e.g. every worker succeeded) when the signal arrived, in torch's
+            # bookkeeping after its loop: the verdict stands (a finished job must not be requeued).
+            outcome = agent.outcome
+        else:
+            outcome = signal_outcome(exc.sigval, "before any worker started")
     except TorchSeamsError as exc:  # the one clear message, no traceback: the torch in use is the problem
         log.error("%s", exc)
         outcome = Outcome(1, f"torch {exc.torch_version} lacks torch elastic seams: {'; '.join(exc.problems)}")

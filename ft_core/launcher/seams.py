@@ -117,6 +117,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam("torch.distributed.launcher.api", "_get_addr_and_port", ("rdzv_parameters",)),
     Seam("torch.distributed.elastic.metrics", "initialize_metrics", ()),
     Seam("torch.distributed.elastic.metrics", "MetricsConfig"),
+    Seam("torch.distributed.elastic.metrics", "put_metric", ("metric_name", "metric_value")),
     Seam("torch.distributed.elastic.rendezvous", "RendezvousParameters"),
     Seam("torch.distributed.elastic.rendezvous.registry", "get_rendezvous_handler", ("params",)),
     Seam("torch.distributed.elastic.rendezvous.api", "RendezvousClosedError"),

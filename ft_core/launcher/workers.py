@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import signal
 import subprocess
 import time
@@ -31,12 +32,14 @@ from ft_core.launcher.prewarm import WorkerFactory
 from ft_core.utils.deadline import wait_until
 from ft_core.utils.procutil import die_with_parent_preexec, process_group_members
 
-__all__ = ["kill_process_groups", "signal_process_groups", "workers_die_with_agent"]
+__all__ = ["kill_process_groups", "signal_process_groups", "wait_for_an_exit", "workers_die_with_agent"]
 
 log = logging.getLogger("ft_core.launcher")
 
 #: How long to wait for SIGKILLed processes to be gone (a process in uninterruptible sleep may never go).
 KILL_WAIT = 5.0
+#: How often a stop checks whether the workers' process groups are empty (each check scans ``/proc``).
+GROUP_POLL = 0.01
 
 
 class _DieWithAgentHandler(SubprocessHandler):
@@ -120,11 +123,34 @@ def kill_process_groups(pgids: Collection[int], deadline: float) -> list[int]:
     def empty() -> bool:
         return not process_group_members(pgids)
 
-    if wait_until(empty, max(0.0, deadline - time.monotonic()), interval=0.05):
+    if wait_until(empty, max(0.0, deadline - time.monotonic()), interval=GROUP_POLL):
         return []
     for pgid, pids in process_group_members(pgids).items():
         log.warning("process group %d (pids %s) still alive at the end of the stop timeout: SIGKILL", pgid, pids)
         _killpg(pgid, signal.SIGKILL)
-    if wait_until(empty, KILL_WAIT, interval=0.05):
+    if wait_until(empty, KILL_WAIT, interval=GROUP_POLL):
         return []
     return [pid for pids in process_group_members(pgids).values() for pid in pids]
+
+
+def wait_for_an_exit(pids: Collection[int], timeout: float) -> None:
+    """Sleep ``timeout`` seconds, or less: until one of the processes ``pids`` exits.
+
+    The agent's monitoring loop waits here instead of sleeping its whole
+    ``--monitor-interval``: a pidfd per worker wakes it at a worker's exit
+    itself (a crash, or a hung rank the monitor killed), so a restart does not
+    wait for the next pass. Without pidfds (Linux before 5.3), it sleeps.
+    """
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                return  # gone already: the next pass sees it
+        select.select(fds, [], [], timeout)
+    except (AttributeError, OSError):  # no pidfd_open here (old kernel or Python): poll as torch does
+        time.sleep(timeout)
+    finally:
+        for fd in fds:
+            os.close(fd)

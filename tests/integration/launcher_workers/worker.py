@@ -18,6 +18,8 @@ FT_TEST_FAULT_STEP_BY_CYCLE  comma-separated: the fault's step in cycle 0, 1, ..
 FT_TEST_FAULT_AFTER   path: the fault waits until this file exists; cycles that start before it
                       exists step until they are stopped
 FT_TEST_STEPS         steps per cycle (default 5); "forever" runs until signalled
+FT_TEST_FINISH_AFTER  path: after its last step, its client's shutdown and the process group's end, the worker
+                      records "finish_waiting" and waits until this file exists before it finishes and exits
 FT_TEST_STEP_TIME     seconds slept per step (default 0.05)
 FT_TEST_SECTIONS      "1": each step is a tracked section "step", with its iteration reported
                       (the fault then happens inside the step, before its all-reduce)
@@ -170,7 +172,8 @@ def main() -> int:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     elif on_sigterm == "ignore":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    record(event="started", time=STARTED, prewarmed="ft_core.launcher.zygote" in sys.modules)
+    record(event="started", time=STARTED, prewarmed="ft_core.launcher.zygote" in sys.modules,
+           dynamo="torch._dynamo" in sys.modules)
     if os.environ.get("FT_TEST_CHILD") == "1":
         start_child()
     kind = fault_kind()
@@ -253,6 +256,11 @@ def main() -> int:
         from ft_core.autoresume import mark_training_finished
 
         mark_training_finished()
+    finish_file = os.environ.get("FT_TEST_FINISH_AFTER")
+    if finish_file:  # done with the launcher's store and the monitor: only the exit is left
+        record(event="finish_waiting", time=time.time())
+        while not os.path.exists(finish_file):
+            time.sleep(0.02)
     record(event="finished", time=time.time())
     if kind == "abort_at_exit":
         record(event="fault", kind=kind, time=time.time())

@@ -14,7 +14,7 @@ import pytest
 from helpers import wait_for
 from launcher_helpers import LauncherGroup, Rendezvous, exit_event
 
-from ft_core.launcher.agent import LEFT_UNFINISHED_EXIT_CODE
+from ft_core.launcher.outcome import LEFT_UNFINISHED_EXIT_CODE
 
 pytestmark = pytest.mark.timeout(300)
 

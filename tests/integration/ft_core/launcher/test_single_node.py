@@ -39,6 +39,9 @@ def test_crashes_of_every_kind_are_restarted(launchers):
     assert [r["restarts"] for r in restarts] == [1, 2, 3, 4]
     # Every cycle's workers saw the job-wide cycle number.
     assert {r["cycle"] for r in launchers.worker_records("first_heartbeat")} == {0, 1, 2, 3, 4}
+    # Forked workers start with what their client imports at init (torch.compile's callbacks) in place.
+    started = launchers.worker_records("started")
+    assert all(r["prewarmed"] and r["dynamo"] for r in started) and len(started) == 10
     assert exit_event(node)["exit_code"] == 0
     assert "faults     : 4 crash" in node.output()
 
@@ -196,18 +199,27 @@ def test_sigterm_exit_code_says_whether_to_requeue(launchers, tmp_path, finished
 
 
 def test_sigterm_after_every_worker_exited_0_exits_0(launchers):
-    # A long monitoring interval keeps the launcher asleep after its workers are done: the
-    # signal lands before it saw them succeed (as SIGTERM during the exit barrier would).
-    node = launchers.start("--monitor-interval=30", FT_TEST_STEPS="1")
-    workers = wait_for(lambda: len(launchers.worker_records("finished")) == 2 and launchers.worker_records("finished"),
-                       120, "both workers to finish")
+    # The launcher is stopped (SIGSTOP) while its workers finish, so the signal is pending when it
+    # resumes, before it saw them succeed (as SIGTERM during the exit barrier would): a worker's exit
+    # wakes the agent at once, so no monitoring interval is long enough to keep it asleep.
+    finish = os.path.join(launchers.tmp_path, "finish")
+    node = launchers.start("--monitor-interval=30", FT_TEST_STEPS="1", FT_TEST_FINISH_AFTER=finish)
+    wait_for(lambda: len(launchers.worker_records("finish_waiting")) == 2, 120, "both workers to end their steps")
+    node.proc.send_signal(signal.SIGSTOP)
+    try:
+        with open(finish, "w"):
+            pass  # the workers finish only now, with the launcher stopped
+        workers = wait_for(lambda: len(launchers.worker_records("finished")) == 2 and
+                           launchers.worker_records("finished"), 120, "both workers to finish")
 
-    def exited() -> bool:
-        return all(not psutil.pid_exists(w["pid"]) or psutil.Process(w["pid"]).status() == psutil.STATUS_ZOMBIE
-                   for w in workers)
+        def exited() -> bool:
+            return all(not psutil.pid_exists(w["pid"]) or psutil.Process(w["pid"]).status() == psutil.STATUS_ZOMBIE
+                       for w in workers)
 
-    wait_for(exited, 30, "both workers to exit")
-    node.proc.send_signal(signal.SIGTERM)
+        wait_for(exited, 30, "both workers to exit")
+        node.proc.send_signal(signal.SIGTERM)
+    finally:
+        node.proc.send_signal(signal.SIGCONT)
     assert node.wait(60) == 0, node.output()[-3000:]
     (sig,) = node.events("signal")
     assert sig["running_workers"] == 0

@@ -13,7 +13,7 @@ from helpers import wait_for
 from launcher_helpers import LauncherGroup, Rendezvous, exit_event
 
 from ft_core.events import PhaseMedians
-from ft_core.launcher.agent import LEFT_UNFINISHED_EXIT_CODE
+from ft_core.launcher.outcome import LEFT_UNFINISHED_EXIT_CODE
 from ft_core.launcher.straggler_exchange import (
     StragglerDetector,
     StragglerRound,

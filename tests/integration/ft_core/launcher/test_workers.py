@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import time
 
 from ft_core.launcher.workers import _DieWithAgentHandler
 
@@ -34,6 +35,28 @@ def test_wait_child_exited_leaves_the_child_to_reap():
         assert quick.poll() == 0  # still there to be reaped, with its status
         assert not wait_child_exited(slow.pid, timeout=0.2)
         assert slow.poll() is None
+    finally:
+        slow.kill()
+        slow.wait()
+
+
+def test_wait_for_an_exit_wakes_at_the_exit_not_at_the_timeout():
+    from ft_core.launcher.workers import wait_for_an_exit
+
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    quick = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        assert quick.stdin is not None
+        quick.stdin.close()  # quick exits now, slow sleeps on
+        timeout = 120.0
+        started = time.monotonic()
+        wait_for_an_exit([slow.pid, quick.pid], timeout)
+        assert time.monotonic() - started < timeout  # woken by the exit, not by the timeout
+        assert quick.poll() == 0 and slow.poll() is None  # the exit is left to reap
+        quick_pid = quick.pid
+        started = time.monotonic()
+        wait_for_an_exit([slow.pid, quick_pid], timeout)  # reaped: gone already, no wait
+        assert time.monotonic() - started < timeout
     finally:
         slow.kill()
         slow.wait()

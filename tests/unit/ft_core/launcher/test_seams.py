@@ -70,6 +70,16 @@ def test_every_seam_is_listed_once():
     assert len(labels) == len(set(labels))
 
 
+def test_every_torch_method_the_agent_overrides_is_marked_override():
+    # @override makes mypy fail beside this test when torch renames or reshapes a seam we override.
+    from ft_core.launcher.agent import FtElasticAgent
+
+    overridden = {name: member for name, member in vars(FtElasticAgent).items()
+                  if callable(member) and name != "__init__" and hasattr(LocalElasticAgent, name)}
+    assert {"_rendezvous", "_start_workers", "_stop_workers", "_monitor_workers", "_invoke_run"} <= set(overridden)
+    assert [name for name, member in overridden.items() if not getattr(member, "__override__", False)] == []
+
+
 def test_instances_carry_the_private_attributes_we_read():
     params = RendezvousParameters(backend="c10d", endpoint=f"127.0.0.1:{free_port()}", run_id="seams",
                                   min_nodes=1, max_nodes=1, is_host=True)
