@@ -243,8 +243,7 @@ class RankMonitorClient:
             install_exception_hook()
         self._session = _Session(sock, sock.send, calc)  # set with is_initialized: the hot paths check this one
         self.is_initialized = True
-        if COMPILE_SECTION in self._tracked:
-            self._compile_watch.install()
+        self._watch_compiles()
         log.debug("rank %d connected to the rank monitor at %s", self.rank, socket_path)
 
     def shutdown_workload_monitoring(self, training_finished: bool = False) -> None:
@@ -392,6 +391,7 @@ class RankMonitorClient:
     def set_iteration(self, iteration: Optional[int]) -> None:
         """The training iteration reported with later heartbeats and sections."""
         self._iteration = iteration
+        self._watch_compiles()  # a model compiled after init: before its first compilation
 
     def report_exception(self, exc: BaseException) -> None:
         """Tell the monitor which exception this rank is failing with (type, innermost user frames, iteration).
@@ -588,6 +588,12 @@ class RankMonitorClient:
         assert session is not None, "every caller checked the client is initialised"
         return round_trip(session.sock, self._backlog, self._decoder, frame)
 
+    def _watch_compiles(self) -> None:
+        """Time torch.compile's compilations as ``compile`` once dynamo is imported (never import it)."""
+        if COMPILE_SECTION in self._tracked:
+            self._compile_watch.install()
+
     def _send_timeouts(self) -> None:
+        self._watch_compiles()  # learned timeouts from now on: a recompile must not count as a step
         if not self._backlog.lost:
             self._round_trip(UpdateTimeouts(self.state_dict()))

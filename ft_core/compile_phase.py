@@ -9,9 +9,11 @@ calls its compile start and end callbacks around every compilation
 ``compile_timeout`` alone and resumes the other deadlines afterwards, minus the compilation;
 a hang inside a compilation is still caught, by ``compile_timeout``.
 
-Installed by :class:`~ft_core.client.RankMonitorClient` at init when ``compile_timeout`` is set and
-torch is already imported (this module never imports torch itself otherwise: the monitor and
-torch-free ranks stay torch-free).
+Installed by :class:`~ft_core.client.RankMonitorClient` when ``compile_timeout`` is set and
+torch.compile is in use, i.e. dynamo is imported (``torch.compile`` imports it): at init, and again at
+``set_iteration`` and whenever timeouts change, for a model compiled after init. This module never
+imports dynamo itself: it costs every rank over a second and ~70 MB, and a rank that does not compile
+must not pay for it (nor may the monitor or a torch-free rank import torch).
 """
 
 from __future__ import annotations
@@ -38,10 +40,10 @@ class CompileWatch:
         self._handler: Any = None
 
     def install(self) -> bool:
-        """Register with dynamo; False when torch is not imported or has no compile callbacks."""
+        """Register with dynamo; False when dynamo is not imported (nothing compiles) or has no compile callbacks."""
         if self._handler is not None:
             return True
-        if "torch" not in sys.modules:
+        if "torch._dynamo" not in sys.modules:
             return False
         try:
             from torch._dynamo.callback import callback_handler

@@ -2,8 +2,7 @@
 
 A factory is a Python process started by the launcher
 (:class:`ft_core.launcher.prewarm.WorkerFactory`) with the worker's interpreter.
-It imports the pre-warm modules (torch by default, and ``ft_core.client``;
-with torch, what the client imports at init once torch is there: :data:`WITH_TORCH`),
+It imports the pre-warm modules (torch by default, and ``ft_core.client``),
 checks that it is still safe to fork (one thread, CUDA not initialised),
 freezes its objects for the garbage collector (so forked workers keep sharing
 their pages), says ``Ready`` and waits for requests on its channel to the
@@ -73,10 +72,6 @@ __all__ = [
 
 #: Modules every factory imports besides the user's list: what a rank under ft_launcher imports anyway.
 ALWAYS_PREWARMED = ("ft_core.client",)
-#: What a rank's client also imports at init once torch is imported: torch.compile's callbacks
-#: (:mod:`ft_core.compile_phase`), which import all of dynamo (over a second). A factory that imported torch
-#: imports them too, so that its workers share them instead of each importing them again.
-WITH_TORCH = ("torch._dynamo.callback",)
 _HEADER = struct.Struct(">I")
 #: The largest frame accepted on the channel (a worker's environment can be large on clusters).
 MAX_FRAME_BYTES = 16 << 20
@@ -249,7 +244,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         for name in filter(None, options["modules"].split(",")):
             importlib.import_module(name)
-        _import_with_torch()
         _check_forkable()
     except BaseException as exc:  # noqa: BLE001 - whatever happened, the launcher must hear why
         channel.send(Failed(f"{type(exc).__name__}: {exc}"))
@@ -261,17 +255,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     channel.send(Ready(os.getpid(), time.perf_counter() - started))
     job, factory_pid = _serve(channel, launcher_pid)
     run_worker(job, launcher_pid, factory_pid)
-
-
-def _import_with_torch() -> None:
-    """Import :data:`WITH_TORCH` when the pre-warmed modules imported torch (a torch without them: nothing)."""
-    if "torch" not in sys.modules:
-        return
-    for name in WITH_TORCH:
-        try:
-            importlib.import_module(name)
-        except ImportError:  # torch < 2.5, or built without dynamo: the client does not import it either
-            continue
 
 
 def bootstrap_command(interpreter: str, invocation: PythonInvocation, channel_fd: int, path0: str,
