@@ -13,6 +13,7 @@ and ``load_snapshot`` wrap the same)::
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -148,14 +149,10 @@ class NodeSnapshots:
 
 
 # -- the plain-PyTorch API (``from ft_core import save_snapshot, load_snapshot``) ----------------------
-_PROCESS: list[Optional[NodeSnapshots]] = []  # this worker's NodeSnapshots, made at the first call
-
-
+@functools.cache
 def process_snapshots() -> Optional[NodeSnapshots]:
     """This worker's :class:`NodeSnapshots` (None when not under ``ft_launcher``), made at the first call."""
-    if not _PROCESS:
-        _PROCESS.append(NodeSnapshots.for_process())
-    return _PROCESS[0]
+    return NodeSnapshots.for_process()
 
 
 def load_snapshot(disk_step: Optional[int] = None) -> Optional[Any]:
