@@ -37,6 +37,8 @@ from ft_core.jobdir import open_private_log
 from ft_core.straggler_scoring import PhaseMedian, StragglerAction
 
 __all__ = [
+    "CheckpointLoaded",
+    "CheckpointRejected",
     "CheckpointReported",
     "FaultFingerprint",
     "RankException",
@@ -98,6 +100,8 @@ class EventName(str, enum.Enum):
     RANKS_SNAPSHOT = "ranks_snapshot"
     PHASE_MEDIANS = "phase_medians"  # read by the launcher only (straggler detection)
     RESUME_CHOSEN = "resume_chosen"  # written by global rank 0 into the monitor's file (ft_core.snapshots)
+    CHECKPOINT_LOADED = "checkpoint_loaded"  # written by a rank into the monitor's file (ft_core.rank_records)
+    CHECKPOINT_REJECTED = "checkpoint_rejected"  # likewise, one per checkpoint skipped before a resume
     # written by the launcher
     LAUNCHER_STARTED = "launcher_started"
     CYCLE_START = "cycle_start"
@@ -232,6 +236,24 @@ class RankException(Event, frozen=True, tag=EventName.RANK_EXCEPTION.value):
     exception_type: str
     frames: list[str]
     iteration: Optional[int] = None
+
+
+class CheckpointLoaded(Event, frozen=True, tag=EventName.CHECKPOINT_LOADED.value):
+    """A rank resumed from a verified checkpoint: the fingerprint of a later fault names it (``resumed_from``)."""
+
+    rank: int
+    cycle: int  # TORCHELASTIC_RESTART_COUNT of the worker that loaded it
+    checkpoint: str  # the path loaded (a file, or a sharded or Megatron ``iter_N`` directory)
+    step: Optional[int] = None  # the global step (iteration) it holds, when known
+
+
+class CheckpointRejected(Event, frozen=True, tag=EventName.CHECKPOINT_REJECTED.value):
+    """A rank skipped a checkpoint before a resume (torn, truncated, non-finite, marked bad, ...), and why."""
+
+    rank: int
+    cycle: int
+    checkpoint: str
+    reason: str
 
 
 class TimeoutsUpdated(Event, frozen=True, tag=EventName.TIMEOUTS_UPDATED.value):
@@ -471,7 +493,7 @@ AnyEvent = Union[
     MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported, RankException,
     TimeoutsUpdated, ConnectionRejected, MonitorLate, DeadlineExtended, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
     WorkersSucceeded, Restart, FaultFingerprint, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
-    SignalReceived, LauncherExit, RanksSnapshot, Diagnosis, ResumeChosen,
+    SignalReceived, LauncherExit, RanksSnapshot, Diagnosis, ResumeChosen, CheckpointLoaded, CheckpointRejected,
 ]
 
 _ENCODER = msgspec.json.Encoder()

@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Optional
 
-__all__ = ["FaultAction", "FaultKind", "FaultPolicy", "FaultVerdict", "Fingerprint", "decide_fault", "exception_name",
-           "user_frames"]
+__all__ = ["FaultAction", "FaultKind", "FaultPolicy", "FaultVerdict", "Fingerprint", "NonFiniteLossError",
+           "decide_fault", "exception_name", "user_frames"]
 
 #: How many frames of user code a fingerprint keeps (innermost first): enough to tell two places apart.
 FINGERPRINT_FRAMES = 3
@@ -65,6 +65,20 @@ def user_frames(tb: Optional[TracebackType], limit: int = FINGERPRINT_FRAMES) ->
     frames = traceback.extract_tb(tb)
     user = [f for f in frames if not os.path.realpath(f.filename).startswith(_NOT_USER_CODE)] or frames
     return [f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(user[-limit:])]
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss was NaN or infinite within the first steps after a resume: the checkpoint is suspect.
+
+    The integrations raise it (the Lightning callback, the Megatron hooks); the rank's
+    exception report carries its type, and the launcher fingerprints the fault as
+    :attr:`FaultKind.NONFINITE_LOSS` (rule 1: the checkpoint resumed from is marked bad).
+    """
+
+    def __init__(self, loss: float, step: int, steps_after_resume: int, checkpoint: Optional[str] = None) -> None:
+        self.loss, self.step, self.steps_after_resume, self.checkpoint = loss, step, steps_after_resume, checkpoint
+        source = f" from {checkpoint}" if checkpoint else ""
+        super().__init__(f"non-finite loss {loss} at step {step}, {steps_after_resume} step(s) after resuming{source}")
 
 
 class FaultKind(str, enum.Enum):

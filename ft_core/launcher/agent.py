@@ -37,6 +37,8 @@ from typing_extensions import override
 
 from ft_core.autoresume import finished_flag_path, training_finished
 from ft_core.events import (
+    CheckpointLoaded,
+    CheckpointRejected,
     CheckpointReported,
     ConnectionRejected,
     CycleStart,
@@ -407,7 +409,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                     self._svc.events.write(msgspec.structs.replace(ev, stack=None))
                 case CheckpointReported():
                     self._on_progress(ev.iteration, f"rank {ev.rank}")
-                case ResumeChosen():  # the ranks' snapshot-or-disk choice (ft_core.snapshots)
+                case ResumeChosen() | CheckpointLoaded() | CheckpointRejected():  # written by ranks (rank_records)
                     self._svc.events.write(ev)
                 case RankException():
                     if self._is_current_worker(ev.pid):

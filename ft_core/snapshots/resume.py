@@ -16,8 +16,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from ft_core.events import EventWriter, ResumeChosen, ResumeSource
-from ft_core.jobdir import JobDir
+from ft_core.events import ResumeChosen, ResumeSource
+from ft_core.rank_records import write_rank_record
 from ft_core.snapshots.store import Snapshot, SnapshotStore
 
 __all__ = ["Agreement", "agree", "all_ranks_ok", "choose", "record_choice"]
@@ -137,6 +137,5 @@ def record_choice(socket_path: str, cycle: int, source: ResumeSource, reason: st
         world_size=agreement.world_size, disk_step=disk_step,
         snapshot_step=snapshot.step if snapshot is not None else None,
         snapshot_time=snapshot.written if used and snapshot is not None else None)
-    with EventWriter(JobDir.of_socket(socket_path).monitor_events) as out:
-        out.write(record)
+    write_rank_record(record, socket_path)
     return record
