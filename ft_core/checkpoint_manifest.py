@@ -23,7 +23,11 @@ always is.
 
 A checkpoint can also be marked bad (:func:`mark_bad`: the launcher's
 verdict after a fault repeated right after resuming from it, or a non-finite
-loss right after the resume); :func:`verify` rejects it from then on.
+loss right after the resume); :func:`verify` rejects it from then on. The mark
+names the content it condemns (the manifest's files, sizes and CRC-32s): a
+checkpoint saved again under the same name (Lightning's ``last.ckpt``, a
+Megatron ``iter_N`` written again after a fallback) is a new checkpoint, and
+the old mark does not apply to it.
 """
 
 from __future__ import annotations
@@ -229,30 +233,47 @@ class Rejection:
 
 
 def mark_bad(checkpoint: str, reason: str) -> None:
-    """Record that ``checkpoint`` must not be resumed from (``<checkpoint>.bad.json``, written atomically)."""
-    atomic_write_json(checkpoint.rstrip("/") + _BAD_SUFFIX, {"reason": reason, "time": time.time()})
+    """Record that ``checkpoint``'s present content must not be resumed from (``<checkpoint>.bad.json``, atomically).
+
+    The mark lists the files of the content on disk now (when its manifest matches it): a
+    later save under the same name is not condemned by it.
+    """
+    found = _matching_version(checkpoint, require_manifest=False)
+    files = [dataclasses.asdict(entry) for entry in found.files] if isinstance(found, Version) else None
+    atomic_write_json(checkpoint.rstrip("/") + _BAD_SUFFIX, {"reason": reason, "time": time.time(), "files": files})
 
 
-def _marked_bad(checkpoint: str) -> Optional[str]:
+def _marked_bad(checkpoint: str, found: Version | Rejection | None) -> Optional[str]:
+    """Why ``checkpoint`` is marked bad, when its mark condemns ``found`` (the content on disk), else None."""
     try:
         data = read_json(checkpoint.rstrip("/") + _BAD_SUFFIX)
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
         return "marked bad (unreadable mark)"
-    return f"marked bad: {data.get('reason', 'no reason given') if isinstance(data, dict) else data}"
+    if not isinstance(data, dict):
+        return f"marked bad: {data}"
+    files = data.get("files")
+    if isinstance(files, list) and isinstance(found, Version) and files != [dataclasses.asdict(e) for e in found.files]:
+        return None  # saved again since: another content than the one condemned
+    return f"marked bad: {data.get('reason', 'no reason given')}"
 
 
 def verified_version(checkpoint: str, *, require_manifest: bool = True) -> Version | Rejection | None:
     """The manifest version that ``checkpoint``'s files match, or why they must not be loaded.
 
-    Checks, in order: not marked bad, present, a readable manifest, and one of its
-    versions matching every file's size and CRC-32. None: no manifest and
-    ``require_manifest`` is False (a checkpoint written before manifests existed).
+    Checks, in order: present, a readable manifest, one of its versions matching
+    every file's size and CRC-32, and that content not marked bad. None: no manifest
+    and ``require_manifest`` is False (a checkpoint written before manifests existed).
     """
-    bad = _marked_bad(checkpoint)
-    if bad is not None:
-        return Rejection(checkpoint, bad)
+    found = _matching_version(checkpoint, require_manifest=require_manifest)
+    if isinstance(found, Rejection):
+        return found
+    bad = _marked_bad(checkpoint, found)
+    return Rejection(checkpoint, bad) if bad is not None else found
+
+
+def _matching_version(checkpoint: str, *, require_manifest: bool) -> Version | Rejection | None:
     if not os.path.exists(checkpoint):
         return Rejection(checkpoint, "missing")
     try:

@@ -38,6 +38,7 @@ from ft_core.straggler_scoring import PhaseMedian, StragglerAction
 
 __all__ = [
     "CheckpointLoaded",
+    "CheckpointMarkedBad",
     "CheckpointRejected",
     "CheckpointReported",
     "FaultFingerprint",
@@ -110,6 +111,7 @@ class EventName(str, enum.Enum):
     WORKERS_SUCCEEDED = "workers_succeeded"
     RESTART = "restart"
     FAULT_FINGERPRINT = "fault_fingerprint"
+    CHECKPOINT_MARKED_BAD = "checkpoint_marked_bad"
     PROGRESS = "progress"
     WORKLOAD_CONTROL = "workload_control"
     MONITOR_DIED = "monitor_died"
@@ -413,6 +415,17 @@ class FaultFingerprint(Event, frozen=True, tag=EventName.FAULT_FINGERPRINT.value
     exception_type: Optional[str] = None
     frames: list[str] = []
     signal: Optional[str] = None
+    #: The checkpoint the cycle resumed from and its step (its ranks' ``checkpoint_loaded``), when known.
+    resumed_from: Optional[str] = None
+    resumed_step: Optional[int] = None
+
+
+class CheckpointMarkedBad(Event, frozen=True, tag=EventName.CHECKPOINT_MARKED_BAD.value):
+    """The fault policy found the checkpoint a cycle resumed from bad: marked, so the next resume skips it."""
+
+    cycle: int  # the cycle that ended
+    checkpoint: str
+    reason: str
 
 
 class Progress(Event, frozen=True, tag=EventName.PROGRESS.value):
@@ -494,6 +507,7 @@ AnyEvent = Union[
     TimeoutsUpdated, ConnectionRejected, MonitorLate, DeadlineExtended, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
     WorkersSucceeded, Restart, FaultFingerprint, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
     SignalReceived, LauncherExit, RanksSnapshot, Diagnosis, ResumeChosen, CheckpointLoaded, CheckpointRejected,
+    CheckpointMarkedBad,
 ]
 
 _ENCODER = msgspec.json.Encoder()

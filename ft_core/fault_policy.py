@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Optional
 
-__all__ = ["FaultAction", "FaultKind", "FaultPolicy", "FaultVerdict", "Fingerprint", "NonFiniteLossError",
+__all__ = ["NONFINITE_LOSS_ERROR", "FaultAction", "FaultKind", "FaultPolicy", "FaultVerdict", "Fingerprint", "NonFiniteLossError",
            "decide_fault", "exception_name", "user_frames"]
 
 #: How many frames of user code a fingerprint keeps (innermost first): enough to tell two places apart.
@@ -79,6 +79,10 @@ class NonFiniteLossError(RuntimeError):
         self.loss, self.step, self.steps_after_resume, self.checkpoint = loss, step, steps_after_resume, checkpoint
         source = f" from {checkpoint}" if checkpoint else ""
         super().__init__(f"non-finite loss {loss} at step {step}, {steps_after_resume} step(s) after resuming{source}")
+
+
+#: How a rank's exception report names :class:`NonFiniteLossError` (:func:`exception_name`).
+NONFINITE_LOSS_ERROR = f"{NonFiniteLossError.__module__}.{NonFiniteLossError.__qualname__}"
 
 
 class FaultKind(str, enum.Enum):

@@ -8,20 +8,32 @@ turn is checked (its manifest, :func:`ft_core.checkpoint_manifest.verify`), load
 and its floating-point tensors checked for NaN and infinity; the first that
 passes on *every* rank is used (the ranks agree through the default process
 group, one small all-reduce per candidate, so no rank resumes from another
-checkpoint than its peers). Every rejected candidate is reported with its reason.
+checkpoint than its peers). Every rejected candidate is reported with its reason:
+logged, and under ``ft_launcher`` written as a ``checkpoint_rejected`` record, and
+the checkpoint used as a ``checkpoint_loaded`` one (:mod:`ft_core.rank_records`):
+a later fault's fingerprint names it, so the launcher can mark it bad.
+
+After the resume, :class:`LossWatch` checks the loss of the first steps: a
+non-finite one raises :class:`~ft_core.fault_policy.NonFiniteLossError`, the
+fault that marks the checkpoint bad.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
 
-from ft_core.checkpoint_manifest import Rejection, read_manifest, verify
+from ft_core.checkpoint_manifest import Rejection, read_manifest, verified_version
+from ft_core.events import CheckpointLoaded, CheckpointRejected
+from ft_core.fault_policy import FaultPolicy, NonFiniteLossError
+from ft_core.rank_records import current_cycle, write_rank_record
 
-__all__ = ["LoadResult", "NoGoodCheckpointError", "fallback_candidates", "load_verified", "nonfinite_tensors"]
+__all__ = ["LoadResult", "LossWatch", "NoGoodCheckpointError", "fallback_candidates", "load_verified",
+           "nonfinite_tensors"]
 
 log = logging.getLogger("ft_integrations.checkpoint")
 
@@ -37,11 +49,15 @@ class NoGoodCheckpointError(RuntimeError):
 
 @dataclasses.dataclass
 class LoadResult:
-    """The state loaded, the checkpoint it came from, and the newer ones skipped (newest first)."""
+    """The state loaded, the checkpoint it came from, and the newer ones skipped (newest first).
+
+    ``step``: the global step its manifest says it holds (None: no manifest, or none recorded).
+    """
 
     state: Any
     path: str
     rejected: list[Rejection]
+    step: Optional[int] = None
 
 
 def _tensors(obj: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -138,7 +154,8 @@ def load_verified(requested: str, fallbacks: Sequence[str], load: Callable[[str]
     strict = bool(fallbacks) if require_manifest is None else require_manifest
     rejected: list[Rejection] = []
     for candidate in [requested, *fallbacks]:
-        problem = verify(candidate, require_manifest=strict)
+        found = verified_version(candidate, require_manifest=strict)
+        problem = found if isinstance(found, Rejection) else None
         state = None
         if problem is None:
             try:
@@ -153,7 +170,67 @@ def load_verified(requested: str, fallbacks: Sequence[str], load: Callable[[str]
             if rejected:
                 log.warning("resuming from %s instead of %s: %s", candidate, requested,
                             "; ".join(f"{r.path}: {r.reason}" for r in rejected))
-            return LoadResult(state, candidate, rejected)
+            result = LoadResult(state, candidate, rejected, None if isinstance(found, Rejection) or found is None
+                                else found.global_step)
+            _record(result)
+            return result
         rejected.append(problem or Rejection(candidate, "rejected by another rank"))
         log.warning("checkpoint %s rejected: %s", candidate, rejected[-1].reason)
+    _record(LoadResult(None, "", rejected))
     raise NoGoodCheckpointError(rejected)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return int(os.environ.get("RANK", "0"))
+
+
+def _record(result: LoadResult) -> None:
+    """This rank's ``checkpoint_rejected`` records and, when one was used, its ``checkpoint_loaded`` record."""
+    rank, cycle = _rank(), current_cycle()
+    for rejection in result.rejected:
+        write_rank_record(CheckpointRejected(rank=rank, cycle=cycle, checkpoint=os.path.abspath(rejection.path),
+                                             reason=rejection.reason))
+    if result.path:
+        write_rank_record(CheckpointLoaded(rank=rank, cycle=cycle, checkpoint=os.path.abspath(result.path),
+                                           step=result.step))
+
+
+class LossWatch:
+    """Raise :class:`~ft_core.fault_policy.NonFiniteLossError` for a NaN or infinite loss right after a resume.
+
+    A checkpoint that loads and holds finite weights can still be bad (a corrupt
+    optimizer state, a scaler at infinity): the first steps after it say so. The
+    watch covers the ``steps`` steps after the resume (the fault policy's
+    ``suspect_checkpoint_steps``); later, a non-finite loss is the training's own
+    business (a loss spike), not the checkpoint's, and is left alone.
+
+    Example::
+
+        >>> watch = LossWatch(resumed_step=20, checkpoint="/ckpt/step=20.ckpt", steps=10)
+        >>> watch.check(0.5, step=21)
+        >>> watch.check(float("nan"), step=22)
+        Traceback (most recent call last):
+        ...
+        ft_core.fault_policy.NonFiniteLossError: non-finite loss nan at step 22, 2 step(s) after resuming from /ckpt/step=20.ckpt
+        >>> watch.check(float("nan"), step=31)  # past the window: not the checkpoint's fault
+    """
+
+    def __init__(self, resumed_step: int, checkpoint: Optional[str] = None,
+                 steps: int = FaultPolicy.suspect_checkpoint_steps) -> None:
+        self.resumed_step, self.checkpoint, self.steps = resumed_step, checkpoint, steps
+
+    def watching(self, step: int) -> bool:
+        """True while ``step`` is within the window after the resume (the caller may skip reading the loss)."""
+        return 0 <= step - self.resumed_step <= self.steps
+
+    def check(self, loss: Any, step: int) -> None:
+        """Check ``loss`` (a float or a tensor) of ``step``; raises when non-finite inside the window."""
+        if not self.watching(step):
+            return
+        value = float(loss.detach().float().sum()) if hasattr(loss, "detach") else float(loss)
+        if not math.isfinite(value):
+            raise NonFiniteLossError(value, step, step - self.resumed_step, self.checkpoint)

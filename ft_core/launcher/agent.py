@@ -36,8 +36,10 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 from typing_extensions import override
 
 from ft_core.autoresume import finished_flag_path, training_finished
+from ft_core.checkpoint_manifest import mark_bad
 from ft_core.events import (
     CheckpointLoaded,
+    CheckpointMarkedBad,
     CheckpointRejected,
     CheckpointReported,
     ConnectionRejected,
@@ -123,6 +125,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         self._hangs: dict[int, HangDetected] = {}
         #: The exceptions this cycle's workers reported failing with (a fault's fingerprint), in arrival order.
         self._exceptions: list[RankException] = []
+        self._loaded: Optional[CheckpointLoaded] = None
         #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
         self._failed: dict[int, tuple[int, int]] = {}
         self._failed_at = 0.0
@@ -180,6 +183,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         assert self._cycle is not None
         self._hangs.clear()
         self._exceptions.clear()
+        self._loaded = None
         self._failed.clear()
         self._evidence = None
         self._reported_finished.clear()
@@ -340,6 +344,8 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         self._svc.events.write(Restart(cycle=cycle, kind=trigger.kind, reason=trigger.reason, cause=cause,
                                        restarts=restarts, max_restarts=self._worker_group.spec.max_restarts))
         self._svc.events.restarted(cycle, cause)
+        if decision is not None and decision.mark_bad is not None:
+            self._mark_checkpoint_bad(cycle, decision.mark_bad, decision.reason)
         # With a diagnosis, name its culprits: the first rank to expire is often a waiter.
         why = (f"{trigger.kind.value}: {trigger.reason}" if diagnosis is None else
                f"{trigger.kind.value}; culprit rank(s) {', '.join(map(str, diagnosis.culprits))}, see above")
@@ -347,6 +353,19 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                     self._worker_group.spec.max_restarts)
         self._restart_workers(self._worker_group)
         return None
+
+    def _mark_checkpoint_bad(self, cycle: int, checkpoint: str, reason: str) -> None:
+        """Carry out the fault policy's rule 1 on this node: the next resume skips ``checkpoint``.
+
+        The path came from a rank's record: only an absolute path that exists here is marked (on
+        another node's local disk it is that node's to mark; every node acts on the same decision).
+        """
+        if not (os.path.isabs(checkpoint) and os.path.exists(checkpoint)):
+            log.warning("checkpoint %r to be marked bad is not on this node: left to the node that has it", checkpoint)
+            return
+        mark_bad(checkpoint, reason)
+        self._svc.events.write(CheckpointMarkedBad(cycle=cycle, checkpoint=checkpoint, reason=reason))
+        log.warning("checkpoint %s marked bad, the next resume falls back to an older one: %s", checkpoint, reason)
 
     def _training_finished(self) -> Optional[str]:
         """Why training is finished, or None: the finished flag exists, or every rank of the job reported it.
@@ -409,7 +428,11 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                     self._svc.events.write(msgspec.structs.replace(ev, stack=None))
                 case CheckpointReported():
                     self._on_progress(ev.iteration, f"rank {ev.rank}")
-                case ResumeChosen() | CheckpointLoaded() | CheckpointRejected():  # written by ranks (rank_records)
+                case CheckpointLoaded():  # written by a rank (ft_core.rank_records): a fault's resumed_from
+                    if self._cycle is not None and ev.cycle == self._cycle.cycle:
+                        self._loaded = ev
+                    self._svc.events.write(ev)
+                case ResumeChosen() | CheckpointRejected():  # written by ranks (ft_core.rank_records)
                     self._svc.events.write(ev)
                 case RankException():
                     if self._is_current_worker(ev.pid):

@@ -13,7 +13,14 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Optional
 
-from ft_core.events import HangDetected, RankEvidence, RankException, RanksSnapshot, RestartKind
+from ft_core.events import (
+    CheckpointLoaded,
+    HangDetected,
+    RankEvidence,
+    RankException,
+    RanksSnapshot,
+    RestartKind,
+)
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.coordination import CycleInfo, JobCoordinator
 from ft_core.launcher.event_log import EventLog
@@ -63,6 +70,8 @@ class AgentState:
     _hangs: dict[int, HangDetected]
     #: The exceptions this cycle's workers reported failing with (a fault's fingerprint), in arrival order.
     _exceptions: list[RankException]
+    #: The checkpoint this cycle's workers resumed from (their ``checkpoint_loaded`` record), if they said.
+    _loaded: Optional[CheckpointLoaded]
     #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
     _failed: dict[int, tuple[int, int]]
     _failed_at: float

@@ -106,6 +106,9 @@ class Decision:
     restarts: int = 0
     #: The launcher that decided (``host:pid``).
     node: str = ""
+    #: A checkpoint the fault policy found bad (rule 1): every node marks it before the restart, so the
+    #: integrations resume from the newest older good one.
+    mark_bad: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +128,8 @@ class JobState:
     stop: Optional[Decision] = None
     #: The fingerprints of the job's last faults, oldest first (at most :data:`FINGERPRINTS_KEPT`).
     fingerprints: tuple[Fingerprint, ...] = ()
+    #: The checkpoints the fault policy marked bad (each only once).
+    marked_bad: tuple[str, ...] = ()
 
     def encode(self) -> str:
         return msgspec.json.encode(self).decode()
@@ -173,10 +178,17 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
     verdict = None
     if fault and fingerprint is not None:
         fingerprints = (*fingerprints, dataclasses.replace(fingerprint, new_checkpoint=progressed))[-FINGERPRINTS_KEPT:]
-        verdict = decide_fault(fingerprints, policy.faults)
+        verdict = decide_fault(fingerprints, policy.faults, marked_bad=frozenset(state.marked_bad))
+    marked_bad = state.marked_bad
     if verdict is not None and verdict.action is FaultAction.STOP:
         decision = Decision(DecisionAction.STOP, verdict.reason, exit_code=policy.no_restart_exit_code,
                             restarts=state.restarts, node=node)
+    elif (verdict is not None and verdict.action is FaultAction.MARK_CHECKPOINT_BAD and verdict.checkpoint is not None
+          and restarts <= policy.max_restarts):
+        # A restart from an older checkpoint is a new chance, not a repeat: the no-progress count starts over.
+        decision = Decision(DecisionAction.RESTART, f"{reason}; checkpoint marked bad: {verdict.reason}",
+                            restarts=restarts, node=node, mark_bad=verdict.checkpoint)
+        marked_bad, no_progress = (*marked_bad, verdict.checkpoint), 0
     elif fault and progress_active and 0 < policy.max_no_progress_cycles <= no_progress:
         latest = "none yet" if best_progress < 0 else str(best_progress)
         decision = Decision(DecisionAction.STOP,
@@ -189,8 +201,8 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
     else:
         decision = Decision(DecisionAction.RESTART, reason, restarts=restarts, node=node)
     return JobState(restarts=decision.restarts, no_progress=no_progress, progress_mark=best_progress,
-                    cycle=cycle, decision=decision,
-                    stop=decision if decision.action is DecisionAction.STOP else None, fingerprints=fingerprints)
+                    cycle=cycle, decision=decision, stop=decision if decision.action is DecisionAction.STOP else None,
+                    fingerprints=fingerprints, marked_bad=marked_bad)
 
 
 class JobCoordinator:

@@ -9,6 +9,7 @@ fault for the restart policy (:mod:`ft_core.fault_policy`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Optional
 
@@ -16,7 +17,7 @@ import msgspec
 
 from ft_core.diagnosis import evidence_of_hang
 from ft_core.events import Diagnosis, FaultFingerprint, RankEvidence, RanksSnapshot, RestartKind
-from ft_core.fault_policy import FaultKind, Fingerprint
+from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultKind, Fingerprint
 from ft_core.launcher.agent_state import AgentState, Trigger
 from ft_core.launcher.coordination import Decision
 from ft_core.launcher.culprit import CulpritExchange
@@ -58,7 +59,8 @@ class HangDiagnosis(AgentState):
             wait_until(reported, EXCEPTION_REPORT_WAIT, interval=0.02)
         if self._exceptions and trigger.kind is not RestartKind.HANG:
             first = self._exceptions[0]
-            fingerprint = Fingerprint(FaultKind.EXCEPTION, culprits=(first.rank,), iteration=first.iteration,
+            kind = FaultKind.NONFINITE_LOSS if first.exception_type == NONFINITE_LOSS_ERROR else FaultKind.EXCEPTION
+            fingerprint = Fingerprint(kind, culprits=(first.rank,), iteration=first.iteration,
                                       exception_type=first.exception_type, frames=tuple(first.frames))
         elif trigger.kind is RestartKind.HANG:
             hangs = sorted(self._hangs.values(), key=lambda h: h.detected_time)
@@ -73,10 +75,14 @@ class HangDiagnosis(AgentState):
                                       culprits=() if rank is None else (rank,), signal=sig)
         else:
             return None
+        if self._loaded is not None:  # the checkpoint this cycle resumed from: rule 1 of the fault policy
+            fingerprint = dataclasses.replace(fingerprint, resumed_from=self._loaded.checkpoint,
+                                              resumed_step=self._loaded.step)
         self._svc.events.write(FaultFingerprint(
             cycle=self._cycle_number(), kind=fingerprint.kind.value, culprits=list(fingerprint.culprits),
             iteration=fingerprint.iteration, exception_type=fingerprint.exception_type,
-            frames=list(fingerprint.frames), signal=fingerprint.signal))
+            frames=list(fingerprint.frames), signal=fingerprint.signal, resumed_from=fingerprint.resumed_from,
+            resumed_step=fingerprint.resumed_step))
         return fingerprint
 
     # -- who hung, who waited (diagnosis) -------------------------------------

@@ -119,3 +119,23 @@ def test_a_checkpoint_marked_bad_is_rejected_and_the_newest_older_good_one_chose
     assert [r.path for r in rejected] == [str(paths[0]), str(paths[1])]
     assert rejected[0].reason == "marked bad: the same ValueError twice right after resuming from it"
     assert choose_checkpoint([str(paths[0])]) == (None, [rejected[0]])
+
+
+def test_a_mark_condemns_the_content_it_saw_not_a_later_save_under_the_same_name(tmp_path):
+    last = tmp_path / "last.ckpt"
+    _save(last, b"a" * 64, step=20)
+    mark_bad(str(last), "non-finite loss 1 step(s) after resuming from it")
+    assert verify(str(last)).reason.startswith("marked bad: non-finite loss")
+    _save(last, b"b" * 64, step=28)  # the job went on from an older checkpoint and saved last.ckpt again
+    assert verify(str(last)) is None
+    _save(last, b"a" * 64, step=20)  # the condemned content itself, written again: still bad
+    assert verify(str(last)) is not None
+
+
+def test_a_mark_without_a_manifest_or_unreadable_condemns_whatever_is_there(tmp_path):
+    bare = tmp_path / "old.pt"
+    bare.write_bytes(b"x" * 8)
+    mark_bad(str(bare), "bad")
+    assert verify(str(bare), require_manifest=False).reason == "marked bad: bad"
+    (tmp_path / "old.pt.bad.json").write_text("{not json")
+    assert verify(str(bare), require_manifest=False).reason == "marked bad (unreadable mark)"

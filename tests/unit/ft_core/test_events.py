@@ -58,6 +58,8 @@ SAMPLES: list[ev.Event] = [
                     snapshot_step=20, snapshot_time=0.5, reason="every rank holds a verified snapshot of step 20, "
                                                                 "newer than the disk checkpoint of step 10"),
     ev.CheckpointLoaded(time=1.0, rank=0, cycle=1, checkpoint="/ckpt/epoch=0-step=20.ckpt", step=20),
+    ev.CheckpointMarkedBad(time=1.0, cycle=2, checkpoint="/ckpt/last.ckpt",
+                           reason="non-finite loss 1 step(s) after resuming from /ckpt/last.ckpt"),
     ev.CheckpointRejected(time=1.0, rank=1, cycle=1, checkpoint="/ckpt/last.ckpt",
                           reason="truncated: 100 of 2048 bytes"),
 ]

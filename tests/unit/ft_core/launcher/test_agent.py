@@ -12,8 +12,15 @@ import pytest
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
 from torch.distributed.elastic.metrics import api as metrics_api
 
-from ft_core.events import FaultFingerprint, HangDetected, HangReason, RankException, RestartKind
-from ft_core.fault_policy import FaultKind
+from ft_core.events import (
+    CheckpointLoaded,
+    FaultFingerprint,
+    HangDetected,
+    HangReason,
+    RankException,
+    RestartKind,
+)
+from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultKind
 from ft_core.launcher.agent import FtElasticAgent
 from ft_core.launcher.agent_state import Trigger
 from ft_core.launcher.outcome import Outcome
@@ -75,6 +82,7 @@ def test_a_hangs_fingerprint_names_the_hung_rank_not_a_waiter_that_raised():
                                       detected_time=1.0, stack_dump_file=None)}
     agent._exceptions = [RankException(rank=1, pid=101, exception_type="RuntimeError",
                                        frames=["train.py:10 step"], iteration=4)]
+    agent._loaded = None
     fingerprint = agent._fingerprint(Trigger(RestartKind.HANG, "rank 0 hung", 1.0))
     assert fingerprint is not None and (fingerprint.kind, fingerprint.culprits) == (FaultKind.HANG, (0,))
     (record,) = written
@@ -82,3 +90,20 @@ def test_a_hangs_fingerprint_names_the_hung_rank_not_a_waiter_that_raised():
     # A crash is still fingerprinted by the exception its rank reported.
     fingerprint = agent._fingerprint(Trigger(RestartKind.CRASH, "rank 1 exited with code 1", 1.0))
     assert fingerprint is not None and (fingerprint.kind, fingerprint.culprits) == (FaultKind.EXCEPTION, (1,))
+
+
+def test_a_fingerprint_names_the_checkpoint_the_cycle_resumed_from_and_a_nan_loss_is_its_own_kind():
+    agent = FtElasticAgent.__new__(FtElasticAgent)
+    written: list[object] = []
+    agent._svc = types.SimpleNamespace(events=types.SimpleNamespace(write=written.append))
+    agent._cycle, agent._hangs, agent._failed = None, {}, {0: (100, 1)}
+    agent._loaded = CheckpointLoaded(rank=0, cycle=2, checkpoint="/c/step=20.ckpt", step=20, time=1.0)
+    agent._exceptions = [RankException(rank=0, pid=100, exception_type=NONFINITE_LOSS_ERROR,
+                                       frames=["train.py:10 step"], iteration=21)]
+    fingerprint = agent._fingerprint(Trigger(RestartKind.CRASH, "rank 0 exited with code 1", 1.0))
+    assert fingerprint is not None and fingerprint.kind is FaultKind.NONFINITE_LOSS
+    assert (fingerprint.resumed_from, fingerprint.resumed_step, fingerprint.steps_after_resume) == (
+        "/c/step=20.ckpt", 20, 1)
+    (record,) = written
+    assert isinstance(record, FaultFingerprint)
+    assert (record.kind, record.resumed_from, record.resumed_step) == ("nonfinite_loss", "/c/step=20.ckpt", 20)

@@ -1,0 +1,62 @@
+"""The job-wide decision on a fault (``decide_cycle_end``): the fault policy's verdicts carried into the job state."""
+
+from __future__ import annotations
+
+from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultKind, Fingerprint
+from ft_core.launcher.coordination import DecisionAction, JobState, RestartPolicy, decide_cycle_end
+
+POLICY = RestartPolicy(max_restarts=5, max_no_progress_cycles=3, no_restart_exit_code=93)
+BAD = "/ckpt/step=20.ckpt"
+
+
+def end(state: JobState, cycle: int, fingerprint: Fingerprint, best_progress: int = 20) -> JobState:
+    return decide_cycle_end(state, cycle, "worker failed", fault=True, progress_active=True,
+                            best_progress=best_progress, policy=POLICY, node="n:1", fingerprint=fingerprint)
+
+
+def nan_loss(resumed_from: str = BAD, resumed_step: int = 20) -> Fingerprint:
+    return Fingerprint(FaultKind.NONFINITE_LOSS, culprits=(0,), iteration=resumed_step + 1,
+                       exception_type=NONFINITE_LOSS_ERROR, frames=("train.py:9 step",),
+                       resumed_from=resumed_from, resumed_step=resumed_step)
+
+
+def test_a_nonfinite_loss_after_a_resume_marks_the_checkpoint_bad_and_restarts():
+    state = end(JobState(), 0, nan_loss())
+    assert state.decision is not None and state.decision.action is DecisionAction.RESTART
+    assert state.decision.mark_bad == BAD
+    assert "checkpoint marked bad" in state.decision.reason and BAD in state.decision.reason
+    assert state.marked_bad == (BAD,) and state.restarts == 1 and state.no_progress == 0
+
+
+def test_a_checkpoint_is_marked_bad_once_and_the_job_state_survives_its_encoding():
+    state = JobState.decode(end(JobState(), 0, nan_loss()).encode())
+    again = end(state, 1, nan_loss())  # the mark did not take (say, another node's disk): no second mark
+    assert again.decision is not None and again.decision.mark_bad is None
+    assert again.marked_bad == (BAD,)
+
+
+def test_the_same_exception_twice_from_the_same_checkpoint_right_after_resuming_marks_it_bad_not_stop():
+    boom = Fingerprint(FaultKind.EXCEPTION, culprits=(1,), iteration=22, exception_type="ValueError",
+                       frames=("train.py:30 step",), resumed_from=BAD, resumed_step=20)
+    first = end(JobState(progress_mark=20), 0, boom)
+    assert first.decision is not None and first.decision.mark_bad is None
+    second = end(first, 1, boom)
+    assert second.decision is not None and second.decision.action is DecisionAction.RESTART
+    assert second.decision.mark_bad == BAD  # rule 1 before rule 2: an older checkpoint may well help
+
+
+def test_a_transient_fault_marks_nothing():
+    crash = Fingerprint(FaultKind.SIGNAL, culprits=(1,), signal="SIGKILL", resumed_from=BAD, resumed_step=20)
+    state = JobState()
+    for cycle in range(4):
+        state = end(state, cycle, crash, best_progress=20 + 10 * cycle)
+        assert state.decision is not None and state.decision.action is DecisionAction.RESTART
+        assert state.decision.mark_bad is None
+    assert state.marked_bad == ()
+
+
+def test_marking_bad_never_spends_more_than_the_budget():
+    state = JobState(restarts=POLICY.max_restarts)
+    state = end(state, 9, nan_loss())
+    assert state.decision is not None and state.decision.action is DecisionAction.STOP
+    assert "restart budget spent" in state.decision.reason and state.marked_bad == ()
