@@ -118,6 +118,7 @@ bench: setup
 	$(BENCH_RUN) lightning_overhead benchmarks/lightning_overhead.py
 	$(BENCH_RUN) inprocess_restart benchmarks/inprocess_restart.py --faults 5
 	$(BENCH_RUN) snapshot benchmarks/snapshot.py
+	$(BENCH_RUN) checkpoint_verify benchmarks/checkpoint_verify.py
 	$(PY) benchmarks/readme_table.py $(BENCH_OUT) docs/measured.md
 
 clean:

@@ -191,11 +191,24 @@ def snapshot_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
            f"{data['resume_from_disk_warm_s']['median']:.2f} s", "≤ disk")
 
 
+def checkpoint_verify_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
+    gb, load, seconds = data["checkpoint_gb"], data["seconds"]["load"], data["seconds"]
+    floor = f"`torch.load` of it, same run: {load['median']:.2f} s, p99 {load['p99']:.2f} s"
+    for key, label in (("manifest", "manifest only (size + CRC-32 of every file)"),
+                       ("manifest_and_finite", "manifest + finite check of every float tensor")):
+        entry = seconds[key]
+        yield (f"verify a {gb:g} GB checkpoint before a resume, {label} (`checkpoint_verify.py`, {entry['n']} runs, "
+               "warm page cache)",
+               f"{entry['median']:.2f} s, p99 {entry['p99']:.2f} s ({data['seconds_per_gb'][key]:.2f} s/GB; "
+               f"{data[key + '_share_of_load']:.2f}× the load)", floor, "")
+
+
 SECTIONS = (("ipc_overhead", ipc_rows), ("detection_latency", detection_rows),
             ("restart_latency_prewarm_on", restart_rows), ("restart_latency_prewarm_off", restart_rows),
             ("memory_overhead", memory_rows), ("startup", startup_rows), ("false_kills", false_kills_rows),
             ("lightning_overhead", lightning_rows),
-            ("inprocess_restart", inprocess_rows), ("snapshot", snapshot_rows))
+            ("inprocess_restart", inprocess_rows), ("snapshot", snapshot_rows),
+            ("checkpoint_verify", checkpoint_verify_rows))
 
 
 def table(directory: str) -> str:
