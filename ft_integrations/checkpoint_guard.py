@@ -32,8 +32,8 @@ from ft_core.events import CheckpointLoaded, CheckpointRejected
 from ft_core.fault_policy import FaultPolicy, NonFiniteLossError
 from ft_core.rank_records import current_cycle, write_rank_record
 
-__all__ = ["LoadResult", "LossWatch", "NoGoodCheckpointError", "fallback_candidates", "load_verified",
-           "nonfinite_tensors"]
+__all__ = ["LoadResult", "LossWatch", "NoGoodCheckpointError", "choose_checkpoint", "fallback_candidates",
+           "load_verified", "nonfinite_tensors"]
 
 log = logging.getLogger("ft_integrations.checkpoint")
 
@@ -178,6 +178,27 @@ def load_verified(requested: str, fallbacks: Sequence[str], load: Callable[[str]
         log.warning("checkpoint %s rejected: %s", candidate, rejected[-1].reason)
     _record(LoadResult(None, "", rejected))
     raise NoGoodCheckpointError(rejected)
+
+
+def choose_checkpoint(candidates: Sequence[str], *, require_manifest: Optional[bool] = None) -> Optional[str]:
+    """The first of ``candidates`` (newest first) whose manifest verifies on every rank; None when there are none.
+
+    For a loop that loads by itself: :func:`load_verified` without the load (so without the
+    finite check), with the same agreement across ranks and the same ``checkpoint_rejected``
+    / ``checkpoint_loaded`` records for ``ft_launcher`` (call it on every rank). Start a
+    :class:`LossWatch` after loading what it returns. Raises :class:`NoGoodCheckpointError`
+    when every candidate is rejected.
+
+    Example (every rank)::
+
+        paths = sorted(glob.glob("ckpt/step*.pt"), key=step_of, reverse=True)   # newest first
+        path = choose_checkpoint(paths)              # verified, agreed, recorded
+        if path is not None:
+            state = torch.load(path)
+    """
+    if not candidates:
+        return None
+    return load_verified(candidates[0], candidates[1:], lambda _path: None, require_manifest=require_manifest).path
 
 
 def _rank() -> int:

@@ -14,15 +14,23 @@ fitting a fixed random linear map; checkpoints are ``megatron.core.dist_checkpoi
 sharded checkpoints in ``<save>/iter_NNNNNNN`` with Megatron's
 ``latest_checkpointed_iteration.txt`` tracker. The optimizer is plain SGD (no state), so the
 model's sharded state dict is the whole training state. Faults are injected only in the first
-launcher cycle (``TORCHELASTIC_RESTART_COUNT=0``), so the restarted job can finish.
+launcher cycle (``TORCHELASTIC_RESTART_COUNT=0``), so the restarted job can finish, except
+``--inject-value-error-at-iter`` (a deterministic bug: every cycle).
+
+A resume loads the newest good checkpoint (``ft.load_checkpoint_verified``): the tracker's
+``iter_N`` first, then older ones, each checked (its manifest, written by the hooks after the
+save; not marked bad by the launcher), loaded and its weights checked for NaN, the same on
+every rank; the loss of the first steps after it is watched (``ft.on_training_step_end(loss=...)``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from typing import Any, Optional
 
 import torch
@@ -64,15 +72,35 @@ def parse_args(parser: Optional[argparse.ArgumentParser] = None) -> argparse.Nam
                         help="hang inside training step N")
     faults.add_argument("--inject-crash-at-iter", type=int, default=None, metavar="N",
                         help="raise an exception in training step N")
+    faults.add_argument("--inject-value-error-at-iter", type=int, default=None, metavar="N",
+                        help="raise ValueError in training step N in every cycle (a deterministic fault)")
+    faults.add_argument("--inject-nan-weights-at-iter", type=int, default=None, metavar="N",
+                        help="the checkpoint of iteration N holds NaN weights (every rank's shard)")
+    faults.add_argument("--inject-truncate-checkpoint-at-iter", type=int, default=None, metavar="N",
+                        help="once the checkpoint of iteration N is complete, cut its largest file in half")
     faults.add_argument("--inject-rank", type=int, default=0, help="the rank that misbehaves")
     ft.add_ft_args(parser)
     return parser.parse_args()
 
 
 # -- faults ----------------------------------------------------------------
-def _injecting(args: argparse.Namespace, at_iter: int | None, iteration: int) -> bool:
+def _injecting(args: argparse.Namespace, at_iter: int | None, iteration: int, every_cycle: bool = False) -> bool:
     return (at_iter == iteration and dist.get_rank() == args.inject_rank
-            and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0)
+            and (every_cycle or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0))
+
+
+def truncate_checkpoint(checkpoint_dir: str, timeout: float = 60.0) -> None:
+    """Cut the largest file of a complete checkpoint in half, once its manifest lists it (a torn file on storage)."""
+    from ft_core.checkpoint_manifest import DIR_MANIFEST
+    from ft_core.utils.deadline import wait_until
+
+    # The hooks write the manifest in a background thread after the save: damage what it lists.
+    if not wait_until(lambda: os.path.exists(os.path.join(checkpoint_dir, DIR_MANIFEST)), timeout):
+        raise RuntimeError(f"no manifest in {checkpoint_dir} after {timeout} s")
+    files = [os.path.join(checkpoint_dir, name) for name in os.listdir(checkpoint_dir) if name != DIR_MANIFEST]
+    largest = max(files, key=os.path.getsize)
+    os.truncate(largest, os.path.getsize(largest) // 2)
+    print(f"[rank {dist.get_rank()}] injected truncation of {largest}", flush=True)
 
 
 def hang_forever(where: str, iteration: int) -> None:
@@ -200,20 +228,28 @@ def write_tracker(args: argparse.Namespace, iteration: int) -> None:
         print(f"saved checkpoint at iteration {iteration}", flush=True)
 
 
-def read_checkpoint(args: argparse.Namespace, model: MegatronModule) -> tuple[int, dict[str, Any]]:
-    """Load the tracker's checkpoint into ``model``: ``(iteration, the other saved entries)``; ``(0, {})`` if none."""
+def read_checkpoint(args: argparse.Namespace, model: MegatronModule,
+                    iteration: Optional[int] = None) -> tuple[int, dict[str, Any]]:
+    """Load ``iteration``'s checkpoint (default: the tracker's) into ``model``: ``(iteration, the other saved
+    entries)``; ``(0, {})`` if none."""
     tracker = os.path.join(args.load, TRACKER_FILE) if args.load else None
-    if tracker is None or not os.path.exists(tracker):
-        return 0, {}
-    with open(tracker, encoding="utf-8") as handle:
-        iteration = int(handle.read().strip())
+    if iteration is None:
+        if tracker is None or not os.path.exists(tracker):
+            return 0, {}
+        with open(tracker, encoding="utf-8") as handle:
+            iteration = int(handle.read().strip())
     state = dist_checkpointing.load(model.sharded_state_dict(), os.path.join(args.load, f"iter_{iteration:07d}"))
+    return iteration, apply_checkpoint(model, state, iteration)
+
+
+def apply_checkpoint(model: MegatronModule, state: dict[str, Any], iteration: int) -> dict[str, Any]:
+    """Load a loaded checkpoint's weights into ``model``; returns its other saved entries."""
     assert state.pop("iteration") == iteration
     extra = {key: state.pop(key) for key in list(state) if key not in model.state_dict()}
     model.load_state_dict(state)
     if dist.get_rank() == 0:
         print(f"resumed from iteration {iteration}", flush=True)
-    return iteration, extra
+    return extra
 
 
 def save_checkpoint(args: argparse.Namespace, model: MegatronModule, iteration: int, strategy: Any) -> None:
@@ -221,16 +257,43 @@ def save_checkpoint(args: argparse.Namespace, model: MegatronModule, iteration: 
     if _injecting(args, args.inject_hang_in_checkpoint_at_iter, iteration):
         hang_forever("checkpoint save", iteration)
     # Learned timeouts travel with the checkpoint.
-    write_checkpoint(args, model, iteration, strategy, ft_state=ft.state_dict())
+    if args.inject_nan_weights_at_iter == iteration and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+        with nan_weights(model):  # every rank's shard: NVRx issue 349's replicated NaN shards
+            write_checkpoint(args, model, iteration, strategy, ft_state=ft.state_dict())
+    else:
+        write_checkpoint(args, model, iteration, strategy, ft_state=ft.state_dict())
     ft.on_checkpointing_end(is_async_finalization=False, iteration=iteration)
+    if _injecting(args, args.inject_truncate_checkpoint_at_iter, iteration):
+        truncate_checkpoint(os.path.join(args.save, f"iter_{iteration:07d}"))
+
+
+@contextlib.contextmanager
+def nan_weights(model: MegatronModule) -> Iterator[None]:
+    """The model's floating-point parameters are NaN inside the block, restored after."""
+    saved = [param.detach().clone() for param in model.parameters()]
+    with torch.no_grad():
+        for param in model.parameters():
+            param.fill_(float("nan"))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for param, value in zip(model.parameters(), saved):
+                param.copy_(value)
 
 
 def load_checkpoint(args: argparse.Namespace, model: MegatronModule) -> int:
-    """Resume from the tracker's checkpoint; returns the iteration to continue from (0: fresh start)."""
-    iteration, extra = read_checkpoint(args, model)
-    if iteration:
-        ft.load_state_dict(extra.get("ft_state"))
-        ft.on_checkpoint_loaded(is_local_chkpt=False)
+    """Resume from the newest good checkpoint; returns the iteration to continue from (0: fresh start)."""
+    names = set(model.state_dict())
+    result = ft.load_checkpoint_verified(
+        args.load, lambda path: dist_checkpointing.load(model.sharded_state_dict(), path),
+        weights=lambda state: {key: value for key, value in state.items() if key in names})
+    if result is None:
+        return 0
+    iteration = int(result.state["iteration"])
+    extra = apply_checkpoint(model, result.state, iteration)
+    ft.load_state_dict(extra.get("ft_state"))
+    ft.on_checkpoint_loaded(is_local_chkpt=False)
     return iteration
 
 
@@ -270,6 +333,8 @@ def train(args: argparse.Namespace) -> None:
                 hang_forever("training step", iteration)
             if _injecting(args, args.inject_crash_at_iter, iteration):
                 raise RuntimeError(f"injected crash at iteration {iteration}")
+            if _injecting(args, args.inject_value_error_at_iter, iteration, every_cycle=True):
+                raise ValueError(f"injected deterministic fault at iteration {iteration}")
             optimizer.zero_grad(set_to_none=True)
             loss = task.loss(iteration)
             loss.backward()
@@ -280,7 +345,7 @@ def train(args: argparse.Namespace) -> None:
             optimizer.step()
             if args.step_time:
                 time.sleep(args.step_time)
-            ft.on_training_step_end()
+            ft.on_training_step_end(loss=loss)  # NaN right after a resume: the checkpoint is bad
             iteration += 1
             if dist.get_rank() == 0 and args.log_interval and iteration % args.log_interval == 0:
                 print(f"iteration {iteration}/{args.train_iters} loss {loss.item():.5f}", flush=True)

@@ -7,8 +7,9 @@ Example::
     parser = ft.add_ft_args(argparse.ArgumentParser())
     args = parser.parse_args()
     ft.setup(args)                     # before model init
+    result = ft.load_checkpoint_verified(args.load, load, weights)  # newest good iter_N, every rank the same
     ...
-    ft.on_training_step_start(iteration); train_step(); ft.on_training_step_end()
+    ft.on_training_step_start(iteration); loss = train_step(); ft.on_training_step_end(loss=loss)
     ...
     ft.shutdown()
 
@@ -22,6 +23,8 @@ from ft_integrations.megatron.hooks import (
     FINISHED_FLAG_ENV,
     FaultToleranceSetupError,
     abort,
+    choose_checkpoint_iteration,
+    load_checkpoint_verified,
     load_state_dict,
     on_checkpoint_loaded,
     on_checkpointing_end,
@@ -43,7 +46,9 @@ __all__ = [
     "FaultToleranceSetupError",
     "abort",
     "add_ft_args",
+    "choose_checkpoint_iteration",
     "get_state",
+    "load_checkpoint_verified",
     "load_state_dict",
     "on_checkpoint_loaded",
     "on_checkpointing_end",

@@ -7,6 +7,7 @@ Switch one import in Megatron-LM and launch with ``ft_launcher``::
 
     ft_integration.setup()                       # before initialize_megatron: opens "setup"
     ft_integration.maybe_setup_simulated_fault() # after the process group exists (FT drills)
+    args.ckpt_step = ft_integration.choose_checkpoint_iteration()  # optional: the newest good iter_N
     ... load_checkpoint -> ft_integration.on_checkpoint_loaded(is_local_chkpt)
     ft_integration.on_training_step_start(); train_step(); ft_integration.on_training_step_end()
     ft_integration.on_eval_step_start(); eval_step(); ft_integration.on_eval_step_end()
@@ -19,7 +20,10 @@ past each evaluation's warm-up, eval steps) and ``checkpointing``. With ``--calc
 timeouts are learned as Megatron-LM learns them (after every synchronous save and at
 shutdown) and kept in ``<--save>/ft_state.json``. This module maps Megatron-LM's signatures
 onto :mod:`ft_integrations.megatron.hooks` (``setup(args, megatron_lm=True)``), where the
-semantics live.
+semantics live. Beyond Megatron-LM's functions: every complete persistent checkpoint (the
+tracker moved) gets its ``iter_N`` manifest, and :func:`choose_checkpoint_iteration` (one added
+line before ``load_checkpoint``) picks the newest ``iter_N`` that verifies on every rank;
+``on_training_step_end(loss=...)`` optionally watches the loss right after such a resume.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from ft_integrations.megatron.state import get_state
 
 __all__ = [
     "SIM_FAULT_ENV",
+    "choose_checkpoint_iteration",
     "get_rank_monitor_client",
     "maybe_setup_simulated_fault",
     "on_checkpoint_loaded",
@@ -100,10 +105,11 @@ def on_training_step_start() -> None:
         hooks.on_training_step_start(getattr(args, "curr_iteration", None))
 
 
-def on_training_step_end() -> None:
-    """After each training step."""
+def on_training_step_end(loss: Any = None) -> None:
+    """After each training step; ``loss`` (optional, not in Megatron-LM's signature) is checked right after a
+    verified resume (:func:`choose_checkpoint_iteration`), see :func:`ft_integrations.megatron.hooks.on_training_step_end`."""
     if _active():
-        hooks.on_training_step_end()
+        hooks.on_training_step_end(loss)
 
 
 def on_eval_step_start() -> None:
@@ -134,6 +140,22 @@ def on_checkpoint_loaded(is_local_chkpt: bool) -> None:
     """After a checkpoint load; a persistent (not local) one lets ``setup`` be learned."""
     if _active():
         hooks.on_checkpoint_loaded(is_local_chkpt)
+
+
+def choose_checkpoint_iteration(load_dir: Optional[str] = None) -> Optional[int]:
+    """The newest ``iter_N`` of ``load_dir`` (default: ``args.load``) that verifies on every rank; None: none there.
+
+    Megatron-LM loads what its tracker names unless ``args.ckpt_step`` is set: call this
+    after ``initialize_megatron`` (the process group agrees on the choice) and before
+    ``load_checkpoint``, ``args.ckpt_step = ft_integration.choose_checkpoint_iteration()``. It
+    skips a torn, truncated or launcher-marked-bad checkpoint for the newest older good one
+    and writes the ``checkpoint_rejected``/``checkpoint_loaded`` records ``ft_launcher`` reads
+    (see :func:`ft_integrations.megatron.hooks.choose_checkpoint_iteration`).
+    """
+    if load_dir is None:
+        args = _megatron_global_args(parse=False) or _args
+        load_dir = getattr(args, "load", None)
+    return hooks.choose_checkpoint_iteration(load_dir)
 
 
 def shutdown() -> None:

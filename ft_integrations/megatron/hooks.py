@@ -3,10 +3,11 @@
 Call order in a training process (every hook is a no-op without ``--enable-ft``)::
 
     setup(args)                                  # before model init: opens "setup"
+    load_checkpoint_verified(args.load, load, weights)   # or choose_checkpoint_iteration(args.load)
     load checkpoint -> load_state_dict(ckpt["ft_state"]); on_checkpoint_loaded(is_local_chkpt=False)
     for each step:
         on_training_step_start(iteration)        # warm-up steps stay in "setup"; then "step"
-        ...; on_training_step_end()
+        ...; on_training_step_end(loss=loss)     # the loss: checked for NaN right after a resume
         on_eval_step_start() / on_eval_step_end()          # around each eval step
         on_checkpointing_start(); save({..., "ft_state": state_dict()}); on_checkpointing_end(False)
     shutdown()                                   # normal end; abort() on a failure path
@@ -17,6 +18,14 @@ timed steps, after the first checkpoint save of the run, and at ``shutdown()``. 
 schedule, the state file and the finished flag are the shared
 :class:`~ft_integrations.session.FaultToleranceSession`; these hooks map Megatron's call
 sites onto it.
+
+Checkpoints (:mod:`ft_integrations.megatron.checkpoints`): after each complete persistent
+save global rank 0 writes the ``iter_N`` directory's manifest; before a load
+:func:`load_checkpoint_verified` (or :func:`choose_checkpoint_iteration`, for a loader that
+loads by itself) picks the newest ``iter_N`` that verifies on every rank, and
+``on_training_step_end(loss=...)`` raises
+:class:`~ft_core.fault_policy.NonFiniteLossError` for a non-finite loss in the first
+``suspect_checkpoint_steps`` steps after it (the launcher then marks it bad and restarts).
 """
 
 from __future__ import annotations
@@ -26,9 +35,12 @@ import dataclasses
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
+from ft_core.fault_policy import FaultPolicy
+from ft_integrations.checkpoint_guard import LoadResult, LossWatch
+from ft_integrations.megatron import checkpoints
 from ft_integrations.megatron.args import DEFAULT_CALC_TIMEOUTS_AFTER_ITERS, DEFAULT_NUM_WARMUP_ITERS
 from ft_integrations.megatron.state import FT_STATE_FILENAME, TRACKER_FILENAME, get_state
 from ft_integrations.session import (
@@ -43,6 +55,8 @@ __all__ = [
     "FINISHED_FLAG_ENV",
     "FaultToleranceSetupError",
     "abort",
+    "choose_checkpoint_iteration",
+    "load_checkpoint_verified",
     "load_state_dict",
     "on_checkpoint_loaded",
     "on_checkpointing_end",
@@ -115,6 +129,9 @@ def setup(args: Any, *, megatron_lm: bool = False) -> None:
     state.tracker_file = os.path.join(os.path.abspath(save), TRACKER_FILENAME) if megatron_lm and save else None
     if state.tracker_file is not None:  # a checkpoint already there (a resume) is no progress of this run
         state.reported_iteration = _persistent_iteration(state.tracker_file)
+    state.save_dir = os.path.abspath(save) if save else None
+    if state.save_dir is not None and int(os.environ.get("RANK", "0")) == 0:
+        state.manifests = checkpoints.ManifestWriter()
     client.start_section(Section.SETUP)
     state.in_setup = True
 
@@ -154,17 +171,28 @@ def shutdown(training_finished: bool = False) -> None:
     session.learn_at_end("at shutdown")
     session.client.shutdown_workload_monitoring(training_finished=training_finished)
     state.session = None
+    if state.manifests is not None:
+        state.manifests.wait()  # the last checkpoint's manifest, before the process ends
     if training_finished:
         session.write_finished_flag()
 
 
 def abort() -> None:
-    """Failure path: leave the monitor without any collective or timeout update. Never raises."""
+    """Failure path: leave the monitor without any collective or timeout update. Never raises.
+
+    Called in an ``except`` block, it first reports the exception being handled to the
+    monitor (the fault's fingerprint: a deterministic fault stops the job, a non-finite
+    loss after a resume marks the checkpoint bad); the client's exception hook could
+    not, once disconnected.
+    """
     state = get_state()
     session, state.session = state.session, None
     if session is None:
         return
     try:
+        failing = sys.exc_info()[1]
+        if failing is not None:
+            session.client.report_exception(failing)
         session.client.shutdown_workload_monitoring()
     except Exception as exc:  # noqa: BLE001 - the rank is already failing; keep its original error
         log.warning("fault tolerance: abort() could not disconnect cleanly: %s", exc)
@@ -194,12 +222,25 @@ def on_training_step_start(iteration: Optional[int] = None) -> None:
     state.in_step = True
 
 
-def on_training_step_end() -> None:
-    """After a training step; may learn timeouts (every rank ends the same step, so this is in lockstep)."""
+def on_training_step_end(loss: Any = None) -> None:
+    """After a training step; may learn timeouts (every rank ends the same step, so this is in lockstep).
+
+    ``loss`` (a float or tensor, optional): in the first ``suspect_checkpoint_steps`` steps
+    after a verified resume (:func:`load_checkpoint_verified`, then ``on_checkpoint_loaded``)
+    a NaN or infinite loss raises :class:`~ft_core.fault_policy.NonFiniteLossError`: the
+    checkpoint is bad, the launcher marks it so and the next resume falls back. Read only
+    inside that window (a tensor is synchronized only there).
+    """
     state = get_state()
     session = _session("on_training_step_end")
     if session is None:
         return
+    watch = state.loss_watch
+    if watch is not None and state.iteration is not None:
+        if state.iteration - watch.resumed_step > watch.steps:
+            state.loss_watch = None  # past the window: a later NaN is the training's business
+        elif loss is not None:
+            watch.check(loss, state.iteration)
     if state.in_step:
         session.client.end_section(Section.STEP)
         state.in_step = False
@@ -297,6 +338,10 @@ def on_checkpointing_end(is_async_finalization: bool = False, iteration: Optiona
     if iteration is not None and persistent:
         client.report_checkpoint(iteration)
         state.reported_iteration = iteration
+        if state.manifests is not None and state.save_dir is not None:
+            directory = checkpoints.checkpoint_dir(state.save_dir, iteration)
+            if os.path.isdir(directory):  # Megatron's layout (another layout gets no manifest)
+                state.manifests.submit(directory, iteration)
     if state.heartbeat_mode:
         client.send_heartbeat()
     if is_async_finalization:
@@ -305,10 +350,71 @@ def on_checkpointing_end(is_async_finalization: bool = False, iteration: Optiona
 
 
 def on_checkpoint_loaded(is_local_chkpt: bool) -> None:
-    """After a checkpoint load. A persistent (not local) load makes ``setup`` representative to learn."""
+    """After a checkpoint load. A persistent (not local) load makes ``setup`` representative to learn.
+
+    After a verified load (:func:`load_checkpoint_verified`, :func:`choose_checkpoint_iteration`)
+    of a persistent checkpoint it also starts watching the loss of the next
+    ``suspect_checkpoint_steps`` steps (see :func:`on_training_step_end`).
+    """
+    state = get_state()
     session = _session("on_checkpoint_loaded")
-    if session is not None:
-        session.checkpoint_loaded(persistent=not is_local_chkpt)
+    if session is None:
+        return
+    session.checkpoint_loaded(persistent=not is_local_chkpt)
+    verified, state.verified_load = state.verified_load, None
+    if verified is not None and not is_local_chkpt:
+        # Read with getattr: the config key is newer than this hook (the fault policy's default otherwise).
+        steps = int(getattr(session.client.cfg, "suspect_checkpoint_steps", FaultPolicy.suspect_checkpoint_steps))
+        state.loss_watch = LossWatch(verified[0], verified[1], steps=steps) if steps > 0 else None
+
+
+def load_checkpoint_verified(load_dir: Optional[str], load: Optional[Callable[[str], Any]] = None,
+                             weights: Optional[Callable[[Any], Any]] = None) -> Optional[LoadResult]:
+    """Load the newest good ``iter_N`` checkpoint of ``load_dir`` (``args.load``), the same one on every rank.
+
+    Candidates: the tracker's (``latest_checkpointed_iteration.txt``) iteration first,
+    then older ``iter_N`` directories with a manifest, newest first. Each is checked
+    (manifest: every file there with its size and CRC-32; not marked bad by the
+    launcher), then loaded with ``load(iter_dir)`` and the tensors of ``weights(state)``
+    checked for NaN and infinity; the first that passes on every rank (an all-reduce
+    over the default process group) is returned, with the ones skipped. The ranks write
+    ``checkpoint_rejected`` and ``checkpoint_loaded`` records for ``ft_launcher``.
+    ``load=None`` only verifies (see :func:`choose_checkpoint_iteration`). Works with or
+    without ``--enable-ft``; call ``on_checkpoint_loaded`` after applying the state, as
+    after any load.
+
+    Returns None when there is no checkpoint to resume from (no ``load_dir``, no tracker).
+    Raises :class:`~ft_integrations.checkpoint_guard.NoGoodCheckpointError` when every
+    candidate is rejected: resuming would load a bad checkpoint.
+
+    Example (``examples/megatron/train.py``)::
+
+        result = ft.load_checkpoint_verified(
+            args.load, lambda path: dist_checkpointing.load(model.sharded_state_dict(), path),
+            weights=lambda state: {k: state[k] for k in model.state_dict()})
+        if result is not None:
+            model.load_state_dict(...); ft.on_checkpoint_loaded(is_local_chkpt=False)
+    """
+    if not load_dir or not os.path.isdir(load_dir):
+        return None
+    result = checkpoints.load_verified_checkpoint(load_dir, load, weights)
+    if result is not None:
+        iteration = checkpoints.iteration_of(result.path)
+        get_state().verified_load = (iteration, result.path) if iteration is not None else None
+    return result
+
+
+def choose_checkpoint_iteration(load_dir: Optional[str]) -> Optional[int]:
+    """The iteration of the newest ``iter_N`` checkpoint of ``load_dir`` that verifies on every rank.
+
+    For a loader that loads by itself (Megatron-LM's ``load_checkpoint``: pass the result as
+    ``args.ckpt_step``): :func:`load_checkpoint_verified` without a load, so without the
+    finite check. None when there is nothing to resume from; raises
+    :class:`~ft_integrations.checkpoint_guard.NoGoodCheckpointError` when every candidate
+    is rejected.
+    """
+    result = load_checkpoint_verified(load_dir)
+    return None if result is None else checkpoints.iteration_of(result.path)
 
 
 def state_dict() -> dict[str, Any]:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from ft_core.client import RankMonitorClient
+from ft_integrations.checkpoint_guard import LossWatch
 from ft_integrations.session import FaultToleranceSession, Section
+
+if TYPE_CHECKING:  # it reads TRACKER_FILENAME from here
+    from ft_integrations.megatron.checkpoints import ManifestWriter
 
 __all__ = ["FT_STATE_FILENAME", "HookState", "get_state", "reset_state"]
 
@@ -49,6 +53,14 @@ class HookState:
     save_pending: bool = False
     #: The last checkpointed iteration reported to the monitor.
     reported_iteration: Optional[int] = None
+    #: ``args.save`` (absolute): where the ``iter_N`` directories whose manifests rank 0 writes are.
+    save_dir: Optional[str] = None
+    #: Writes those manifests off the training thread (global rank 0 only; None elsewhere).
+    manifests: Optional[ManifestWriter] = None
+    #: ``(iteration, iter_N directory)`` chosen by the verified load, until ``on_checkpoint_loaded`` arms the watch.
+    verified_load: Optional[tuple[int, str]] = None
+    #: Checks the loss of the first steps after a verified resume (``on_training_step_end(loss=...)``).
+    loss_watch: Optional[LossWatch] = None
 
     @property
     def client(self) -> Optional[RankMonitorClient]:

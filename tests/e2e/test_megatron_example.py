@@ -88,3 +88,67 @@ def test_hang_in_checkpoint_save_is_caught_and_the_job_resumes_with_learned_time
     assert {"setup", "step", "eval", "checkpointing"} <= set(final["calculated_sections"])
     assert "setup" not in learned["calculated_sections"]  # setup is learned on a resume only
     assert final["section"]["step"] >= 50 * 0.05
+
+
+# -- bad checkpoints and deterministic faults (issue 25) -------------------------------------------------
+def run_example(tmp_path, *script_args: str, max_restarts: int = 3):
+    """examples/megatron/train.py, 2 ranks under ft_launcher; ``(result, events, save dir)``."""
+    save, log_dir = tmp_path / "ckpt", tmp_path / "logs"
+    command = ["-m", "ft_core.launcher", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
+               f"--log-dir={log_dir}", "--monitor-interval=0.1", "--workers-stop-timeout=10",
+               "--ft-rank-section-timeouts=setup:600,step:120,eval:120,checkpointing:120",
+               TRAIN, "--enable-ft", f"--save={save}", f"--load={save}", "--log-interval=4", *script_args]
+    env = python_env()
+    for key in ("FT_RANK_MONITOR_IPC_SOCKET", "FT_MONITOR_TOKEN", "FT_LAUNCHER_IPC_SOCKET"):
+        env.pop(key, None)
+    result = run_job([sys.executable, *command], env, timeout=300, log_path=tmp_path / "launcher.out")
+    assert not result.timed_out, result.output[-6000:]
+    return result, read_events(str(log_dir / "ft_events.jsonl"))[0], save
+
+
+def of(events, name):
+    return [e for e in events if e["event"] == name]
+
+
+@pytest.mark.timeout(360)
+def test_a_truncated_latest_and_a_nan_one_before_it_are_skipped_for_the_last_good_one(tmp_path):
+    # ~25 s. Cycle 0 saves iterations 4, 8 (NaN weights in every rank's shard: NVRx issue 349) and 12 (a file
+    # cut in half after its manifest was written: a torn file), then rank 0 crashes at 13. Cycle 1's verified
+    # load rejects 12 (manifest: size) and 8 (finite check) on both ranks, agrees on 4 and finishes: the one
+    # restart is the crash's, no extra one spent on the bad checkpoints.
+    result, events, save = run_example(tmp_path, "--train-iters=16", "--save-interval=4",
+                                       "--inject-nan-weights-at-iter=8", "--inject-truncate-checkpoint-at-iter=12",
+                                       "--inject-crash-at-iter=13")
+    assert result.returncode == 0, result.output[-6000:]
+    assert [e["cycle"] for e in of(events, "cycle_start")] == [0, 1]
+    iters = {n: str(save / f"iter_{n:07d}") for n in (4, 8, 12, 16)}
+    rejected = {(e["cycle"], e["rank"], e["checkpoint"]): e["reason"] for e in of(events, "checkpoint_rejected")}
+    assert rejected.keys() == {(1, rank, iters[n]) for rank in (0, 1) for n in (12, 8)}
+    for rank in (0, 1):
+        assert "bytes, the manifest says" in rejected[(1, rank, iters[12])]
+        assert rejected[(1, rank, iters[8])].startswith("non-finite values in ")
+    loaded = {(e["cycle"], e["rank"]): (e["checkpoint"], e["step"]) for e in of(events, "checkpoint_loaded")}
+    assert loaded == {(1, 0): (iters[4], 4), (1, 1): (iters[4], 4)}
+    assert "resumed from iteration 4" in result.output
+    assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "16"
+    from ft_core.checkpoint_manifest import verify
+
+    assert [verify(iters[n]) for n in (8, 12, 16)] == [None] * 3  # saved again in cycle 1, with new manifests
+
+
+@pytest.mark.timeout(360)
+def test_a_deterministic_value_error_at_iteration_30_on_rank_1_stops_after_two_cycles_with_93(tmp_path):
+    # ~20 s. A save every 16 iterations: cycle 1 resumes from 16 and fails at 30, 14 steps after the resume.
+    # Within suspect_checkpoint_steps (10) of a resume the repeated fault would count against the checkpoint
+    # first (marked bad, one more restart from an older one); beyond it, with no new checkpoint in between,
+    # it is the same deterministic fault twice: stop with the do-not-requeue code, not 5 more restarts.
+    result, events, _save = run_example(tmp_path, "--train-iters=40", "--save-interval=16",
+                                        "--inject-value-error-at-iter=30", "--inject-rank=1", max_restarts=6)
+    assert result.returncode == 93, result.output[-6000:]
+    assert [e["cycle"] for e in of(events, "cycle_start")] == [0, 1]
+    prints = of(events, "fault_fingerprint")
+    assert [(p["kind"], p["culprits"], p["iteration"], p["exception_type"]) for p in prints] == \
+        [("exception", [1], 30, "ValueError")] * 2
+    assert prints[1]["resumed_step"] == 16 and of(events, "checkpoint_marked_bad") == []
+    (end,) = of(events, "exit")
+    assert end["reason"].startswith("ValueError at train.py:") and "on rank 1 at iteration 30" in end["reason"]

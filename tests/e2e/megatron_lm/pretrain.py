@@ -117,8 +117,8 @@ def save_checkpoint(args: argparse.Namespace, model: Any, iteration: int, strate
 
 
 def load_checkpoint(args: argparse.Namespace, model: Any) -> int:
-    # megatron/training/checkpointing.py: load_checkpoint()
-    iteration, _ = read_checkpoint(args, model)
+    # megatron/training/checkpointing.py: load_checkpoint() loads args.ckpt_step when set, else the tracker's
+    iteration, _ = read_checkpoint(args, model, getattr(args, "ckpt_step", None))
     if iteration:
         ft_integration.on_checkpoint_loaded(is_local_chkpt=False)
     return iteration
@@ -173,6 +173,8 @@ def pretrain() -> None:
     try:
         task = MLPTask(args, torch.device("cpu"))
         strategy = cpu_save_strategy()
+        if hasattr(ft_integration, "choose_checkpoint_iteration"):  # ours (Megatron-LM's module has none)
+            args.ckpt_step = ft_integration.choose_checkpoint_iteration()  # the one line added to Megatron-LM
         iteration = load_checkpoint(args, task.model)
         iteration = train(args, task, iteration, strategy)
         if iteration % args.save_interval:

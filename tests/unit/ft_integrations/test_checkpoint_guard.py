@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ft_core.checkpoint_manifest import save_file_atomically
+from ft_core.checkpoint_manifest import mark_bad, save_file_atomically
 from ft_integrations.checkpoint_guard import (
     NoGoodCheckpointError,
+    choose_checkpoint,
     fallback_candidates,
     load_verified,
     nonfinite_tensors,
@@ -48,3 +49,16 @@ def test_load_verified_takes_the_requested_one_else_the_newest_fallback_that_pas
     assert load_verified(last, [], load).path == last
     with pytest.raises(NoGoodCheckpointError, match="step=20.ckpt: non-finite values in w"):
         load_verified(str(tmp_path / "step=20.ckpt"), [], load, weights=lambda s: s["state_dict"])
+
+
+def test_choose_checkpoint_skips_a_torn_and_a_marked_bad_one_without_loading_them(tmp_path):
+    paths = [str(tmp_path / f"step={step}.ckpt") for step in (30, 20, 10)]  # newest first
+    for path, step in zip(paths, (30, 20, 10)):
+        _save(path, NAN, step)  # NaN weights: choose_checkpoint checks manifests only (no load, no finite check)
+    with open(paths[0], "r+b") as handle:
+        handle.truncate(5)
+    mark_bad(paths[1], "non-finite loss 1 step(s) after resuming")
+    assert choose_checkpoint(paths) == paths[2]
+    assert choose_checkpoint([]) is None
+    with pytest.raises(NoGoodCheckpointError, match=r"step=30.ckpt: .*torn or truncated.*step=20.ckpt: marked bad"):
+        choose_checkpoint(paths[:2])
