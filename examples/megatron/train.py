@@ -30,7 +30,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 import torch
@@ -76,6 +76,8 @@ def parse_args(parser: Optional[argparse.ArgumentParser] = None) -> argparse.Nam
                         help="raise ValueError in training step N in every cycle (a deterministic fault)")
     faults.add_argument("--inject-nan-weights-at-iter", type=int, default=None, metavar="N",
                         help="the checkpoint of iteration N holds NaN weights (every rank's shard)")
+    faults.add_argument("--inject-huge-weights-at-iter", type=int, default=None, metavar="N",
+                        help="the checkpoint of iteration N holds weights x 1e30: finite, but the loss is not")
     faults.add_argument("--inject-truncate-checkpoint-at-iter", type=int, default=None, metavar="N",
                         help="once the checkpoint of iteration N is complete, cut its largest file in half")
     faults.add_argument("--inject-rank", type=int, default=0, help="the rank that misbehaves")
@@ -257,23 +259,35 @@ def save_checkpoint(args: argparse.Namespace, model: MegatronModule, iteration: 
     if _injecting(args, args.inject_hang_in_checkpoint_at_iter, iteration):
         hang_forever("checkpoint save", iteration)
     # Learned timeouts travel with the checkpoint.
-    if args.inject_nan_weights_at_iter == iteration and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
-        with nan_weights(model):  # every rank's shard: NVRx issue 349's replicated NaN shards
-            write_checkpoint(args, model, iteration, strategy, ft_state=ft.state_dict())
-    else:
+    corruption = None
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0:
+        corruption = {args.inject_nan_weights_at_iter: "nan", args.inject_huge_weights_at_iter: "huge"}.get(iteration)
+    # Every rank's shard (NVRx issue 349's replicated NaN shards).
+    with corrupted_weights(model, CORRUPTIONS.get(corruption or "")):
         write_checkpoint(args, model, iteration, strategy, ft_state=ft.state_dict())
     ft.on_checkpointing_end(is_async_finalization=False, iteration=iteration)
     if _injecting(args, args.inject_truncate_checkpoint_at_iter, iteration):
         truncate_checkpoint(os.path.join(args.save, f"iter_{iteration:07d}"))
 
 
+#: Injected checkpoint corruptions, applied in place to every parameter: NaN weights (the load's finite
+#: check rejects them), or weights x 1e30 (finite, so they load, but the loss is infinite at once).
+CORRUPTIONS: dict[str, Callable[[torch.Tensor], Any]] = {
+    "nan": lambda param: param.fill_(float("nan")),
+    "huge": lambda param: param.mul_(1e30),
+}
+
+
 @contextlib.contextmanager
-def nan_weights(model: MegatronModule) -> Iterator[None]:
-    """The model's floating-point parameters are NaN inside the block, restored after."""
+def corrupted_weights(model: MegatronModule, corrupt: Optional[Callable[[torch.Tensor], Any]]) -> Iterator[None]:
+    """Inside the block, ``corrupt`` (in place) was applied to every parameter of the model; restored after."""
+    if corrupt is None:
+        yield
+        return
     saved = [param.detach().clone() for param in model.parameters()]
     with torch.no_grad():
         for param in model.parameters():
-            param.fill_(float("nan"))
+            corrupt(param)
     try:
         yield
     finally:

@@ -1,9 +1,11 @@
-"""examples/megatron/train.py under ft_launcher: a hang in a checkpoint save is caught, the job resumes and ends.
+"""examples/megatron/train.py under ft_launcher: a hang in a checkpoint save is caught, bad checkpoints are skipped.
 
 Two gloo ranks train a tensor-parallel megatron-core MLP with dist_checkpointing saves
 every 4 iterations. Timeouts are learned in the first cycle (after the first save); the
 save of iteration 12 hangs on rank 0 and is caught by the learned ``checkpointing``
 timeout; the restarted workers resume from iteration 8 with the timeouts stored in it.
+Beside it (issue 25): torn, NaN and NaN-loss ``iter_N`` checkpoints are skipped, and a
+deterministic fault stops the job with 93 after two cycles.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def run_example(tmp_path, *script_args: str, max_restarts: int = 3):
     command = ["-m", "ft_core.launcher", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
                f"--log-dir={log_dir}", "--monitor-interval=0.1", "--workers-stop-timeout=10",
                "--ft-rank-section-timeouts=setup:600,step:120,eval:120,checkpointing:120",
+               "--ft-prewarm-modules=torch,megatron.core",  # each cycle's workers start with it imported
                TRAIN, "--enable-ft", f"--save={save}", f"--load={save}", "--log-interval=4", *script_args]
     env = python_env()
     for key in ("FT_RANK_MONITOR_IPC_SOCKET", "FT_MONITOR_TOKEN", "FT_LAUNCHER_IPC_SOCKET"):
@@ -111,29 +114,40 @@ def of(events, name):
 
 
 @pytest.mark.timeout(360)
-def test_a_truncated_latest_and_a_nan_one_before_it_are_skipped_for_the_last_good_one(tmp_path):
-    # ~25 s. Cycle 0 saves iterations 4, 8 (NaN weights in every rank's shard: NVRx issue 349) and 12 (a file
-    # cut in half after its manifest was written: a torn file), then rank 0 crashes at 13. Cycle 1's verified
-    # load rejects 12 (manifest: size) and 8 (finite check) on both ranks, agrees on 4 and finishes: the one
-    # restart is the crash's, no extra one spent on the bad checkpoints.
-    result, events, save = run_example(tmp_path, "--train-iters=16", "--save-interval=4",
-                                       "--inject-nan-weights-at-iter=8", "--inject-truncate-checkpoint-at-iter=12",
-                                       "--inject-crash-at-iter=13")
+def test_torn_nan_and_nan_loss_iter_dirs_are_skipped_each_for_at_most_one_restart(tmp_path):
+    # ~45 s (3 cycles, most of it start-up). Cycle 0 saves 4; 8 with weights x 1e30 (finite: it verifies and
+    # loads, but the loss is infinite); 12 with NaN weights in every rank's shard (NVRx issue 349); 16, of
+    # which a file is cut in half once its manifest is written (a torn file). Rank 0 crashes at 17.
+    # Cycle 1: the verified load rejects 16 (manifest: size) and 12 (finite check) on both ranks at no
+    # restart's cost and agrees on 8; its first step's loss is infinite: on_training_step_end(loss=...) raises
+    # NonFiniteLossError, abort() reports it, the launcher marks iter_8 bad (the one extra restart).
+    # Cycle 2 skips 16, 12 and 8 and finishes from 4.
+    result, events, save = run_example(tmp_path, "--train-iters=20", "--save-interval=4",
+                                       "--inject-huge-weights-at-iter=8", "--inject-nan-weights-at-iter=12",
+                                       "--inject-truncate-checkpoint-at-iter=16", "--inject-crash-at-iter=17")
     assert result.returncode == 0, result.output[-6000:]
-    assert [e["cycle"] for e in of(events, "cycle_start")] == [0, 1]
-    iters = {n: str(save / f"iter_{n:07d}") for n in (4, 8, 12, 16)}
+    assert [e["cycle"] for e in of(events, "cycle_start")] == [0, 1, 2]
+    iters = {n: str(save / f"iter_{n:07d}") for n in (4, 8, 12, 16, 20)}
+    prints = of(events, "fault_fingerprint")
+    assert [(p["kind"], p.get("resumed_from"), p.get("resumed_step")) for p in prints] == \
+        [("exception", None, None), ("nonfinite_loss", iters[8], 8)]
+    (marked,) = of(events, "checkpoint_marked_bad")
+    assert marked["checkpoint"] == iters[8] and "non-finite loss 0 step(s) after resuming" in marked["reason"]
     rejected = {(e["cycle"], e["rank"], e["checkpoint"]): e["reason"] for e in of(events, "checkpoint_rejected")}
-    assert rejected.keys() == {(1, rank, iters[n]) for rank in (0, 1) for n in (12, 8)}
-    for rank in (0, 1):
-        assert "bytes, the manifest says" in rejected[(1, rank, iters[12])]
-        assert rejected[(1, rank, iters[8])].startswith("non-finite values in ")
+    assert rejected.keys() == {(cycle, rank, iters[n]) for rank in (0, 1) for cycle, n in
+                               ((1, 16), (1, 12), (2, 16), (2, 12), (2, 8))}
+    for cycle, rank in ((1, 0), (1, 1), (2, 0), (2, 1)):
+        assert "bytes, the manifest says" in rejected[(cycle, rank, iters[16])]
+        assert rejected[(cycle, rank, iters[12])].startswith("non-finite values in ")
+    assert all(rejected[(2, rank, iters[8])].startswith("marked bad: ") for rank in (0, 1))
     loaded = {(e["cycle"], e["rank"]): (e["checkpoint"], e["step"]) for e in of(events, "checkpoint_loaded")}
-    assert loaded == {(1, 0): (iters[4], 4), (1, 1): (iters[4], 4)}
+    assert loaded == {(1, 0): (iters[8], 8), (1, 1): (iters[8], 8), (2, 0): (iters[4], 4), (2, 1): (iters[4], 4)}
     assert "resumed from iteration 4" in result.output
-    assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "16"
+    assert (save / "latest_checkpointed_iteration.txt").read_text().strip() == "20"
     from ft_core.checkpoint_manifest import verify
 
-    assert [verify(iters[n]) for n in (8, 12, 16)] == [None] * 3  # saved again in cycle 1, with new manifests
+    # Saved again from 4 in cycle 2, with new manifests; iter_8's old mark does not condemn its new content.
+    assert [verify(iters[n]) for n in (8, 12, 16, 20)] == [None] * 4
 
 
 @pytest.mark.timeout(360)
