@@ -318,6 +318,8 @@ def on_checkpointing_end(is_async_finalization: bool = False, iteration: Optiona
     pass ``iteration`` with the finalization call, when the files are complete. ``persistent=False``
     (a node-local checkpoint) reports nothing. Under Megatron-LM (the drop-in) the iteration is read
     from Megatron-LM's own tracker file, which it writes for complete persistent checkpoints only.
+    For each iteration reported, global rank 0 writes the manifest of ``<save>/iter_NNNNNNN`` (when
+    that directory exists) in a background thread.
     """
     state = get_state()
     session = _session("on_checkpointing_end")
