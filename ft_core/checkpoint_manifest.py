@@ -210,8 +210,8 @@ def write_dir_manifest(directory: str, *, global_step: Optional[int] = None, run
     return manifest
 
 
-def _version_problem(base: str, version: Version) -> Optional[str]:
-    for entry in version.files:
+def _version_problem(base: str, version: Version, share: tuple[int, int] = (0, 1)) -> Optional[str]:
+    for index, entry in enumerate(version.files):
         full = os.path.join(base, entry.name)
         try:
             size = os.path.getsize(full)
@@ -219,7 +219,7 @@ def _version_problem(base: str, version: Version) -> Optional[str]:
             return f"{entry.name} is missing"
         if size != entry.size:
             return f"{entry.name} has {size} bytes, the manifest says {entry.size} (torn or truncated)"
-        if checksum(full)[1] != entry.crc32:
+        if index % share[1] == share[0] and checksum(full)[1] != entry.crc32:
             return f"{entry.name} does not match its checksum (changed or corrupt)"
     return None
 
@@ -259,21 +259,28 @@ def _marked_bad(checkpoint: str, found: Version | Rejection | None) -> Optional[
     return f"marked bad: {data.get('reason', 'no reason given')}"
 
 
-def verified_version(checkpoint: str, *, require_manifest: bool = True) -> Version | Rejection | None:
+def verified_version(checkpoint: str, *, require_manifest: bool = True,
+                     share: tuple[int, int] = (0, 1)) -> Version | Rejection | None:
     """The manifest version that ``checkpoint``'s files match, or why they must not be loaded.
 
     Checks, in order: present, a readable manifest, one of its versions matching
     every file's size and CRC-32, and that content not marked bad. None: no manifest
     and ``require_manifest`` is False (a checkpoint written before manifests existed).
+
+    ``share=(i, n)``: of a checkpoint *directory* (one version), check the CRC-32 of
+    every ``n``-th file from the ``i``-th only (sizes: all), so that ``n`` ranks that
+    combine their verdicts (an all-reduce) read it once between them, not ``n`` times.
+    Ignored for a file checkpoint, whose versions every rank must tell apart by content.
     """
-    found = _matching_version(checkpoint, require_manifest=require_manifest)
+    found = _matching_version(checkpoint, require_manifest=require_manifest, share=share)
     if isinstance(found, Rejection):
         return found
     bad = _marked_bad(checkpoint, found)
     return Rejection(checkpoint, bad) if bad is not None else found
 
 
-def _matching_version(checkpoint: str, *, require_manifest: bool) -> Version | Rejection | None:
+def _matching_version(checkpoint: str, *, require_manifest: bool,
+                      share: tuple[int, int] = (0, 1)) -> Version | Rejection | None:
     if not os.path.exists(checkpoint):
         return Rejection(checkpoint, "missing")
     try:
@@ -283,10 +290,11 @@ def _matching_version(checkpoint: str, *, require_manifest: bool) -> Version | R
     if manifest is None:
         return Rejection(checkpoint, "no manifest (written without ft-suite, or killed before it was written)") \
             if require_manifest else None
-    base = checkpoint if os.path.isdir(checkpoint) else (os.path.dirname(checkpoint) or ".")
+    directory = os.path.isdir(checkpoint)
+    base = checkpoint if directory else (os.path.dirname(checkpoint) or ".")
     problems = []
     for version in manifest.versions:
-        problem = _version_problem(base, version)
+        problem = _version_problem(base, version, share if directory and len(manifest.versions) == 1 else (0, 1))
         if problem is None:
             return version
         problems.append(problem)

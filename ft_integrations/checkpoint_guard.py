@@ -136,8 +136,8 @@ def _all_ranks_agree(ok: bool) -> bool:
 
 
 def load_verified(requested: str, fallbacks: Sequence[str], load: Callable[[str], Any], *,
-                  weights: Optional[Callable[[Any], Any]] = None, require_manifest: Optional[bool] = None
-                  ) -> LoadResult:
+                  weights: Optional[Callable[[Any], Any]] = None, require_manifest: Optional[bool] = None,
+                  split_checksums: bool = False) -> LoadResult:
     """Load the first of ``[requested, *fallbacks]`` that passes on every rank (see the module docstring).
 
     ``weights``: the part of a loaded state whose floating-point tensors must be finite
@@ -148,13 +148,20 @@ def load_verified(requested: str, fallbacks: Sequence[str], load: Callable[[str]
     when there are fallbacks (a job that writes manifests), so a checkpoint
     written before manifests existed still loads when it is the only one.
 
+    ``split_checksums``: the ranks of the default process group share the CRC-32 reads
+    of a checkpoint directory (each checks every file's size, and the checksums of its
+    share of the files; the agreement combines them): a shared checkpoint is read once
+    for the check, not once per rank. A rank then names only the corruption it saw;
+    the others reject the candidate as "rejected by another rank".
+
     Raises:
         NoGoodCheckpointError: every candidate was rejected (on some rank).
     """
     strict = bool(fallbacks) if require_manifest is None else require_manifest
+    share = _share() if split_checksums else (0, 1)
     rejected: list[Rejection] = []
     for candidate in [requested, *fallbacks]:
-        found = verified_version(candidate, require_manifest=strict)
+        found = verified_version(candidate, require_manifest=strict, share=share)
         problem = found if isinstance(found, Rejection) else None
         state = None
         if problem is None:
@@ -199,6 +206,15 @@ def choose_checkpoint(candidates: Sequence[str], *, require_manifest: Optional[b
     if not candidates:
         return None
     return load_verified(candidates[0], candidates[1:], lambda _path: None, require_manifest=require_manifest).path
+
+
+def _share() -> tuple[int, int]:
+    """``(rank, world size)`` of the default process group; ``(0, 1)`` without one (each process checks all)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def _rank() -> int:

@@ -97,7 +97,8 @@ def load_verified_checkpoint(load_dir: str, load: Optional[Callable[[str], Any]]
     found = candidates(load_dir)
     if not found:
         return None
-    return load_verified(found[0], found[1:], load or (lambda _path: None), weights=weights)
+    # The ranks share the CRC-32 reads: a multi-terabyte checkpoint is read once for the check, not once per rank.
+    return load_verified(found[0], found[1:], load or (lambda _path: None), weights=weights, split_checksums=True)
 
 
 class ManifestWriter:

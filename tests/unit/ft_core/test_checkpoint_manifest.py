@@ -139,3 +139,23 @@ def test_a_mark_without_a_manifest_or_unreadable_condemns_whatever_is_there(tmp_
     assert verify(str(bare), require_manifest=False).reason == "marked bad: bad"
     (tmp_path / "old.pt.bad.json").write_text("{not json")
     assert verify(str(bare), require_manifest=False).reason == "marked bad (unreadable mark)"
+
+
+def test_ranks_sharing_the_check_of_a_directory_read_each_checksum_once_between_them(tmp_path):
+    ckpt = tmp_path / "iter_0000010"
+    ckpt.mkdir()
+    for name in ("a.distcp", "b.distcp", "c.distcp"):
+        (ckpt / name).write_bytes(name.encode() * 100)
+    write_dir_manifest(str(ckpt), global_step=10)
+    (ckpt / "b.distcp").write_bytes(b"x" * len(b"b.distcp" * 100))  # same size, other content
+    # Rank 0 of 2 checks the checksums of files 0 and 2, rank 1 of file 1: only rank 1 sees it.
+    assert verified_version(str(ckpt), share=(0, 2)).global_step == 10
+    assert verified_version(str(ckpt), share=(1, 2)).reason == "b.distcp does not match its checksum (changed or corrupt)"
+    os.truncate(ckpt / "a.distcp", 5)  # sizes: every rank checks every file
+    assert all("a.distcp has 5 bytes" in verified_version(str(ckpt), share=(i, 2)).reason for i in (0, 1))
+    # A file checkpoint is never split: every rank must tell its versions apart by content.
+    path = str(tmp_path / "last.ckpt")
+    save_file_atomically(path, lambda temp: open(temp, "wb").write(b"1" * 64), global_step=1)
+    with open(path, "r+b") as handle:
+        handle.write(b"2")
+    assert "does not match its checksum" in verified_version(path, share=(1, 2)).reason
