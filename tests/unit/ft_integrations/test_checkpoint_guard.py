@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ft_core.checkpoint_manifest import save_file_atomically
+from ft_core.checkpoint_manifest import mark_bad, save_file_atomically
 from ft_integrations.checkpoint_guard import (
     NoGoodCheckpointError,
     fallback_candidates,
@@ -48,3 +48,28 @@ def test_load_verified_takes_the_requested_one_else_the_newest_fallback_that_pas
     assert load_verified(last, [], load).path == last
     with pytest.raises(NoGoodCheckpointError, match="step=20.ckpt: non-finite values in w"):
         load_verified(str(tmp_path / "step=20.ckpt"), [], load, weights=lambda s: s["state_dict"])
+
+
+def test_a_file_marked_bad_condemns_its_copies_under_other_names(tmp_path):
+    # Lightning's last.ckpt and the top-k file of the same save hold the same bytes (it saves through a
+    # file object): the launcher marks the one the cycle resumed from, and the next resume must not
+    # spend a restart on the other.
+    def save(name: str, weight: float, step: int) -> None:
+        def write(temp: str) -> None:
+            with open(temp, "wb") as handle:
+                torch.save({"state_dict": {"w": torch.tensor([weight])}, "step": step}, handle)
+        save_file_atomically(str(tmp_path / name), write, global_step=step)
+
+    for step in (10, 20):
+        save(f"step={step}.ckpt", 1.0, step)
+    save("last.ckpt", 1.0, 20)
+    last = str(tmp_path / "last.ckpt")
+    mark_bad(last, "non-finite loss 2 step(s) after resuming")
+    load = lambda p: torch.load(p, weights_only=True)  # noqa: E731
+    result = load_verified(last, fallback_candidates(last), load)
+    assert result.path == str(tmp_path / "step=10.ckpt")
+    assert [r.reason for r in result.rejected] == [
+        "marked bad: non-finite loss 2 step(s) after resuming", f"marked bad: the same content as {last}"]
+    # Another content saved under the marked name is not condemned.
+    save("last.ckpt", 2.0, 20)
+    assert load_verified(last, fallback_candidates(last), load).path == last
