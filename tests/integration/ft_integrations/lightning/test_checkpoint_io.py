@@ -119,13 +119,35 @@ def test_a_nan_optimizer_state_is_rejected_before_it_is_loaded(tmp_path, caplog)
     assert "non-finite values in optimizer_states[0].state.0.momentum_buffer" in caplog.text
 
 
-def test_a_nan_loss_right_after_a_resume_raises_nonfinite_loss_error(tmp_path):
+class _ManualModel(_MomentumModel):
+    """The same model trained with manual optimization (``manual_backward``; ``training_step`` returns nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        optimizer = self.optimizers()
+        optimizer.zero_grad()
+        self.manual_backward(self.step(batch))
+        optimizer.step()
+
+
+@pytest.mark.parametrize("model", [_MomentumModel, _ManualModel], ids=["automatic", "manual"])
+def test_a_nan_loss_right_after_a_resume_raises_nonfinite_loss_error(tmp_path, model):
     # A corrupt but finite optimizer state (momentum 1e38): the checkpoint passes every load check;
     # its first update overflows the weights, and the loss of the second step after the resume says so.
-    _fit(tmp_path, 10, resume=False, model=_MomentumModel())
+    _fit(tmp_path, 10, resume=False, model=model())
     _poison_momentum(str(tmp_path / "last.ckpt"), 1e38)
     with pytest.raises(NonFiniteLossError, match=r"at step 12, 2 step\(s\) after resuming from .*last.ckpt"):
-        _fit(tmp_path, 15, resume=True, model=_MomentumModel())
+        _fit(tmp_path, 15, resume=True, model=model())
+
+
+def test_ten_healthy_resumes_in_a_row_are_each_verified_and_watched_without_a_false_verdict(tmp_path):
+    _fit(tmp_path, 5, resume=False, model=_MomentumModel())
+    for resume in range(1, 11):
+        assert _fit(tmp_path, 5 * (resume + 1), resume=True, model=_MomentumModel()).start == 5 * resume
+    assert verify(str(tmp_path / "last.ckpt")) is None
 
 
 class _NanLossAfter(_MomentumModel):
