@@ -1,76 +1,36 @@
 """Checkpoint directories a strategy writes itself get a manifest of every file; a resume verifies it.
 
-What is real: ``lightning.Trainer``, ``ModelCheckpoint``, the callback, and the sharded save
-and load of ``torch.distributed.checkpoint`` (DCP) into a checkpoint directory, with the calls
-and layout ``FSDPStrategy(state_dict_type="sharded")`` uses (``dcp.save`` of
-``{"model", "optimizer_0"}``, rank 0's ``meta.pt`` for the rest, ``restore_checkpoint_after_setup``,
-the model and optimizers loaded in place). What stands in: Lightning refuses ``FSDPStrategy``
-without a GPU ("requires a GPU accelerator"), so :class:`DCPStrategy`, a one-process
-``SingleDeviceStrategy`` that saves and loads the way it does, replaces it (DCP writes its
-``.distcp`` shard files and ``.metadata`` without a process group). Each test takes 1-2 s.
+What is real: ``lightning.Trainer``, ``ModelCheckpoint``, the callback, and the save and load
+of ``torch.distributed.checkpoint`` (DCP) into a checkpoint directory, with the calls and layout
+``FSDPStrategy(state_dict_type="sharded")`` uses. What stands in: Lightning refuses
+``FSDPStrategy`` without a GPU ("requires a GPU accelerator"), so the strategies of
+``lightning_scripts/dcp_strategy.py`` save and load the way it does (one process here, DDP
+with 2 ranks under torchrun in the last test). The one-process tests take 1-2 s each.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import sys
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import pytest
-import torch
-import torch.distributed.checkpoint as dcp
+from helpers import free_port
+from launcher_helpers import run_job
 from lightning.pytorch import Callback, Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.demos.boring_classes import BoringModel
-from lightning.pytorch.strategies import SingleDeviceStrategy
+from lightning_scripts.dcp_strategy import META, DCPStrategy
+from lightning_scripts.harness import SCRIPTS, base_env
 
 from ft_core.checkpoint_manifest import DIR_MANIFEST, read_manifest, verify
 from ft_integrations.checkpoint_guard import NoGoodCheckpointError
 from ft_integrations.lightning import FaultToleranceCallback
 
 pytestmark = pytest.mark.timeout(120)
-META = "meta.pt"  # FSDPStrategy's _METADATA_FILENAME
-
-
-class DCPStrategy(SingleDeviceStrategy):
-    """Saves and loads a checkpoint directory through DCP, as ``FSDPStrategy`` does with sharded state dicts."""
-
-    def __init__(self) -> None:
-        super().__init__(device=torch.device("cpu"))
-
-    @property
-    def restore_checkpoint_after_setup(self) -> bool:
-        return True
-
-    @property
-    def lightning_restore_optimizer(self) -> bool:
-        return False  # loaded in load_checkpoint, as FSDPStrategy does
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Optional[Any] = None) -> None:
-        path = Path(filepath)
-        if path.is_file():
-            path.unlink()
-        path.mkdir(parents=True, exist_ok=True)
-        converted = {"model": checkpoint.pop("state_dict")}
-        converted.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
-        dcp.save(converted, checkpoint_id=path)
-        if self.global_rank == 0:
-            torch.save(checkpoint, path / META)
-
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: Optional[bool] = None) -> dict[str, Any]:
-        path = Path(checkpoint_path)
-        state = {"model": self.model.state_dict(), "optimizer_0": self.optimizers[0].state_dict()}
-        dcp.load(state, checkpoint_id=path)
-        self.model.load_state_dict(state["model"])
-        self.optimizers[0].load_state_dict(state["optimizer_0"])
-        return torch.load(path / META, weights_only=False)
-
-    def load_model_state_dict(self, checkpoint: Any, strict: bool = True) -> None:
-        pass  # loaded in load_checkpoint, as FSDPStrategy does
-
-    def load_optimizer_state_dict(self, checkpoint: Any) -> None:
-        pass
 
 
 class _StartStep(Callback):
@@ -141,3 +101,20 @@ def test_without_a_whole_directory_the_resume_fails_instead_of_loading_a_torn_on
         _fit(tmp_path, 12, resume=True)
     # Both copies of step 10 rejected; step 5, without a manifest, is not even a candidate.
     assert [os.path.basename(r.path) for r in error.value.rejections] == ["last.ckpt", "epoch=0-step=10.ckpt"]
+
+
+@pytest.mark.timeout(300)
+def test_two_ranks_write_one_manifest_of_all_their_files_and_fall_back_together(tmp_path):
+    # 2 ranks under torchrun (gloo), DDP saving through DCP: each rank writes its own file into
+    # every checkpoint directory. Rank 1's file of step 10 torn: both ranks resume from step 5.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--max-restarts=0",
+           f"--master-port={free_port()}", str(SCRIPTS / "sharded_resume.py"), f"--ckpt-dir={tmp_path / 'ckpt'}",
+           f"--out-dir={tmp_path}"]
+    result = run_job(cmd, base_env(tmp_path), timeout=240, log_path=tmp_path / "torchrun.log")
+    assert not result.timed_out and result.returncode == 0, result.output[-6000:]
+    reports = [json.loads((tmp_path / f"sharded_r{rank}.json").read_text()) for rank in (0, 1)]
+    assert [r["start"] for r in reports] == [5, 5]
+    files = [".metadata", "__0_0.distcp", "__1_0.distcp", META]
+    assert reports[0]["manifests"] == {name: files for name in ("epoch=0-step=10.ckpt", "epoch=0-step=5.ckpt",
+                                                                "last.ckpt")}
+    assert "__1_0.distcp has" in result.output and "torn or truncated" in result.output
