@@ -1,8 +1,9 @@
 """End to end: bad checkpoints and deterministic faults in a 2-rank Lightning DDP job under the real ``ft_launcher``.
 
 ``lightning_scripts/bad_checkpoint.py`` (gloo, CPU, a linear model, ``ModelCheckpoint``
-every 2 steps with ``save_last``). Measured here on the shared 2-core machine: the first
-test about 35 s (3 cycles), the second about 30 s (2 cycles).
+every 2 steps with ``save_last``). Measured on the shared, loaded 2-core machine: the first
+test 32-51 s (3 cycles of about 10 s, most of it each cycle's start of Lightning and DDP),
+the second 26-38 s (2 cycles of 30 steps).
 """
 
 from __future__ import annotations
