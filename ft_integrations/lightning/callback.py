@@ -377,8 +377,8 @@ class FaultToleranceCallback(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Between the restore of the model and callbacks and that of the loops and optimizers: every rank.
-        if self._snapshots is not None:
-            self._snapshots.resume(trainer)
+        if self._snapshots is not None and self._snapshots.resume(trainer):
+            self._verified_load = None  # the state is a newer snapshot's: the loss says nothing of the checkpoint
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
