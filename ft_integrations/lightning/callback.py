@@ -440,7 +440,7 @@ class FaultToleranceCallback(Callback):
         # The loss every optimization mode backpropagates (automatic, or manual_backward's), before it
         # reaches the weights; read (a device sync) only in the window after a resume.
         if self._loss_watch is not None:
-            step = trainer.global_step + 1  # the step this loss belongs to: the resume's first is 1 after it
+            step = trainer.global_step  # the iteration the monitor has (set_iteration): the fault names the same
             if self._loss_watch.watching(step):
                 self._loss_watch.check(loss, step)
             else:

@@ -136,10 +136,10 @@ class _ManualModel(_MomentumModel):
 @pytest.mark.parametrize("model", [_MomentumModel, _ManualModel], ids=["automatic", "manual"])
 def test_a_nan_loss_right_after_a_resume_raises_nonfinite_loss_error(tmp_path, model):
     # A corrupt but finite optimizer state (momentum 1e38): the checkpoint passes every load check;
-    # its first update overflows the weights, and the loss of the second step after the resume says so.
+    # its first update overflows the weights, and the loss of the next step says so.
     _fit(tmp_path, 10, resume=False, model=model())
     _poison_momentum(str(tmp_path / "last.ckpt"), 1e38)
-    with pytest.raises(NonFiniteLossError, match=r"at step 12, 2 step\(s\) after resuming from .*last.ckpt"):
+    with pytest.raises(NonFiniteLossError, match=r"at step 11, 1 step\(s\) after resuming from .*last.ckpt"):
         _fit(tmp_path, 15, resume=True, model=model())
 
 
@@ -164,9 +164,9 @@ class _NanLossAfter(_MomentumModel):
 
 def test_a_nan_loss_past_the_window_is_left_to_the_training(tmp_path):
     _fit(tmp_path, 5, resume=False, model=_MomentumModel())
-    # Resumed at 5, window 10 (the default): step 16 (global_step 15 -> 16) is past it.
-    assert _fit(tmp_path, 18, resume=True, model=_NanLossAfter(nan_from=15)).start == 5
+    # Resumed at 5, window 10 (the default): global step 16 is past it.
+    assert _fit(tmp_path, 18, resume=True, model=_NanLossAfter(nan_from=16)).start == 5
     again = tmp_path / "again"
     _fit(again, 5, resume=False, model=_MomentumModel())
     with pytest.raises(NonFiniteLossError, match=r"at step 15, 10 step\(s\)"):  # the last step inside it
-        _fit(again, 18, resume=True, model=_NanLossAfter(nan_from=14))
+        _fit(again, 18, resume=True, model=_NanLossAfter(nan_from=15))
