@@ -10,9 +10,13 @@ strategy's own save, so :class:`ShardedCheckpointGuard` wraps the strategy insta
 
 * a save into a directory: rank 0 first removes the directory's old manifest (a save
   rewrites the files in place: until it is done, the directory is no checkpoint to
-  resume from), then, once every rank's save returned (a barrier), lists every file
-  with its size and CRC-32 in ``<dir>/ft_manifest.json``
-  (:func:`ft_core.checkpoint_manifest.write_dir_manifest`);
+  resume from), then, when the save returns, lists every file with its size and CRC-32
+  in ``<dir>/ft_manifest.json`` (:func:`ft_core.checkpoint_manifest.write_dir_manifest`).
+  A directory save is collective: it returns on rank 0 only once every rank's files
+  are written (DCP gathers every rank's write results to rank 0 before it writes
+  ``.metadata``; DeepSpeed ends its save with a barrier). No collective of ours: which
+  ranks see a directory there is a filesystem race, and a barrier entered by some ranks
+  only would pair with the strategy's next one;
 * a load of a directory: the manifest is checked (every file listed is there, with its
   size and CRC-32; on every rank, agreed before the collective load), the checkpoint
   is loaded, the model's parameters and the optimizers' state it loaded must be finite,
@@ -73,8 +77,7 @@ class ShardedCheckpointGuard:
         self._save(checkpoint, filepath, storage_options)
         if not (local and os.path.isdir(path)):
             return  # a file: written through CheckpointIO, which wrote its manifest
-        self.strategy.barrier("ShardedCheckpointGuard.save_checkpoint")  # every rank's files are written
-        if self.strategy.is_global_zero:
+        if self.strategy.is_global_zero:  # every rank's files are written (see the module docstring)
             write_dir_manifest(path, global_step=None if step is None else int(step),
                                run=os.environ.get("TORCHELASTIC_RUN_ID"))
         self.observer.on_checkpoint_write_end(checkpoint, path)
