@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
 
-from ft_core.checkpoint_manifest import Rejection, read_manifest, verified_version
+from ft_core.checkpoint_manifest import Rejection, checksum, read_manifest, verified_version
 from ft_core.events import CheckpointLoaded, CheckpointRejected
 from ft_core.fault_policy import FaultPolicy, NonFiniteLossError
 from ft_core.rank_records import current_cycle, write_rank_record
@@ -137,7 +137,7 @@ def _all_ranks_agree(ok: bool) -> bool:
 
 def load_verified(requested: str, fallbacks: Sequence[str], load: Callable[[str], Any], *,
                   weights: Optional[Callable[[Any], Any]] = None, require_manifest: Optional[bool] = None,
-                  split_checksums: bool = False) -> LoadResult:
+                  split_checksums: bool = False, agree_before_load: bool = False) -> LoadResult:
     """Load the first of ``[requested, *fallbacks]`` that passes on every rank (see the module docstring).
 
     ``weights``: the part of a loaded state whose floating-point tensors must be finite
@@ -154,16 +154,29 @@ def load_verified(requested: str, fallbacks: Sequence[str], load: Callable[[str]
     for the check, not once per rank. A rank then names only the corruption it saw;
     the others reject the candidate as "rejected by another rank".
 
+    ``agree_before_load``: the ranks also agree on the manifest check before ``load``
+    (a collective load, such as ``torch.distributed.checkpoint``'s, must be entered by
+    every rank or by none).
+
+    A file marked bad condemns its content under any name: a later candidate with the
+    same bytes (Lightning's ``last.ckpt`` and the top-k copy of the same save) is
+    skipped too, instead of costing one more restart to be marked in turn.
+
     Raises:
         NoGoodCheckpointError: every candidate was rejected (on some rank).
     """
     strict = bool(fallbacks) if require_manifest is None else require_manifest
     share = _share() if split_checksums else (0, 1)
     rejected: list[Rejection] = []
+    condemned: dict[tuple[int, int], str] = {}  # the (size, CRC-32) of files marked bad -> the name marked
     for candidate in [requested, *fallbacks]:
         found = verified_version(candidate, require_manifest=strict, share=share)
-        problem = found if isinstance(found, Rejection) else None
+        problem = found if isinstance(found, Rejection) else _copy_of_condemned(candidate, condemned)
+        if isinstance(found, Rejection) and found.reason.startswith("marked bad") and os.path.isfile(candidate):
+            condemned.setdefault(checksum(candidate), candidate)
         state = None
+        if agree_before_load and not _all_ranks_agree(problem is None):
+            problem = problem or Rejection(candidate, "rejected by another rank")
         if problem is None:
             try:
                 state = load(candidate)
@@ -215,6 +228,14 @@ def _share() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def _copy_of_condemned(candidate: str, condemned: dict[tuple[int, int], str]) -> Optional[Rejection]:
+    """A rejection when the file ``candidate`` holds the very bytes of a file marked bad in this load."""
+    if not condemned or not os.path.isfile(candidate):
+        return None
+    marked = condemned.get(checksum(candidate))
+    return None if marked is None else Rejection(candidate, f"marked bad: the same content as {marked}")
 
 
 def _rank() -> int:

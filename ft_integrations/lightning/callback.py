@@ -14,6 +14,7 @@ from ft_core.client import MONITOR_SOCKET_ENV, RankMonitorClient, RankMonitorCli
 from ft_core.config import FaultToleranceConfig
 from ft_core.config_fallback import fallback_of
 from ft_core.data import WorkloadControlRequest
+from ft_core.fault_policy import FaultPolicy
 from ft_core.monitor.standalone import connect_standalone
 from ft_core.straggler_scoring import Phase
 from ft_core.utils.strenum import StrEnum
@@ -25,7 +26,7 @@ from ft_core.utils.validation import (
     int_in_range,
     path_or_none,
 )
-from ft_integrations.checkpoint_guard import LoadResult
+from ft_integrations.checkpoint_guard import LoadResult, LossWatch
 from ft_integrations.fault_injection import FaultInjector, SimulatedFault
 from ft_integrations.lightning._pl import (
     Callback,
@@ -37,6 +38,7 @@ from ft_integrations.lightning._pl import (
 from ft_integrations.lightning.checkpoint_io import FaultToleranceCheckpointIO
 from ft_integrations.lightning.config_argument import coerce_config, default_config
 from ft_integrations.lightning.data_phase import DataPhaseStart, callbacks_of
+from ft_integrations.lightning.sharded import ShardedCheckpointGuard
 from ft_integrations.lightning.snapshots import LightningSnapshots, snapshot_every_arg
 from ft_integrations.session import (
     FINISHED_FLAG_ENV,
@@ -123,6 +125,11 @@ class FaultToleranceCallback(Callback):
             resume checks the checkpoint it loads (manifest, loads, finite tensors), falling back
             to the newest older checkpoint of the same directory that passes, on every rank the
             same. Local and mounted filesystems only; remote URLs are written and read as they are.
+            Checkpoint directories a strategy writes itself (FSDP sharded, DeepSpeed) get a manifest
+            listing every file, written after the save, and are verified the same way. After a
+            resume from a verified checkpoint, the loss of the first ``suspect_checkpoint_steps``
+            steps (the monitor's config; 10) must be finite, else ``NonFiniteLossError`` ends the
+            cycle and ``ft_launcher`` marks that checkpoint bad.
         snapshot_every: under ``ft_launcher``, keep an in-memory snapshot of the training state (the
             checkpoint Lightning would write, plus RNG states) every this many training steps in the
             node's shared memory, written off the training thread; a restart resumes from the newest
@@ -201,6 +208,7 @@ class FaultToleranceCallback(Callback):
         self._sections = mode is MonitoringMode.SECTIONS  # read on every step: an attribute, not a property
         self._trainer: Optional[pl.Trainer] = None
         self._checkpoint_io: Optional[FaultToleranceCheckpointIO] = None
+        self._sharded: Optional[ShardedCheckpointGuard] = None
         self._injector: Optional[FaultInjector] = None
         self._snapshots: Optional[LightningSnapshots] = None
         self._data_phase = DataPhaseStart()
@@ -215,6 +223,8 @@ class FaultToleranceCallback(Callback):
         # Straggler phases (monotonic times): the last batch's end, and this batch's start until its backward.
         self._data_phase.ended = None
         self._batch_started: Optional[float] = None
+        self._verified_load: Optional[LoadResult] = None  # what this run resumed from, once verified
+        self._loss_watch: Optional[LossWatch] = None
 
     # The arguments the session owns, read-only so that the callback and its session cannot disagree.
     @property
@@ -264,6 +274,9 @@ class FaultToleranceCallback(Callback):
         self._checkpoint_io = FaultToleranceCheckpointIO(trainer.strategy.checkpoint_io, self,
                                                          verify=self.verify_checkpoints)
         trainer.strategy.checkpoint_io = self._checkpoint_io
+        if self.verify_checkpoints:
+            self._sharded = ShardedCheckpointGuard(trainer.strategy, self)
+            self._sharded.attach()
         if self.snapshot_every:
             self._snapshots = LightningSnapshots.for_trainer(
                 trainer, self.snapshot_every, self.calculate_timeouts_after_steps if self.calculate_timeouts else None)
@@ -349,6 +362,9 @@ class FaultToleranceCallback(Callback):
             if trainer.strategy.checkpoint_io is self._checkpoint_io:
                 trainer.strategy.checkpoint_io = self._checkpoint_io.checkpoint_io
             self._checkpoint_io = None
+        if self._sharded is not None:
+            self._sharded.detach()
+            self._sharded = None
         if self._snapshots is not None:
             self._snapshots.close()  # a write in progress ends whole
             self._snapshots = None
@@ -361,11 +377,14 @@ class FaultToleranceCallback(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Between the restore of the model and callbacks and that of the loops and optimizers: every rank.
-        if self._snapshots is not None:
-            self._snapshots.resume(trainer)
+        if self._snapshots is not None and self._snapshots.resume(trainer):
+            self._verified_load = None  # the state is a newer snapshot's: the loss says nothing of the checkpoint
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        window = self._suspect_checkpoint_steps()
+        if self._verified_load is not None and window > 0:
+            self._loss_watch = LossWatch(trainer.global_step, self._verified_load.path, window)
         if not self.active:
             return
         callbacks = callbacks_of(trainer)
@@ -418,6 +437,14 @@ class FaultToleranceCallback(Callback):
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
+        # The loss every optimization mode backpropagates (automatic, or manual_backward's), before it
+        # reaches the weights; read (a device sync) only in the window after a resume.
+        if self._loss_watch is not None:
+            step = trainer.global_step  # the iteration the monitor has (set_iteration): the fault names the same
+            if self._loss_watch.watching(step):
+                self._loss_watch.check(loss, step)
+            else:
+                self._loss_watch = None  # past the window: free from now on
         # The forward pass: batch start -> first backward of the batch (gradient accumulation and
         # manual optimization may call backward more than once; the first one ends the forward).
         if self.active and self._batch_started is not None:
@@ -512,6 +539,12 @@ class FaultToleranceCallback(Callback):
         for rejection in result.rejected:
             rank_zero_warn(f"FaultToleranceCallback: checkpoint {rejection.path} rejected ({rejection.reason}); "
                            f"resuming from {result.path}")
+        self._verified_load = result
+
+    def _suspect_checkpoint_steps(self) -> int:
+        """How many steps after a resume a non-finite loss condemns the checkpoint (0: not watched)."""
+        cfg = self.client.cfg if self.active else self.config
+        return int(getattr(cfg, "suspect_checkpoint_steps", FaultPolicy.suspect_checkpoint_steps))
 
     def snapshot_instead_of(self, path: str) -> Optional[dict[str, Any]]:
         """From :class:`FaultToleranceCheckpointIO` before a resume loads ``path``: a newer snapshot, if any."""

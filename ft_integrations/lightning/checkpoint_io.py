@@ -47,7 +47,7 @@ def _weights(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return {key: checkpoint[key] for key in ("state_dict", "optimizer_states") if key in checkpoint}
 
 
-def _local(path: Any) -> bool:
+def is_local(path: Any) -> bool:
     """A path with a rename and an fsync: not a remote URL (``s3://...``), which is written as it is."""
     return "://" not in str(path)
 
@@ -77,7 +77,7 @@ class FaultToleranceCheckpointIO(CheckpointIO):
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
         self.observer.on_checkpoint_write_start(str(path))
-        if self.verify and _local(path):
+        if self.verify and is_local(path):
             step = checkpoint.get("global_step")
             save_file_atomically(
                 os.fspath(path), lambda temp: self.checkpoint_io.save_checkpoint(checkpoint, temp, storage_options),
@@ -91,7 +91,7 @@ class FaultToleranceCheckpointIO(CheckpointIO):
         snapshot = self.observer.snapshot_instead_of(str(path))
         if snapshot is not None:
             return snapshot
-        if not (self.verify and _local(path)):
+        if not (self.verify and is_local(path)):
             return self.checkpoint_io.load_checkpoint(path, *args, **kwargs)
         requested = os.fspath(path)
         result = load_verified(requested, fallback_candidates(requested),
@@ -103,7 +103,7 @@ class FaultToleranceCheckpointIO(CheckpointIO):
     @override
     def remove_checkpoint(self, path: Any) -> None:
         self.checkpoint_io.remove_checkpoint(path)
-        if _local(path):
+        if is_local(path):
             try:
                 os.unlink(manifest_path(os.fspath(path)))
             except FileNotFoundError:

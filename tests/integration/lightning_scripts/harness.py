@@ -52,12 +52,18 @@ FT_FLAGS = {
 
 def launch(tmp_path: Path, mode: str, fault: dict, *extra: str, max_restarts: int = 2,
            ft_flags: tuple[str, ...] = ("--ft-safety-factor=50",), launcher_flags: tuple[str, ...] = ()):
+    return launch_script(tmp_path, "train.py", f"--mode={mode}", f"--max-steps={MAX_STEPS}", "--every-n-steps=2",
+                         f"--ckpt-dir={tmp_path / 'ckpt'}", f"--out-dir={tmp_path}", f"--fault={json.dumps(fault)}",
+                         *extra, max_restarts=max_restarts, launcher_flags=(*ft_flags, *FT_FLAGS[mode], *launcher_flags))
+
+
+def launch_script(tmp_path: Path, script: str, *args: str, max_restarts: int = 2,
+                  launcher_flags: tuple[str, ...] = FT_FLAGS["heartbeats"]):
+    """A 2-rank job of ``SCRIPTS/script`` under ft_launcher: (result, events)."""
     events_file = tmp_path / "ft_events.jsonl"
     cmd = [sys.executable, "-m", "ft_core.launcher", "--nproc-per-node=2", f"--max-restarts={max_restarts}",
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", f"--ft-events-file={events_file}",
-           *ft_flags, *FT_FLAGS[mode], *launcher_flags,
-           str(SCRIPTS / "train.py"), f"--mode={mode}", f"--max-steps={MAX_STEPS}", "--every-n-steps=2",
-           f"--ckpt-dir={tmp_path / 'ckpt'}", f"--out-dir={tmp_path}", f"--fault={json.dumps(fault)}", *extra]
+           *launcher_flags, str(SCRIPTS / script), *args]
     result = run_job(cmd, base_env(tmp_path), timeout=400, log_path=tmp_path / "launcher.log")
     assert not result.timed_out, result.output[-6000:]
     return result, read_events(str(events_file))[0]

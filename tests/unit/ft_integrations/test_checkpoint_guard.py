@@ -62,3 +62,28 @@ def test_choose_checkpoint_skips_a_torn_and_a_marked_bad_one_without_loading_the
     assert choose_checkpoint([]) is None
     with pytest.raises(NoGoodCheckpointError, match=r"step=30.ckpt: .*torn or truncated.*step=20.ckpt: marked bad"):
         choose_checkpoint(paths[:2])
+
+
+def test_a_file_marked_bad_condemns_its_copies_under_other_names(tmp_path):
+    # Lightning's last.ckpt and the top-k file of the same save hold the same bytes (it saves through a
+    # file object): the launcher marks the one the cycle resumed from, and the next resume must not
+    # spend a restart on the other.
+    def save(name: str, weight: float, step: int) -> None:
+        def write(temp: str) -> None:
+            with open(temp, "wb") as handle:
+                torch.save({"state_dict": {"w": torch.tensor([weight])}, "step": step}, handle)
+        save_file_atomically(str(tmp_path / name), write, global_step=step)
+
+    for step in (10, 20):
+        save(f"step={step}.ckpt", 1.0, step)
+    save("last.ckpt", 1.0, 20)
+    last = str(tmp_path / "last.ckpt")
+    mark_bad(last, "non-finite loss 2 step(s) after resuming")
+    load = lambda p: torch.load(p, weights_only=True)  # noqa: E731
+    result = load_verified(last, fallback_candidates(last), load)
+    assert result.path == str(tmp_path / "step=10.ckpt")
+    assert [r.reason for r in result.rejected] == [
+        "marked bad: non-finite loss 2 step(s) after resuming", f"marked bad: the same content as {last}"]
+    # Another content saved under the marked name is not condemned.
+    save("last.ckpt", 2.0, 20)
+    assert load_verified(last, fallback_candidates(last), load).path == last

@@ -38,12 +38,18 @@ def _call_every_hook() -> None:
 def test_signatures_are_megatron_lms():
     params = {name: list(inspect.signature(getattr(ft_integration, name)).parameters)
               for name in ft_integration.__all__ if callable(getattr(ft_integration, name))}
-    assert params == {
+    megatron_lms = {
         "get_rank_monitor_client": [], "maybe_setup_simulated_fault": [], "on_checkpoint_loaded": ["is_local_chkpt"],
         "on_checkpointing_end": ["is_async_finalization"], "on_checkpointing_start": [], "on_eval_step_end": [],
         "on_eval_step_start": [], "on_training_step_end": [], "on_training_step_start": [], "setup": ["args"],
         "shutdown": [],
     }
+    # Our additions (migration guide): an optional argument Megatron-LM never passes, and one new function.
+    ours = {"on_training_step_end": ["loss"], "choose_checkpoint_iteration": ["load_dir"]}
+    assert params == {**megatron_lms, **ours}
+    for name in ours:
+        assert all(p.default is not inspect.Parameter.empty
+                   for p in inspect.signature(getattr(ft_integration, name)).parameters.values()), name
 
 
 def test_every_function_is_a_no_op_before_setup():
