@@ -114,7 +114,8 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                                      options.max_no_progress_cycles, options.no_restart_exit_code,
                                      store=open_job_store(spec.rdzv_handler),
                                      min_progress_iterations=options.min_progress_iterations,
-                                     faults=FaultPolicy(max_identical_faults=options.max_identical_faults))
+                                     faults=FaultPolicy(options.max_identical_faults, options.suspect_checkpoint_steps,
+                                                        options.suspect_node_faults))
         self._progress = CheckpointedIterationTracker(options.checkpoint_iteration_file)
         self._stragglers = None if options.straggler_report_interval is None else StragglerDetector(
             options.straggler_report_interval, options.straggler_threshold, options.straggler_consecutive_reports,
