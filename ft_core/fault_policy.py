@@ -217,9 +217,10 @@ def _deterministic(history: Sequence[Fingerprint], cfg: FaultPolicy) -> Optional
     return None
 
 
-def _bad_node(history: Sequence[Fingerprint], cfg: FaultPolicy, spare_waiting: bool) -> Optional[FaultVerdict]:
+def _bad_node(history: Sequence[Fingerprint], cfg: FaultPolicy, spare_waiting: bool,
+              only_node: bool) -> Optional[FaultVerdict]:
     count = cfg.suspect_node_faults
-    if count <= 0 or len(history) < count:
+    if count <= 0 or len(history) < count or only_node:  # one node: every fault is on it, that says nothing
         return None
     recent = history[-count:]
     nodes = [set(f.nodes) for f in recent]
@@ -234,13 +235,14 @@ def _bad_node(history: Sequence[Fingerprint], cfg: FaultPolicy, spare_waiting: b
 
 
 def decide_fault(history: Sequence[Fingerprint], cfg: FaultPolicy = FaultPolicy(), *, spare_waiting: bool = False,
-           marked_bad: frozenset[str] = frozenset()) -> FaultVerdict:
+           marked_bad: frozenset[str] = frozenset(), only_node: bool = False) -> FaultVerdict:
     """The verdict on the newest fault of ``history`` (oldest first; at least one).
 
     ``marked_bad``: checkpoints already marked bad (rule 1 applies once per checkpoint);
-    ``spare_waiting``: a hot spare could replace an excluded node.
+    ``spare_waiting``: a hot spare could replace an excluded node; ``only_node``: the job runs on
+    one node (rule 3 then never applies).
     """
     if not history:
         raise ValueError("decide_fault() needs the fault to decide on: history is empty")
     return (_bad_checkpoint(history, cfg, marked_bad) or _deterministic(history, cfg)
-            or _bad_node(history, cfg, spare_waiting) or FaultVerdict(FaultAction.RESTART, "a fault restarting may fix"))
+            or _bad_node(history, cfg, spare_waiting, only_node) or FaultVerdict(FaultAction.RESTART, "a fault restarting may fix"))

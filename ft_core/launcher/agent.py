@@ -132,7 +132,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         self._failed: dict[int, tuple[int, int]] = {}
         self._failed_at = 0.0
         self._connected: set[int] = set()
-        self._lost_at: dict[int, float] = {}
+        self._gone_at: dict[int, float] = {}
         #: The evidence of this node's ranks for the diagnosis of this cycle's hang, once taken.
         self._evidence: Optional[list[RankEvidence]] = None
         self._snapshot: Optional[RanksSnapshot] = None
@@ -190,7 +190,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         self._loaded = None
         self._failed.clear()
         self._connected.clear()
-        self._lost_at.clear()
+        self._gone_at.clear()
         self._evidence = None
         self._reported_finished.clear()
         self._node_finished = False
@@ -319,7 +319,8 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
             fingerprint = self._fingerprint(trigger) if trigger.kind.is_fault else None
             decision = self._coord.end_cycle(self._cycle_number(), trigger.reason, fault=trigger.kind.is_fault,
                                              progress_active=self._progress.active, fingerprint=fingerprint,
-                                             spare_waiting=self._replaceable(fingerprint))
+                                             spare_waiting=self._replaceable(fingerprint),
+                                             only_node=(wg.group_world_size or 1) == 1)
         else:
             decision = self._coord.poll(self._cycle_number())
             if decision is not None:
@@ -456,8 +457,8 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                     self._svc.events.write(ev)
                 case RankDisconnected():
                     self._svc.events.write(ev)
-                    if not ev.graceful and self._is_current_worker(ev.pid):
-                        self._lost_at.setdefault(ev.pid, ev.time)
+                    if self._is_current_worker(ev.pid):
+                        self._gone_at.setdefault(ev.pid, ev.time)
                     if ev.graceful and ev.training_finished and self._is_current_worker(ev.pid):
                         self._on_rank_finished(ev.pid)
                 case HangDetected():

@@ -165,7 +165,8 @@ FINGERPRINTS_KEPT = 8
 
 def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, progress_active: bool,
                      best_progress: int, policy: RestartPolicy, node: str,
-                     fingerprint: Optional[Fingerprint] = None, spare_waiting: bool = False) -> JobState:
+                     fingerprint: Optional[Fingerprint] = None, spare_waiting: bool = False,
+                     only_node: bool = False) -> JobState:
     """The job state after ``cycle`` ended for ``reason`` (a fault, or a membership change).
 
     A fault spends one restart of the job's budget and, when progress is
@@ -177,7 +178,8 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
     (:func:`ft_core.fault_policy.decide_fault`) is carried out: a deterministic fault stops the job
     with the do-not-requeue code, a bad checkpoint is marked, a suspect node leaves the job when
     ``spare_waiting`` (that node can be replaced by a hot spare: only the suspect node itself can
-    tell) or is named in the cause. Every fault's decision says the verdict (``fault_action``).
+    tell) or is named in the cause (never in a job of ``only_node``). Every fault's decision says
+    the verdict (``fault_action``).
     """
     restarts = state.restarts + int(fault)
     progressed = made_progress(best_progress, state.progress_mark, policy.min_progress_iterations)
@@ -188,7 +190,7 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
     if fault and fingerprint is not None:
         fingerprints = (*fingerprints, dataclasses.replace(fingerprint, new_checkpoint=progressed))[-FINGERPRINTS_KEPT:]
         verdict = decide_fault(fingerprints, policy.faults, spare_waiting=spare_waiting,
-                               marked_bad=frozenset(state.marked_bad))
+                               marked_bad=frozenset(state.marked_bad), only_node=only_node)
     marked_bad = state.marked_bad
     if verdict is not None and verdict.action is FaultAction.STOP:
         decision = Decision(DecisionAction.STOP, verdict.reason, exit_code=policy.no_restart_exit_code,
@@ -337,7 +339,8 @@ class JobCoordinator:
         return stopped
 
     def end_cycle(self, cycle: int, reason: str, fault: bool, progress_active: bool,
-                  fingerprint: Optional[Fingerprint] = None, spare_waiting: bool = False) -> Decision:
+                  fingerprint: Optional[Fingerprint] = None, spare_waiting: bool = False,
+                  only_node: bool = False) -> Decision:
         """Decide how ``cycle`` ends after a fault (``fault=True``) or a membership change.
 
         Returns the decision in force, which is another node's if it decided
@@ -350,7 +353,7 @@ class JobCoordinator:
                 return None
             return decide_cycle_end(state, cycle, reason, fault=fault, progress_active=progress_active,
                                     best_progress=best, policy=self.policy, node=self.node, fingerprint=fingerprint,
-                                    spare_waiting=spare_waiting)
+                                    spare_waiting=spare_waiting, only_node=only_node)
 
         state = self._update(decide)
         decision = state.stop or state.decision

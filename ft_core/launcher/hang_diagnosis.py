@@ -16,7 +16,14 @@ from typing import Optional
 import msgspec
 
 from ft_core.diagnosis import dumped_frames, evidence_of_hang
-from ft_core.events import Diagnosis, FaultFingerprint, RankEvidence, RanksSnapshot, RestartKind
+from ft_core.events import (
+    Diagnosis,
+    FaultFingerprint,
+    RankEvidence,
+    RankException,
+    RanksSnapshot,
+    RestartKind,
+)
 from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultKind, Fingerprint, innermost_user_frames
 from ft_core.launcher.agent_state import AgentState, Trigger
 from ft_core.launcher.coordination import Decision
@@ -45,21 +52,18 @@ class HangDiagnosis(AgentState):
         """This node's fingerprint of the fault that ends the cycle (:mod:`ft_core.fault_policy`), recorded.
 
         The culprit of a crash is the rank that failed first. An exception a worker reported
-        is the strongest evidence, unless another rank of the cycle had already died without
-        a report: then the exception is a reaction (its collective lost a peer) and the silent
-        death is the fault. The monitor's records tell the order: it records a rank's exception
-        when it reads the report and a rank's death when it reads the end of its connection, in
-        the order the kernel made them readable (a reaction is sent after the death that caused
-        it). A worker that died may have records still on their way: wait for them, briefly.
-        In a hang's cycle the hang is the fault: an exception reported then is a waiter's
-        reaction to the hung rank's kill, which must not be blamed.
+        is the strongest evidence, unless another rank of the cycle had died without a report
+        before the reporting rank did: then the exception is a reaction (its collective lost a
+        peer) and the silent death is the fault (see :meth:`_reaction`). In a hang's cycle the
+        hang is the fault: an exception reported then is a waiter's reaction to the hung rank's
+        kill, which must not be blamed.
         """
         node = (self._svc.events.node,)
         if trigger.kind is RestartKind.CRASH and self._failed:
             self._await_failure_records()
         silent = self._silent_failures()
         first = self._exceptions[0] if self._exceptions else None
-        if first is not None and trigger.kind is not RestartKind.HANG and not (silent and silent[0][0] < first.time):
+        if first is not None and trigger.kind is not RestartKind.HANG and not self._reaction(first, silent):
             kind = FaultKind.NONFINITE_LOSS if first.exception_type == NONFINITE_LOSS_ERROR else FaultKind.EXCEPTION
             fingerprint = Fingerprint(kind, culprits=(first.rank,), nodes=node, iteration=first.iteration,
                                       exception_type=first.exception_type, frames=tuple(first.frames))
@@ -92,28 +96,43 @@ class HangDiagnosis(AgentState):
     def _await_failure_records(self) -> None:
         """Wait (at most :data:`EXCEPTION_REPORT_WAIT`) for the monitor's records of the workers that failed.
 
-        A worker that connected to the monitor and died has its end recorded (after its exception
-        report, if it sent one: both come over its connection, in that order) within milliseconds.
+        A worker that connected to the monitor and died has the end of its connection recorded
+        (after its exception report, if it sent one: both come over its connection, in that
+        order) within milliseconds.
         """
-        reported = {e.pid for e in self._exceptions}
-
         def recorded() -> bool:
             self._read_monitor_events()
-            reported.update(e.pid for e in self._exceptions)
-            return all(pid in reported or pid in self._lost_at or pid not in self._connected
-                       for pid, _code in self._failed.values())
+            return all(pid in self._gone_at or pid not in self._connected for pid, _code in self._failed.values())
 
         wait_until(recorded, EXCEPTION_REPORT_WAIT, interval=0.02)
 
     def _silent_failures(self) -> list[tuple[float, int, int]]:
-        """``(died at, local rank, exit code)`` of the workers that failed without an exception report, first first.
+        """``(died by, local rank, exit code)`` of the workers that failed without an exception report, first first.
 
-        "Died at" is the monitor's record of the end of its connection (infinity when there is none:
-        a worker that never connected, or whose end is not recorded yet).
+        "Died by": the monitor's record of the end of its connection, else (it never connected)
+        the time this launcher saw it dead.
         """
         reported = {e.pid for e in self._exceptions}
-        return sorted((self._lost_at.get(pid, float("inf")), local_rank, code)
+        return sorted((self._gone_at.get(pid, self._failed_at), local_rank, code)
                       for local_rank, (pid, code) in self._failed.items() if pid not in reported)
+
+    def _reaction(self, report: RankException, silent: list[tuple[float, int, int]]) -> bool:
+        """Whether ``report``'s rank raised because a rank of ``silent`` had died first (its collective broke).
+
+        The ends of both ranks' connections to the monitor are compared, as the monitor recorded
+        them, not the silent death with the report: a reaction is reported within milliseconds of
+        the death that caused it, often before the monitor has read that death (a busy monitor
+        reads the reporter's pending heartbeat and its report first), while the reporting rank's
+        connection ends only after its exception hook and Python's teardown began. The records
+        are read in the monitor's order: when the silent rank's end has been read and the
+        reporter's has not, the reporter's came later (or not yet: it is still connected).
+        Seeing the processes exit does not tell the order: a rank that raised first may take
+        longer to exit than the peer it broke (the peer dies when the rank's process group goes,
+        during its teardown, while its process lives on).
+        """
+        if not silent:
+            return False
+        return silent[0][0] < self._gone_at.get(report.pid, float("inf"))
 
     # -- who hung, who waited (diagnosis) -------------------------------------
     def _take_evidence(self) -> list[RankEvidence]:

@@ -37,6 +37,11 @@ def test_the_same_exception_twice_stops_the_job_with_93_and_a_headline(tmp_path)
         reason = exit_event(node)["reason"]
         assert reason.startswith("RuntimeError at worker.py:") and "on rank 1 at iteration 3, 2 times in a row" in reason
         assert "restarting cannot help" in node.output()
+        # The exit summary's budget by cause: one restart for the first (transient-looking) fault, then the stop.
+        assert "  restarts   : 1 by cause: 1 transient\n" in node.output()
+        assert "  stopped by : deterministic fault: RuntimeError at worker.py:" in node.output()
+        assert [(d["action"], d["outcome"]) for d in node.events("fault_decision")] == [("restart", "restart"),
+                                                                                       ("stop", "stop")]
         assert launchers.alive_now() == []
 
 
@@ -77,6 +82,8 @@ def test_a_nan_loss_right_after_a_resume_marks_the_checkpoint_bad_and_the_job_fi
                           (2, 0): (str(out / "ckpt_step4.pt"), 4), (2, 1): (str(out / "ckpt_step4.pt"), 4)}
         for rank in (0, 1):
             assert json.loads((out / f"r{rank}_c2.json").read_text()) == {"start_step": 4, "end_step": 12}
+        assert "  restarts   : 2 by cause: 1 transient, 1 bad checkpoint\n" in node.output()
+        assert f"  rejected   : 1 checkpoint(s): {poisoned} (marked bad: " in node.output()
         assert launchers.alive_now() == []
 
 
@@ -99,6 +106,7 @@ def test_random_kills_restart_as_always_and_a_peers_reaction_is_never_blamed(tmp
         assert [(p["kind"], p["culprits"]) for p in prints] == expected, (kinds, rank, step, prints,
                                                                          node.events("rank_exception"))
         assert all(p["nodes"] == [exit_event(node)["node"]] for p in prints)
+        assert "  restarts   : 3 by cause: 3 transient\n" in node.output()
         assert launchers.alive_now() == []
 
 

@@ -74,7 +74,7 @@ def fingerprinting_agent(written: list[object]) -> FtElasticAgent:
     agent = FtElasticAgent.__new__(FtElasticAgent)
     agent._svc = types.SimpleNamespace(events=types.SimpleNamespace(write=written.append, node="hostA:7"))
     agent._cycle, agent._hangs, agent._loaded, agent._exceptions = None, {}, None, []
-    agent._connected, agent._lost_at = set(), {}
+    agent._connected, agent._gone_at, agent._failed_at = set(), {}, 0.0
     agent._worker_group = types.SimpleNamespace(workers=[types.SimpleNamespace(local_rank=r, global_rank=r + 2)
                                                          for r in (0, 1)])
     agent._read_monitor_events = lambda: None  # the records are all in already
@@ -99,6 +99,7 @@ def test_a_hangs_fingerprint_names_the_hung_rank_not_a_waiter_that_raised():
     (record,) = written
     assert isinstance(record, FaultFingerprint) and (record.kind, record.culprits) == ("hang", [0])
     # A crash is still fingerprinted by the exception its rank reported.
+    agent._failed = {1: (101, 1)}
     fingerprint = agent._fingerprint(Trigger(RestartKind.CRASH, "rank 1 exited with code 1", 1.0))
     assert fingerprint is not None and (fingerprint.kind, fingerprint.culprits) == (FaultKind.EXCEPTION, (1,))
 
@@ -145,14 +146,16 @@ def test_a_hangs_fingerprint_carries_the_innermost_user_frames_of_the_hung_ranks
     assert isinstance(record, FaultFingerprint) and record.nodes == ["hostA:7"] and record.frames[0].endswith("peer")
 
 
-def crash_cycle(lost_at: dict[int, float], reported_at: float) -> FaultFingerprint:
+def crash_cycle(gone_at: dict[int, float], reported_at: float, failed: tuple[int, ...] = (100, 101)) -> FaultFingerprint:
     """Local rank 1 (pid 101) exited with code 3 without a report; local rank 0 (pid 100) reported a gloo
-    error at ``reported_at`` and exited 1. ``lost_at``: the monitor's records of their connections' ends."""
+    error at ``reported_at`` and exited 1. ``gone_at``: the monitor's records of their connections' ends;
+    ``failed``: the pids this launcher saw dead at its first look (at time 11.0)."""
     written: list[object] = []
     agent = fingerprinting_agent(written)
-    agent._failed = {0: (100, 1), 1: (101, 3)}
+    agent._failed = {local: (pid, code) for local, pid, code in ((0, 100, 1), (1, 101, 3)) if pid in failed}
+    agent._failed_at = 11.0
     agent._connected = {100, 101}
-    agent._lost_at = lost_at
+    agent._gone_at = gone_at
     agent._exceptions = [RankException(rank=2, pid=100, exception_type="torch.distributed.DistBackendError",
                                        frames=["train.py:50 all_reduce"], iteration=7, time=reported_at)]
     agent._fingerprint(Trigger(RestartKind.CRASH, "rank 3 exited with code 3", 1.0))
@@ -162,12 +165,21 @@ def crash_cycle(lost_at: dict[int, float], reported_at: float) -> FaultFingerpri
 
 
 def test_a_crash_is_blamed_on_the_rank_that_died_first_not_on_the_exception_it_caused():
-    # Rank 3 died silently first; rank 2's collective lost its peer and raised: a reaction.
+    # Rank 3 died silently first; rank 2's collective lost its peer, it raised, reported, and exited: a reaction.
     reaction = crash_cycle({101: 10.0, 100: 10.2}, reported_at=10.1)
     assert (reaction.kind, reaction.culprits, reaction.nodes, reaction.exception_type) == (
         "crash", [3], ["hostA:7"], None)
-    # Rank 2 raised first; rank 3 died after it (a peer's reaction that sent no report): the exception is the fault.
+    # A busy monitor read rank 2's report before rank 3's death (rank 2's pending heartbeat came first), but
+    # rank 2 was still connected after rank 3's end: still a reaction.
+    assert crash_cycle({101: 10.3}, reported_at=10.1, failed=(101,)).culprits == [3]
+    # Rank 2 raised and exited first; rank 3 died after it (a peer's reaction that sent no report): the exception
+    # is the fault, even when the monitor read rank 3's death before rank 2's report.
     cause = crash_cycle({100: 10.2, 101: 10.3}, reported_at=10.1)
     assert (cause.kind, cause.culprits, cause.iteration) == ("exception", [2], 7)
-    # Rank 3's end not recorded (it never connected): nothing says it died first, the exception is blamed.
-    assert crash_cycle({}, reported_at=10.1).kind == "exception"
+    assert crash_cycle({100: 10.2, 101: 10.3}, reported_at=10.25).kind == "exception"
+    # Rank 2 raised first and its teardown broke rank 3's collective before rank 2's process exited: the launcher
+    # saw rank 3 dead first, but rank 2's connection had ended before (the case seen with real processes).
+    assert crash_cycle({100: 10.2, 101: 10.6}, reported_at=10.1, failed=(101,)).kind == "exception"
+    # Rank 3 never connected, rank 2's end is recorded before the launcher saw rank 3 dead: nothing says rank 3
+    # died first, the exception is blamed.
+    assert crash_cycle({100: 10.2}, reported_at=10.1).kind == "exception"

@@ -97,3 +97,12 @@ def test_a_membership_change_has_no_fault_verdict():
     state = decide_cycle_end(JobState(), 0, "new nodes are waiting", fault=False, progress_active=False,
                              best_progress=-1, policy=POLICY, node="n:1")
     assert state.decision is not None and state.decision.fault_action is None
+
+
+def test_a_job_on_one_node_never_suspects_it():
+    state = JobState()
+    for cycle, fingerprint in enumerate(ON_B):
+        state = decide_cycle_end(state, cycle, "worker failed", fault=True, progress_active=True, best_progress=20,
+                                 policy=POLICY, node="B:1", fingerprint=fingerprint, only_node=True)
+    assert state.decision is not None and state.decision.suspect_node is None
+    assert "suspect" not in state.decision.reason
