@@ -15,7 +15,7 @@ from typing import Optional
 
 import msgspec
 
-from ft_core.diagnosis import dumped_frames, evidence_of_hang
+from ft_core.diagnosis import dumped_frames, evidence_of_hang, stack_in_collective
 from ft_core.events import (
     Diagnosis,
     FaultFingerprint,
@@ -68,9 +68,12 @@ class HangDiagnosis(AgentState):
             fingerprint = Fingerprint(kind, culprits=(first.rank,), nodes=node, iteration=first.iteration,
                                       exception_type=first.exception_type, frames=tuple(first.frames))
         elif trigger.kind is RestartKind.HANG:
-            hangs = sorted(self._hangs.values(), key=lambda h: h.detected_time)
+            # A rank whose stack shows it waiting in a collective is a waiter (as the diagnosis judges, which
+            # comes after this decision): the suspects are the others, if any.
+            hung = sorted(self._hangs.values(), key=lambda h: h.detected_time)
+            hangs = [h for h in hung if stack_in_collective(h.stack) is not True] or hung
             iterations = [h.iteration for h in hangs if h.iteration is not None]
-            # Where the first rank to hang was stuck (its stack dump): the same hang again is the same place.
+            # Where the first suspect was stuck (its stack dump): the same hang again is the same place.
             frames = next((innermost_user_frames(f) for f in (dumped_frames(h.stack) for h in hangs) if f), [])
             fingerprint = Fingerprint(FaultKind.HANG, culprits=tuple(sorted({h.rank for h in hangs})),
                                       nodes=node if hangs else (), iteration=min(iterations) if iterations else None,

@@ -144,6 +144,13 @@ def test_a_hangs_fingerprint_carries_the_innermost_user_frames_of_the_hung_ranks
     assert (fingerprint.culprits, fingerprint.nodes, fingerprint.iteration) == ((3,), ("hostA:7",), 30)
     (record,) = written
     assert isinstance(record, FaultFingerprint) and record.nodes == ["hostA:7"] and record.frames[0].endswith("peer")
+    # A rank that hung waiting in a collective is a waiter: the suspect is the other one, whenever it hung.
+    waiting = STACK.replace(f"{threading.__file__}\", line 320 in wait", "/x/torch/distributed/c10d.py\", line 9 in all_reduce")
+    agent._hangs[100] = HangDetected(rank=2, pid=100, reason=HangReason.HEARTBEAT, section="step", elapsed=9.0,
+                                     timeout=8.0, iteration=30, open_sections=["step"], deadline_time=0.5,
+                                     detected_time=0.5, stack_dump_file="/tmp/w", stack=waiting)
+    fingerprint = agent._fingerprint(Trigger(RestartKind.HANG, "rank 2 hung", 0.5))
+    assert fingerprint is not None and fingerprint.culprits == (3,) and fingerprint.frames[0] == "train.py:42 wait_for_peer"
 
 
 def crash_cycle(gone_at: dict[int, float], reported_at: float, failed: tuple[int, ...] = (100, 101)) -> FaultFingerprint:
