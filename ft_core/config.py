@@ -284,6 +284,8 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "max_no_progress_cycles": _count(-1),
     "min_progress_iterations": _count(1),
     "max_identical_faults": _count(0),
+    "suspect_checkpoint_steps": _count(0),
+    "suspect_node_faults": _count(0),
     "checkpoint_iteration_file": _optional_file,
     "straggler_report_interval": _seconds(allow_none=True),
     "straggler_threshold": _score_threshold,
@@ -368,6 +370,12 @@ class FaultToleranceConfig:
     #: ft_launcher stops the job (``--ft-no-restart-exit-code``) after the same deterministic fault this many
     #: times in a row with no new checkpoint in between (see :mod:`ft_core.fault_policy`); 0 disables.
     max_identical_faults: int = 2
+    #: A fault this many steps or fewer after a resume, twice from the same checkpoint, marks it bad (and the
+    #: integrations watch the loss for non-finite values this many steps after a resume); 0 disables.
+    suspect_checkpoint_steps: int = 10
+    #: This many faults in a row on one node, with different fingerprints, make it a suspect: excluded when a
+    #: hot spare waits, else named in the restart's cause; 0 disables.
+    suspect_node_faults: int = 3
     #: File holding the latest checkpointed iteration (one integer), read by ft_launcher.
     checkpoint_iteration_file: Optional[str] = None
     #: Seconds between straggler reports (see :mod:`ft_core.straggler_scoring`); None disables detection. Costs
@@ -521,6 +529,11 @@ FIELD_HELP = {
     "min_progress_iterations": "a cycle made progress if the checkpointed iteration grew by at least N",
     "max_identical_faults": "stop after the same exception (type, place, iteration, rank) N times in a row with "
                             "no new checkpoint in between: restarting cannot help; 0 disables",
+    "suspect_checkpoint_steps": "a fault within N steps of a resume, twice from the same checkpoint, marks that "
+                                "checkpoint bad (the next resume falls back to an older one); the integrations "
+                                "watch the loss for NaN for N steps after a resume; 0 disables",
+    "suspect_node_faults": "N faults in a row on one node with different fingerprints make it a suspect: it is "
+                           "excluded when a hot spare waits, else named in the restart's cause; 0 disables",
     "checkpoint_iteration_file": "file holding the latest checkpointed iteration (one integer); progress signal "
                                  "in addition to RankMonitorClient.report_checkpoint()",
     "straggler_report_interval": "seconds between straggler reports (medians of the ranks' phase durations), or "

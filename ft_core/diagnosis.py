@@ -66,7 +66,8 @@ from typing import Optional
 
 from ft_core.events import Diagnosis, HangDetected, RankEvidence
 
-__all__ = ["STACKS_BLIND", "STOPPED_FIRST_MARGIN", "Verdict", "diagnose", "evidence_of_hang", "stack_in_collective"]
+__all__ = ["STACKS_BLIND", "STOPPED_FIRST_MARGIN", "Verdict", "diagnose", "dumped_frames", "evidence_of_hang",
+           "stack_in_collective"]
 
 #: A rank whose last sign of life is this much later than the earliest suspect's was still running after
 #: that one stopped. Generous: ranks of one job step in lock-step, so a real gap is the length of a hang.
@@ -80,20 +81,18 @@ STOPPED_FIRST_MARGIN = 1.0
 _COLLECTIVE_PATH = re.compile(r"[/\\]torch[/\\](distributed[/\\]|nn[/\\]parallel[/\\]distributed\.py"
                               r"|autograd[/\\]graph\.py)")
 _THREAD_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
-_FRAME = re.compile(r'^\s*File "([^"]*)", line')
+_FRAME = re.compile(r'^\s*File "([^"]*)", line (\d+)(?: in (.*))?')
 
 
-def stack_in_collective(stack: Optional[str]) -> Optional[bool]:
-    """Whether a faulthandler dump shows the rank blocked in a ``torch.distributed`` collective.
+def dumped_frames(stack: Optional[str]) -> list[tuple[str, int, str]]:
+    """The frames of the judged thread of a faulthandler dump, outermost first: ``(file, line, function)``.
 
     The thread judged is the one faulthandler marks "Current thread" (the one
     that took the dump signal), else the last one listed (CPython lists the
-    main thread last). None when the text holds no frame.
+    main thread last). Empty when the text holds no frame.
     """
-    if not stack:
-        return None
-    blocks: list[tuple[bool, list[str]]] = []
-    for line in stack.splitlines():
+    blocks: list[tuple[bool, list[tuple[str, int, str]]]] = []
+    for line in (stack or "").splitlines():
         header = _THREAD_HEADER.match(line)
         if header:
             blocks.append((header.group(1) == "Current thread", []))
@@ -102,13 +101,23 @@ def stack_in_collective(stack: Optional[str]) -> Optional[bool]:
         if frame:
             if not blocks:
                 blocks.append((False, []))
-            blocks[-1][1].append(frame.group(1))
+            blocks[-1][1].append((frame.group(1), int(frame.group(2)), (frame.group(3) or "?").strip()))
     blocks = [b for b in blocks if b[1]]
     if not blocks:
+        return []
+    current = [frames for is_current, frames in blocks if is_current]
+    return list(reversed(current[0] if current else blocks[-1][1]))  # faulthandler: most recent call first
+
+
+def stack_in_collective(stack: Optional[str]) -> Optional[bool]:
+    """Whether a faulthandler dump shows the rank blocked in a ``torch.distributed`` collective.
+
+    The thread judged is the one :func:`dumped_frames` picks. None when the text holds no frame.
+    """
+    frames = dumped_frames(stack)
+    if not frames:
         return None
-    current = [files for is_current, files in blocks if is_current]
-    files = current[0] if current else blocks[-1][1]
-    return bool(_COLLECTIVE_PATH.search(files[0]))  # most recent call first
+    return bool(_COLLECTIVE_PATH.search(frames[-1][0]))  # the innermost frame
 
 
 def evidence_of_hang(hang: HangDetected, node: Optional[str]) -> RankEvidence:

@@ -41,6 +41,7 @@ __all__ = [
     "CheckpointMarkedBad",
     "CheckpointRejected",
     "CheckpointReported",
+    "FaultDecision",
     "FaultFingerprint",
     "RankException",
     "ConnectionRejected",
@@ -112,6 +113,7 @@ class EventName(str, enum.Enum):
     RESTART = "restart"
     FAULT_FINGERPRINT = "fault_fingerprint"
     CHECKPOINT_MARKED_BAD = "checkpoint_marked_bad"
+    FAULT_DECISION = "fault_decision"
     PROGRESS = "progress"
     WORKLOAD_CONTROL = "workload_control"
     MONITOR_DIED = "monitor_died"
@@ -411,6 +413,8 @@ class FaultFingerprint(Event, frozen=True, tag=EventName.FAULT_FINGERPRINT.value
     cycle: int
     kind: str  # a ``FaultKind`` value
     culprits: list[int]
+    #: The culprits' nodes (``host:pid`` of their launchers): the bad-node rule follows them.
+    nodes: list[str] = []
     iteration: Optional[int] = None
     exception_type: Optional[str] = None
     frames: list[str] = []
@@ -418,6 +422,23 @@ class FaultFingerprint(Event, frozen=True, tag=EventName.FAULT_FINGERPRINT.value
     #: The checkpoint the cycle resumed from and its step (its ranks' ``checkpoint_loaded``), when known.
     resumed_from: Optional[str] = None
     resumed_step: Optional[int] = None
+
+
+class FaultDecision(Event, frozen=True, tag=EventName.FAULT_DECISION.value):
+    """What the fault policy made of a cycle's fault and what the job did: the budget by cause.
+
+    The same record on every node of the job (the job-wide decision); ``decided_by`` took it.
+    """
+
+    cycle: int  # the cycle that ended
+    action: str  # the fault policy's verdict: a ``FaultAction`` value
+    #: What the job did: "restart", "stop", or "leave" (this node was the excluded suspect).
+    outcome: str
+    reason: str  # the decision's reason (the ``restart`` event's ``cause``, the exit reason of a stop)
+    restarts: int
+    decided_by: str
+    checkpoint: Optional[str] = None  # marked bad
+    suspect_node: Optional[str] = None  # excluded (``exclude_node``), else named
 
 
 class CheckpointMarkedBad(Event, frozen=True, tag=EventName.CHECKPOINT_MARKED_BAD.value):
@@ -507,7 +528,7 @@ AnyEvent = Union[
     TimeoutsUpdated, ConnectionRejected, MonitorLate, DeadlineExtended, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
     WorkersSucceeded, Restart, FaultFingerprint, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
     SignalReceived, LauncherExit, RanksSnapshot, Diagnosis, ResumeChosen, CheckpointLoaded, CheckpointRejected,
-    CheckpointMarkedBad,
+    CheckpointMarkedBad, FaultDecision,
 ]
 
 _ENCODER = msgspec.json.Encoder()

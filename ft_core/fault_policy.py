@@ -39,13 +39,15 @@ from types import TracebackType
 from typing import Optional
 
 __all__ = ["NONFINITE_LOSS_ERROR", "FaultAction", "FaultKind", "FaultPolicy", "FaultVerdict", "Fingerprint", "NonFiniteLossError",
-           "decide_fault", "exception_name", "user_frames"]
+           "decide_fault", "exception_name", "innermost_user_frames", "user_frames"]
 
 #: How many frames of user code a fingerprint keeps (innermost first): enough to tell two places apart.
 FINGERPRINT_FRAMES = 3
+_PACKAGES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _NOT_USER_CODE = tuple(os.path.realpath(p) + os.sep for p in {
     sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))),  # ft_core and ft_integrations
+    # ft_core and ft_integrations only: in a source checkout their parent also holds the user's scripts.
+    os.path.join(_PACKAGES, "ft_core"), os.path.join(_PACKAGES, "ft_integrations"),
 })
 
 
@@ -62,9 +64,17 @@ def user_frames(tb: Optional[TracebackType], limit: int = FINGERPRINT_FRAMES) ->
     skipped (an exception raised inside torch is placed by the user's line that
     called it); when no frame is left, the innermost frames whatever their file.
     """
-    frames = traceback.extract_tb(tb)
-    user = [f for f in frames if not os.path.realpath(f.filename).startswith(_NOT_USER_CODE)] or frames
-    return [f"{os.path.basename(f.filename)}:{f.lineno} {f.name}" for f in reversed(user[-limit:])]
+    return innermost_user_frames([(f.filename, f.lineno or 0, f.name) for f in traceback.extract_tb(tb)], limit)
+
+
+def innermost_user_frames(frames: Sequence[tuple[str, int, str]], limit: int = FINGERPRINT_FRAMES) -> list[str]:
+    """:func:`user_frames` of any call stack given outermost first as ``(file, line, function)``.
+
+    The one rule of what is user code, for a traceback and for a hung rank's stack dump
+    (:func:`ft_core.diagnosis.dumped_frames`) alike.
+    """
+    user = [f for f in frames if not os.path.realpath(f[0]).startswith(_NOT_USER_CODE)] or list(frames)
+    return [f"{os.path.basename(file)}:{line} {name}" for file, line, name in reversed(user[-limit:])]
 
 
 class NonFiniteLossError(RuntimeError):
@@ -207,9 +217,10 @@ def _deterministic(history: Sequence[Fingerprint], cfg: FaultPolicy) -> Optional
     return None
 
 
-def _bad_node(history: Sequence[Fingerprint], cfg: FaultPolicy, spare_waiting: bool) -> Optional[FaultVerdict]:
+def _bad_node(history: Sequence[Fingerprint], cfg: FaultPolicy, spare_waiting: bool,
+              only_node: bool) -> Optional[FaultVerdict]:
     count = cfg.suspect_node_faults
-    if count <= 0 or len(history) < count:
+    if count <= 0 or len(history) < count or only_node:  # one node: every fault is on it, that says nothing
         return None
     recent = history[-count:]
     nodes = [set(f.nodes) for f in recent]
@@ -224,13 +235,14 @@ def _bad_node(history: Sequence[Fingerprint], cfg: FaultPolicy, spare_waiting: b
 
 
 def decide_fault(history: Sequence[Fingerprint], cfg: FaultPolicy = FaultPolicy(), *, spare_waiting: bool = False,
-           marked_bad: frozenset[str] = frozenset()) -> FaultVerdict:
+           marked_bad: frozenset[str] = frozenset(), only_node: bool = False) -> FaultVerdict:
     """The verdict on the newest fault of ``history`` (oldest first; at least one).
 
     ``marked_bad``: checkpoints already marked bad (rule 1 applies once per checkpoint);
-    ``spare_waiting``: a hot spare could replace an excluded node.
+    ``spare_waiting``: a hot spare could replace an excluded node; ``only_node``: the job runs on
+    one node (rule 3 then never applies).
     """
     if not history:
         raise ValueError("decide_fault() needs the fault to decide on: history is empty")
     return (_bad_checkpoint(history, cfg, marked_bad) or _deterministic(history, cfg)
-            or _bad_node(history, cfg, spare_waiting) or FaultVerdict(FaultAction.RESTART, "a fault restarting may fix"))
+            or _bad_node(history, cfg, spare_waiting, only_node) or FaultVerdict(FaultAction.RESTART, "a fault restarting may fix"))

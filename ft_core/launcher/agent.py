@@ -44,6 +44,7 @@ from ft_core.events import (
     CheckpointReported,
     ConnectionRejected,
     CycleStart,
+    FaultDecision,
     HangDetected,
     MonitorConnectionRejected,
     MonitorLate,
@@ -63,7 +64,7 @@ from ft_core.events import (
     WorkersStopped,
     WorkersSucceeded,
 )
-from ft_core.fault_policy import FaultPolicy
+from ft_core.fault_policy import FaultAction, FaultPolicy, Fingerprint
 from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV
 from ft_core.launcher.agent_state import Services, Trigger
 from ft_core.launcher.checkpointed_iteration import CheckpointedIterationTracker
@@ -114,7 +115,8 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                                      options.max_no_progress_cycles, options.no_restart_exit_code,
                                      store=open_job_store(spec.rdzv_handler),
                                      min_progress_iterations=options.min_progress_iterations,
-                                     faults=FaultPolicy(max_identical_faults=options.max_identical_faults))
+                                     faults=FaultPolicy(options.max_identical_faults, options.suspect_checkpoint_steps,
+                                                        options.suspect_node_faults))
         self._progress = CheckpointedIterationTracker(options.checkpoint_iteration_file)
         self._stragglers = None if options.straggler_report_interval is None else StragglerDetector(
             options.straggler_report_interval, options.straggler_threshold, options.straggler_consecutive_reports,
@@ -129,6 +131,8 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
         self._failed: dict[int, tuple[int, int]] = {}
         self._failed_at = 0.0
+        self._connected: set[int] = set()
+        self._gone_at: dict[int, float] = {}
         #: The evidence of this node's ranks for the diagnosis of this cycle's hang, once taken.
         self._evidence: Optional[list[RankEvidence]] = None
         self._snapshot: Optional[RanksSnapshot] = None
@@ -185,6 +189,8 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         self._exceptions.clear()
         self._loaded = None
         self._failed.clear()
+        self._connected.clear()
+        self._gone_at.clear()
         self._evidence = None
         self._reported_finished.clear()
         self._node_finished = False
@@ -312,7 +318,9 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         elif trigger is not None:
             fingerprint = self._fingerprint(trigger) if trigger.kind.is_fault else None
             decision = self._coord.end_cycle(self._cycle_number(), trigger.reason, fault=trigger.kind.is_fault,
-                                             progress_active=self._progress.active, fingerprint=fingerprint)
+                                             progress_active=self._progress.active, fingerprint=fingerprint,
+                                             spare_waiting=self._replaceable(fingerprint),
+                                             only_node=(wg.group_world_size or 1) == 1)
         else:
             decision = self._coord.poll(self._cycle_number())
             if decision is not None:
@@ -332,9 +340,20 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         elif trigger.kind.is_fault:
             self._svc.events.fault(trigger.kind)
         self._svc.events.interrupted(trigger.time)
-        if trigger.kind is RestartKind.EXCLUDED:
+        # The fault policy's suspect node leaves; the others restart and a hot spare takes its place.
+        leave = (decision is not None and decision.fault_action is FaultAction.EXCLUDE_NODE
+                 and decision.action == "restart" and decision.suspect_node == self._svc.events.node)
+        if decision is not None and decision.fault_action is not None:
+            self._svc.events.write(FaultDecision(
+                cycle=cycle, action=decision.fault_action.value, outcome="leave" if leave else decision.action.value,
+                reason=decision.reason, restarts=decision.restarts, decided_by=decision.node,
+                checkpoint=decision.mark_bad, suspect_node=decision.suspect_node))
+        if trigger.kind is RestartKind.EXCLUDED or leave:
+            if leave:
+                log.error("cycle %d: this node leaves the job, a hot spare takes its place: %s", cycle,
+                          decision.reason if decision is not None else "")
             self._stop_workers(self._worker_group)
-            return self._finish(left_job_outcome(trigger.reason), result)
+            return self._finish(left_job_outcome(decision.reason if leave and decision else trigger.reason), result)
         if decision is not None and decision.action == "stop":
             log.error("stopping the job: %s", decision.reason)
             self._stop_workers(self._worker_group)
@@ -353,6 +372,21 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                     self._worker_group.spec.max_restarts)
         self._restart_workers(self._worker_group)
         return None
+
+    def _replaceable(self, fingerprint: Optional[Fingerprint]) -> bool:
+        """The fault is this node's and a hot spare could take this node's place (the bad-node rule may exclude it).
+
+        Only the suspect node can tell (whether it hosts the job store, the spares it sees), and the node
+        whose ranks failed is the one that sees the fault first and decides.
+        """
+        if fingerprint is None or fingerprint.nodes != (self._svc.events.node,) or \
+                self._coord.policy.faults.suspect_node_faults <= 0:
+            return False
+        try:
+            return self._exclusion_blocker() is None
+        except Exception as exc:  # noqa: BLE001 - the rendezvous store may be gone: then the node stays
+            log.warning("cannot tell whether this node could leave the job: %s", exc)
+            return False
 
     def _mark_checkpoint_bad(self, cycle: int, checkpoint: str, reason: str) -> None:
         """Carry out the fault policy's rule 1 on this node: the next resume skips ``checkpoint``.
@@ -415,10 +449,16 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         """Act on the monitor's records; forward to the job's event log those it carries."""
         for ev in self._svc.monitor.poll_events():
             match ev:
-                case RankConnected() | RankTerminated():
+                case RankConnected():
+                    if self._is_current_worker(ev.pid):
+                        self._connected.add(ev.pid)
+                    self._svc.events.write(ev)
+                case RankTerminated():
                     self._svc.events.write(ev)
                 case RankDisconnected():
                     self._svc.events.write(ev)
+                    if self._is_current_worker(ev.pid):
+                        self._gone_at.setdefault(ev.pid, ev.time)
                     if ev.graceful and ev.training_finished and self._is_current_worker(ev.pid):
                         self._on_rank_finished(ev.pid)
                 case HangDetected():

@@ -75,6 +75,10 @@ class AgentState:
     #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
     _failed: dict[int, tuple[int, int]]
     _failed_at: float
+    #: Pids of this cycle's workers that connected to the monitor, and when each disconnected (the monitor's
+    #: record of the end of its connection: at its exit at the latest).
+    _connected: set[int]
+    _gone_at: dict[int, float]
     #: The evidence of this node's ranks for the diagnosis of this cycle's hang, once taken.
     _evidence: Optional[list[RankEvidence]]
     _snapshot: Optional[RanksSnapshot]

@@ -109,6 +109,12 @@ class Decision:
     #: A checkpoint the fault policy found bad (rule 1): every node marks it before the restart, so the
     #: integrations resume from the newest older good one.
     mark_bad: Optional[str] = None
+    #: The fault policy's verdict on the fault that ended the cycle (None: not a fault). A restart it
+    #: says helps is :attr:`~FaultAction.RESTART`, whatever the budget then decided (``action``).
+    fault_action: Optional[FaultAction] = None
+    #: The node the fault policy suspects (rule 3): with :attr:`~FaultAction.EXCLUDE_NODE` it leaves the
+    #: job (a hot spare takes its place) while the others restart; otherwise the cause names it.
+    suspect_node: Optional[str] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,7 +165,8 @@ FINGERPRINTS_KEPT = 8
 
 def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, progress_active: bool,
                      best_progress: int, policy: RestartPolicy, node: str,
-                     fingerprint: Optional[Fingerprint] = None) -> JobState:
+                     fingerprint: Optional[Fingerprint] = None, spare_waiting: bool = False,
+                     only_node: bool = False) -> JobState:
     """The job state after ``cycle`` ended for ``reason`` (a fault, or a membership change).
 
     A fault spends one restart of the job's budget and, when progress is
@@ -167,8 +174,12 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
     iteration (``best_progress``) grew by ``min_progress_iterations`` since the
     previous decision (:func:`~ft_core.launcher.checkpointed_iteration.made_progress`). A stop spends no
     restart. Progress counts as tracked once any checkpoint was seen job-wide. A fault's
-    ``fingerprint`` joins the job's history, and a deterministic fault
-    (:func:`ft_core.fault_policy.decide_fault`) stops the job with the do-not-requeue code.
+    ``fingerprint`` joins the job's history, and the fault policy's verdict
+    (:func:`ft_core.fault_policy.decide_fault`) is carried out: a deterministic fault stops the job
+    with the do-not-requeue code, a bad checkpoint is marked, a suspect node leaves the job when
+    ``spare_waiting`` (that node can be replaced by a hot spare: only the suspect node itself can
+    tell) or is named in the cause (never in a job of ``only_node``). Every fault's decision says
+    the verdict (``fault_action``).
     """
     restarts = state.restarts + int(fault)
     progressed = made_progress(best_progress, state.progress_mark, policy.min_progress_iterations)
@@ -178,7 +189,8 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
     verdict = None
     if fault and fingerprint is not None:
         fingerprints = (*fingerprints, dataclasses.replace(fingerprint, new_checkpoint=progressed))[-FINGERPRINTS_KEPT:]
-        verdict = decide_fault(fingerprints, policy.faults, marked_bad=frozenset(state.marked_bad))
+        verdict = decide_fault(fingerprints, policy.faults, spare_waiting=spare_waiting,
+                               marked_bad=frozenset(state.marked_bad), only_node=only_node)
     marked_bad = state.marked_bad
     if verdict is not None and verdict.action is FaultAction.STOP:
         decision = Decision(DecisionAction.STOP, verdict.reason, exit_code=policy.no_restart_exit_code,
@@ -189,6 +201,11 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
         decision = Decision(DecisionAction.RESTART, f"{reason}; checkpoint marked bad: {verdict.reason}",
                             restarts=restarts, node=node, mark_bad=verdict.checkpoint)
         marked_bad, no_progress = (*marked_bad, verdict.checkpoint), 0
+    elif verdict is not None and verdict.action is FaultAction.EXCLUDE_NODE and restarts <= policy.max_restarts:
+        # A spare in the suspect's place is a new chance too.
+        decision = Decision(DecisionAction.RESTART, f"{reason}; suspect node: {verdict.reason}", restarts=restarts,
+                            node=node)
+        no_progress = 0
     elif fault and progress_active and 0 < policy.max_no_progress_cycles <= no_progress:
         latest = "none yet" if best_progress < 0 else str(best_progress)
         decision = Decision(DecisionAction.STOP,
@@ -199,7 +216,11 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
         decision = Decision(DecisionAction.STOP, f"restart budget spent: {policy.max_restarts} restart(s) used",
                             exit_code=1, restarts=state.restarts, node=node)
     else:
-        decision = Decision(DecisionAction.RESTART, reason, restarts=restarts, node=node)
+        suspect = f"; suspect node: {verdict.reason}" if verdict is not None and verdict.node is not None else ""
+        decision = Decision(DecisionAction.RESTART, reason + suspect, restarts=restarts, node=node)
+    if fault:
+        decision = dataclasses.replace(decision, fault_action=verdict.action if verdict else FaultAction.RESTART,
+                                       suspect_node=verdict.node if verdict else None)
     return JobState(restarts=decision.restarts, no_progress=no_progress, progress_mark=best_progress,
                     cycle=cycle, decision=decision, stop=decision if decision.action is DecisionAction.STOP else None,
                     fingerprints=fingerprints, marked_bad=marked_bad)
@@ -318,7 +339,8 @@ class JobCoordinator:
         return stopped
 
     def end_cycle(self, cycle: int, reason: str, fault: bool, progress_active: bool,
-                  fingerprint: Optional[Fingerprint] = None) -> Decision:
+                  fingerprint: Optional[Fingerprint] = None, spare_waiting: bool = False,
+                  only_node: bool = False) -> Decision:
         """Decide how ``cycle`` ends after a fault (``fault=True``) or a membership change.
 
         Returns the decision in force, which is another node's if it decided
@@ -330,7 +352,8 @@ class JobCoordinator:
             if state.stop is not None or state.cycle >= cycle:
                 return None
             return decide_cycle_end(state, cycle, reason, fault=fault, progress_active=progress_active,
-                                    best_progress=best, policy=self.policy, node=self.node, fingerprint=fingerprint)
+                                    best_progress=best, policy=self.policy, node=self.node, fingerprint=fingerprint,
+                                    spare_waiting=spare_waiting, only_node=only_node)
 
         state = self._update(decide)
         decision = state.stop or state.decision

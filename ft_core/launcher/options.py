@@ -42,6 +42,9 @@ class LauncherOptions:
     min_progress_iterations: int = FaultToleranceConfig.min_progress_iterations
     #: Stop after the same deterministic fault this many times in a row (0 disables).
     max_identical_faults: int = FaultToleranceConfig.max_identical_faults
+    #: The fault policy's bad-checkpoint and bad-node rules (0 disables each).
+    suspect_checkpoint_steps: int = FaultToleranceConfig.suspect_checkpoint_steps
+    suspect_node_faults: int = FaultToleranceConfig.suspect_node_faults
     #: File holding the latest checkpointed iteration (one integer), read after every cycle.
     checkpoint_iteration_file: Optional[str] = None
     #: Event log path; default ``<log dir>/`` + ``jobdir.LAUNCHER_EVENTS_FILE``.
@@ -77,6 +80,8 @@ class LauncherOptions:
             max_no_progress_cycles=cfg.max_no_progress_cycles,
             min_progress_iterations=cfg.min_progress_iterations,
             max_identical_faults=cfg.max_identical_faults,
+            suspect_checkpoint_steps=cfg.suspect_checkpoint_steps,
+            suspect_node_faults=cfg.suspect_node_faults,
             checkpoint_iteration_file=cfg.checkpoint_iteration_file,
             events_file=file_path("--ft-events-file", args.ft_events_file),
             verbose=boolean("--verbose", args.verbose, coerce=True),

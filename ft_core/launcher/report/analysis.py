@@ -25,6 +25,13 @@ run of the job between requeues; the queue time between attempts is not wall tim
   the last checkpointed one, when both are known;
 * goodput = (training - recomputation) / wall time.
 
+The budget by cause: every fault's decision (``fault_decision``, the same record on every
+node, counted once) says what the fault policy made of it (:mod:`ft_core.fault_policy`):
+the restarts are counted by cause (a transient fault, a bad checkpoint marked and fallen
+back from, a suspect node excluded or only named), the stop says why (a deterministic
+fault, the budget, no progress), and the checkpoints the ranks rejected before a resume
+(``checkpoint_rejected``) are listed with the reason.
+
 The culprit of a fault is the rank that crashed first, or the culprit the launchers'
 ``diagnosis`` of a hang named (:mod:`ft_core.diagnosis`: stacks, iterations, who
 stopped first), with the ranks that only waited in ``waiting``. Without a diagnosis
@@ -43,9 +50,11 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Optional
 
 from ft_core.events import (
+    CheckpointRejected,
     CycleStart,
     Diagnosis,
     Event,
+    FaultDecision,
     HangDetected,
     LauncherExit,
     LauncherStarted,
@@ -62,9 +71,20 @@ from ft_core.events import (
     WorkloadControlReceived,
     read_records,
 )
+from ft_core.fault_policy import FaultAction
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
 
-__all__ = ["Fault", "Report", "build_report", "find_event_files", "load_records"]
+__all__ = ["CAUSES", "Fault", "Report", "build_report", "find_event_files", "load_records"]
+
+#: What a restart was spent on, by the fault policy's verdict (the budget by cause).
+CAUSES = {
+    FaultAction.RESTART: "transient",
+    FaultAction.MARK_CHECKPOINT_BAD: "bad checkpoint",
+    FaultAction.EXCLUDE_NODE: "suspect node excluded",
+    FaultAction.STOP: "deterministic fault",
+}
+#: A restart the policy let happen while naming a suspect node it could not exclude (no spare).
+SUSPECT_NOT_EXCLUDED = "suspect node (no spare)"
 
 #: Worker exits that are the launcher's doing, not a fault (stop for a restart, forwarded signal).
 _STOP_CAUSES_PREFIX = "launcher"
@@ -166,6 +186,11 @@ class Report:
     cycle_spans: list[_Cycle]
     checkpoints: list[tuple[float, int, str]]
     attempt_spans: list[tuple[float, float]]
+    #: Restarts per cause (:data:`CAUSES`), why the job stopped (None: it did not, or the logs do not say),
+    #: and the checkpoints rejected before a resume (path -> reason).
+    restarts_by_cause: dict[str, int] = dataclasses.field(default_factory=dict)
+    stopped_by: Optional[str] = None
+    rejected_checkpoints: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def productive_time_s(self) -> float:
@@ -217,6 +242,9 @@ class Report:
             } for f in self.faults],
             "exit_codes": self.exit_codes,
             "exit_reasons": self.exit_reasons,
+            "restarts_by_cause": self.restarts_by_cause,
+            "stopped_by": self.stopped_by,
+            "rejected_checkpoints": self.rejected_checkpoints,
         }
 
 
@@ -279,6 +307,7 @@ def build_report(records: Sequence[Event], files: Sequence[str] = ()) -> Report:
                 detection += fault.detection_s
                 restart += fault.restart_s or 0.0
                 recompute += fault.recompute_s or 0.0
+    by_cause, stopped_by = _budget(records)
     return Report(
         files=list(files),
         run_ids=sorted({r.run_id for r in records if isinstance(r, LauncherStarted) and r.run_id}),
@@ -297,7 +326,41 @@ def build_report(records: Sequence[Event], files: Sequence[str] = ()) -> Report:
         cycle_spans=cycles,
         checkpoints=checkpoints,
         attempt_spans=[(min(lc.start for lc in g), max(lc.end for lc in g)) for g in attempts],
+        restarts_by_cause=by_cause,
+        stopped_by=stopped_by,
+        rejected_checkpoints=_rejected(records),
     )
+
+
+def _budget(records: Sequence[Event]) -> tuple[dict[str, int], Optional[str]]:
+    """Restarts per cause and why the job stopped, from the job-wide decisions (each counted once)."""
+    decisions: dict[tuple[str, int], FaultDecision] = {}
+    for r in records:
+        if isinstance(r, FaultDecision):
+            decisions.setdefault((r.decided_by, r.cycle), r)
+    by_cause: Counter[str] = Counter()
+    stopped_by = None
+    for decision in sorted(decisions.values(), key=lambda d: d.time):
+        try:
+            action = FaultAction(decision.action)
+        except ValueError:  # a verdict of a newer version
+            continue
+        if decision.outcome == "stop":
+            stopped_by = f"{CAUSES[action]}: {decision.reason}" if action is FaultAction.STOP else decision.reason
+        elif action is FaultAction.RESTART and decision.suspect_node is not None:
+            by_cause[SUSPECT_NOT_EXCLUDED] += 1
+        else:
+            by_cause[CAUSES[action]] += 1
+    return dict(by_cause.most_common()), stopped_by
+
+
+def _rejected(records: Sequence[Event]) -> dict[str, str]:
+    """The checkpoints ranks skipped before a resume, and why (the first reason given)."""
+    rejected: dict[str, str] = {}
+    for r in records:
+        if isinstance(r, CheckpointRejected):
+            rejected.setdefault(r.checkpoint, r.reason)
+    return rejected
 
 
 def _launchers(records: Sequence[Event]) -> list[_Launcher]:

@@ -20,14 +20,29 @@ def seconds(value: Optional[float]) -> str:
 
 
 def short_summary(report: Report) -> list[str]:
-    """Two lines for the launcher's exit summary."""
+    """Two lines for the launcher's exit summary, then the budget by cause when the job had faults."""
     goodput = f"{report.goodput_pct:.1f} %" if report.goodput_pct is not None else "n/a"
     return [
         f"goodput    : {goodput} (training {seconds(report.productive_time_s)} of {seconds(report.wall_time_s)}"
         f" wall time)",
         f"fault cost : detection {seconds(report.detection_s)}, restart {seconds(report.restart_s)}, "
         f"recomputation {seconds(report.recompute_s)}",
+        *budget_lines(report, "{:<11}"),
     ]
+
+
+def budget_lines(report: Report, label: str) -> list[str]:
+    """Why the job went on or stopped: restarts by cause, the stop's cause, the rejected checkpoints."""
+    lines = []
+    if report.restarts_by_cause:
+        causes = ", ".join(f"{n} {cause}" for cause, n in report.restarts_by_cause.items())
+        lines.append(f"{label.format('restarts')}: {sum(report.restarts_by_cause.values())} by cause: {causes}")
+    if report.stopped_by:
+        lines.append(f"{label.format('stopped by')}: {report.stopped_by}")
+    if report.rejected_checkpoints:
+        rejected = "; ".join(f"{path} ({why})" for path, why in report.rejected_checkpoints.items())
+        lines.append(f"{label.format('rejected')}: {len(report.rejected_checkpoints)} checkpoint(s): {rejected}")
+    return lines
 
 
 def format_report(report: Report) -> str:
@@ -66,6 +81,7 @@ def format_report(report: Report) -> str:
             if f.resumed_from == "snapshot":
                 lines.append(f"     resumed from the snapshot of step {f.resume_step}: recomputation "
                              f"{seconds(f.recompute_s)} ({seconds(f.recompute_without_snapshots_s)} from disk)")
+    lines += budget_lines(report, "  {:<15}")
     codes = sorted({str(code) for code in report.exit_codes})
     lines.append(f"  exit code(s)   : {', '.join(codes) or 'n/a'}"
                  + (f" ({report.exit_reasons[-1]})" if report.exit_reasons else ""))

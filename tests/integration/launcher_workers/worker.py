@@ -17,6 +17,10 @@ FT_TEST_FAULT_STEP    step at which the fault happens (default 1)
 FT_TEST_FAULT_STEP_BY_CYCLE  comma-separated: the fault's step in cycle 0, 1, ... (overrides FT_TEST_FAULT_STEP)
 FT_TEST_FAULT_AFTER   path: the fault waits until this file exists; cycles that start before it
                       exists step until they are stopped
+FT_TEST_PEER_LOSS     "exit3": a rank whose all-reduce fails (a peer died) exits with code 3 at once, without an
+                      exception report (as NCCL's watchdog aborts a rank whose peer is gone); default: the
+                      error propagates and the client's exception hook reports it
+FT_TEST_FAULT_AFTER_CYCLE  FT_TEST_FAULT_AFTER applies from this cycle on (default 0); earlier faults fire at once
 FT_TEST_STEPS         steps per cycle (default 5); "forever" runs until signalled
 FT_TEST_FINISH_AFTER  path: after its last step, its client's shutdown and the process group's end, the worker
                       records "finish_waiting" and waits until this file exists before it finishes and exits
@@ -204,6 +208,8 @@ def main() -> int:
     fault_step = int(by_cycle[CYCLE] if CYCLE < len(by_cycle) and by_cycle[CYCLE]
                      else os.environ.get("FT_TEST_FAULT_STEP", "1"))
     trigger_file = os.environ.get("FT_TEST_FAULT_AFTER")
+    if CYCLE < int(os.environ.get("FT_TEST_FAULT_AFTER_CYCLE", "0")):
+        trigger_file = None
     # Cycles that start before the trigger file exists step until they are stopped.
     waiting = trigger_file is not None and not os.path.exists(trigger_file)
     peers_fault = not use_torch and cycle_fault() not in ("none", "forever")
@@ -240,7 +246,12 @@ def main() -> int:
             time.sleep(slow_time)
         if use_torch:
             value = torch.ones(1)
-            dist.all_reduce(value)
+            try:
+                dist.all_reduce(value)
+            except Exception:
+                if os.environ.get("FT_TEST_PEER_LOSS") == "exit3":
+                    os._exit(3)
+                raise
         if sections:
             client.end_section("step")
         client.send_heartbeat()

@@ -39,6 +39,8 @@ SAMPLES: list[ev.Event] = [
     ev.Restart(time=1.0, cycle=0, kind=ev.RestartKind.HANG, reason="rank 1 hung", restarts=1, max_restarts=3),
     ev.FaultFingerprint(time=1.0, cycle=0, kind="exception", culprits=[1], iteration=30, exception_type="ValueError",
                         frames=["train.py:42 step"]),
+    ev.FaultDecision(time=1.0, cycle=2, action="exclude_node", outcome="restart", reason="crash; suspect node: ...",
+                     restarts=3, decided_by="B:1", suspect_node="B:1"),
     ev.Progress(time=1.0, iteration=100, source="rank 0", cycle=1),
     ev.WorkloadControlReceived(time=1.0, action="ShutdownWorkload", rank=0, description="bad data"),
     ev.MonitorDied(time=1.0, exit_code=-9),

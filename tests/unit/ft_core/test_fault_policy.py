@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from ft_core.fault_policy import FaultAction, FaultKind, FaultPolicy, Fingerprint, decide_fault
+from ft_core.fault_policy import FaultAction, FaultKind, FaultPolicy, Fingerprint, decide_fault, user_frames
 
 CKPT = "/ckpt/step=20.ckpt"
 
@@ -115,3 +115,18 @@ def test_transient_faults_always_restart():
 def test_an_empty_history_is_a_programming_error():
     with pytest.raises(ValueError, match="history is empty"):
         decide_fault([])
+
+
+def test_a_script_beside_the_package_is_user_code_and_torch_is_not():
+    # In a source checkout the user's scripts sit beside ft_core (this test file does): only ft_core,
+    # ft_integrations, the standard library and installed packages are skipped.
+    import torch
+
+    def training_step() -> None:
+        torch.distributed.all_reduce(torch.ones(1))  # raises inside torch: no process group
+
+    with pytest.raises(Exception) as failure:
+        training_step()
+    frames = user_frames(failure.value.__traceback__)
+    assert frames[0].startswith("test_fault_policy.py:") and frames[0].endswith(" training_step"), frames
+    assert not any("distributed_c10d.py" in f for f in frames)

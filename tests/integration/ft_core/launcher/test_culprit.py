@@ -42,6 +42,10 @@ def test_the_hung_rank_is_named_not_the_rank_waiting_for_it_and_a_slow_rank_is_n
         f"rank 1 (node {diagnosis['culprit_nodes'][0]}, pid {hung_pid}) hung in section step at iteration 3 for ")
     assert diagnosis["headline"].endswith("; rank 0 was waiting for it"), diagnosis
     assert "blocked in a collective" in diagnosis["evidence"], diagnosis
+    # The fault's fingerprint names the hung rank and where it hung (its stack's innermost user frame).
+    (fingerprint,) = node.events("fault_fingerprint")
+    assert (fingerprint["kind"], fingerprint["culprits"], fingerprint["iteration"]) == ("hang", [1], 3), fingerprint
+    assert fingerprint["frames"][0].startswith("worker.py:") and fingerprint["frames"][0].endswith(" inject")
     output = node.output()
     assert diagnosis["headline"] in output
     assert f"culprit    : cycle 0: {diagnosis['headline']}" in output

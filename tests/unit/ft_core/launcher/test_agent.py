@@ -6,6 +6,7 @@ and fingerprints a hang's cycle by the hang, not by a waiter's exception.
 
 from __future__ import annotations
 
+import threading
 import types
 
 import pytest
@@ -68,14 +69,24 @@ def test_a_group_the_launcher_gives_up_on_ends_failed_as_in_torchs_loop(recorder
     assert agent._worker_group.state is WorkerState.FAILED
 
 
+def fingerprinting_agent(written: list[object]) -> FtElasticAgent:
+    """Only the state ``_fingerprint`` reads: this cycle's records (set by the test), two local ranks."""
+    agent = FtElasticAgent.__new__(FtElasticAgent)
+    agent._svc = types.SimpleNamespace(events=types.SimpleNamespace(write=written.append, node="hostA:7"))
+    agent._cycle, agent._hangs, agent._loaded, agent._exceptions = None, {}, None, []
+    agent._connected, agent._gone_at, agent._failed_at = set(), {}, 0.0
+    agent._worker_group = types.SimpleNamespace(workers=[types.SimpleNamespace(local_rank=r, global_rank=r + 2)
+                                                         for r in (0, 1)])
+    agent._read_monitor_events = lambda: None  # the records are all in already
+    return agent
+
+
 def test_a_hangs_fingerprint_names_the_hung_rank_not_a_waiter_that_raised():
     # Killing the hung rank breaks its peer's collective: the peer may report its exception before the
     # launcher ends the cycle. Fingerprinted as an exception, two such cycles in a row would stop the
     # job as a deterministic fault of the waiter.
-    agent = FtElasticAgent.__new__(FtElasticAgent)
     written: list[object] = []
-    agent._svc = types.SimpleNamespace(events=types.SimpleNamespace(write=written.append))
-    agent._cycle = None
+    agent = fingerprinting_agent(written)
     agent._failed = {0: (100, -9)}
     agent._hangs = {100: HangDetected(rank=0, pid=100, reason=HangReason.HEARTBEAT, section=None, elapsed=1.0,
                                       timeout=1.0, iteration=4, open_sections=[], deadline_time=1.0,
@@ -88,15 +99,15 @@ def test_a_hangs_fingerprint_names_the_hung_rank_not_a_waiter_that_raised():
     (record,) = written
     assert isinstance(record, FaultFingerprint) and (record.kind, record.culprits) == ("hang", [0])
     # A crash is still fingerprinted by the exception its rank reported.
+    agent._failed = {1: (101, 1)}
     fingerprint = agent._fingerprint(Trigger(RestartKind.CRASH, "rank 1 exited with code 1", 1.0))
     assert fingerprint is not None and (fingerprint.kind, fingerprint.culprits) == (FaultKind.EXCEPTION, (1,))
 
 
 def test_a_fingerprint_names_the_checkpoint_the_cycle_resumed_from_and_a_nan_loss_is_its_own_kind():
-    agent = FtElasticAgent.__new__(FtElasticAgent)
     written: list[object] = []
-    agent._svc = types.SimpleNamespace(events=types.SimpleNamespace(write=written.append))
-    agent._cycle, agent._hangs, agent._failed = None, {}, {0: (100, 1)}
+    agent = fingerprinting_agent(written)
+    agent._failed = {0: (100, 1)}
     agent._loaded = CheckpointLoaded(rank=0, cycle=2, checkpoint="/c/step=20.ckpt", step=20, time=1.0)
     agent._exceptions = [RankException(rank=0, pid=100, exception_type=NONFINITE_LOSS_ERROR,
                                        frames=["train.py:10 step"], iteration=21)]
@@ -107,3 +118,75 @@ def test_a_fingerprint_names_the_checkpoint_the_cycle_resumed_from_and_a_nan_los
     (record,) = written
     assert isinstance(record, FaultFingerprint)
     assert (record.kind, record.resumed_from, record.resumed_step) == ("nonfinite_loss", "/c/step=20.ckpt", 20)
+
+
+STACK = f"""Current thread 0x00007f (most recent call first):
+  File "{threading.__file__}", line 320 in wait
+  File "/work/train.py", line 42 in wait_for_peer
+  File "/work/train.py", line 90 in training_step
+  File "/work/train.py", line 120 in main
+
+Thread 0x00007e (most recent call first):
+  File "/work/loader.py", line 7 in prefetch
+"""
+
+
+def test_a_hangs_fingerprint_carries_the_innermost_user_frames_of_the_hung_ranks_stack_and_its_node():
+    written: list[object] = []
+    agent = fingerprinting_agent(written)
+    agent._failed = {1: (101, -15)}
+    agent._hangs = {101: HangDetected(rank=3, pid=101, reason=HangReason.HEARTBEAT, section="step", elapsed=9.0,
+                                      timeout=8.0, iteration=30, open_sections=["step"], deadline_time=1.0,
+                                      detected_time=1.0, stack_dump_file="/tmp/s", stack=STACK)}
+    fingerprint = agent._fingerprint(Trigger(RestartKind.HANG, "rank 3 hung", 1.0))
+    assert fingerprint is not None
+    assert fingerprint.frames == ("train.py:42 wait_for_peer", "train.py:90 training_step", "train.py:120 main")
+    assert (fingerprint.culprits, fingerprint.nodes, fingerprint.iteration) == ((3,), ("hostA:7",), 30)
+    (record,) = written
+    assert isinstance(record, FaultFingerprint) and record.nodes == ["hostA:7"] and record.frames[0].endswith("peer")
+    # A rank that hung waiting in a collective is a waiter: the suspect is the other one, whenever it hung.
+    waiting = STACK.replace(f"{threading.__file__}\", line 320 in wait", "/x/torch/distributed/c10d.py\", line 9 in all_reduce")
+    agent._hangs[100] = HangDetected(rank=2, pid=100, reason=HangReason.HEARTBEAT, section="step", elapsed=9.0,
+                                     timeout=8.0, iteration=30, open_sections=["step"], deadline_time=0.5,
+                                     detected_time=0.5, stack_dump_file="/tmp/w", stack=waiting)
+    fingerprint = agent._fingerprint(Trigger(RestartKind.HANG, "rank 2 hung", 0.5))
+    assert fingerprint is not None and fingerprint.culprits == (3,) and fingerprint.frames[0] == "train.py:42 wait_for_peer"
+
+
+def crash_cycle(gone_at: dict[int, float], reported_at: float, failed: tuple[int, ...] = (100, 101)) -> FaultFingerprint:
+    """Local rank 1 (pid 101) exited with code 3 without a report; local rank 0 (pid 100) reported a gloo
+    error at ``reported_at`` and exited 1. ``gone_at``: the monitor's records of their connections' ends;
+    ``failed``: the pids this launcher saw dead at its first look (at time 11.0)."""
+    written: list[object] = []
+    agent = fingerprinting_agent(written)
+    agent._failed = {local: (pid, code) for local, pid, code in ((0, 100, 1), (1, 101, 3)) if pid in failed}
+    agent._failed_at = 11.0
+    agent._connected = {100, 101}
+    agent._gone_at = gone_at
+    agent._exceptions = [RankException(rank=2, pid=100, exception_type="torch.distributed.DistBackendError",
+                                       frames=["train.py:50 all_reduce"], iteration=7, time=reported_at)]
+    agent._fingerprint(Trigger(RestartKind.CRASH, "rank 3 exited with code 3", 1.0))
+    (record,) = written
+    assert isinstance(record, FaultFingerprint)
+    return record
+
+
+def test_a_crash_is_blamed_on_the_rank_that_died_first_not_on_the_exception_it_caused():
+    # Rank 3 died silently first; rank 2's collective lost its peer, it raised, reported, and exited: a reaction.
+    reaction = crash_cycle({101: 10.0, 100: 10.2}, reported_at=10.1)
+    assert (reaction.kind, reaction.culprits, reaction.nodes, reaction.exception_type) == (
+        "crash", [3], ["hostA:7"], None)
+    # A busy monitor read rank 2's report before rank 3's death (rank 2's pending heartbeat came first), but
+    # rank 2 was still connected after rank 3's end: still a reaction.
+    assert crash_cycle({101: 10.3}, reported_at=10.1, failed=(101,)).culprits == [3]
+    # Rank 2 raised and exited first; rank 3 died after it (a peer's reaction that sent no report): the exception
+    # is the fault, even when the monitor read rank 3's death before rank 2's report.
+    cause = crash_cycle({100: 10.2, 101: 10.3}, reported_at=10.1)
+    assert (cause.kind, cause.culprits, cause.iteration) == ("exception", [2], 7)
+    assert crash_cycle({100: 10.2, 101: 10.3}, reported_at=10.25).kind == "exception"
+    # Rank 2 raised first and its teardown broke rank 3's collective before rank 2's process exited: the launcher
+    # saw rank 3 dead first, but rank 2's connection had ended before (the case seen with real processes).
+    assert crash_cycle({100: 10.2, 101: 10.6}, reported_at=10.1, failed=(101,)).kind == "exception"
+    # Rank 3 never connected, rank 2's end is recorded before the launcher saw rank 3 dead: nothing says rank 3
+    # died first, the exception is blamed.
+    assert crash_cycle({100: 10.2}, reported_at=10.1).kind == "exception"

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultKind, Fingerprint
+from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultAction, FaultKind, Fingerprint
 from ft_core.launcher.coordination import DecisionAction, JobState, RestartPolicy, decide_cycle_end
 
 POLICY = RestartPolicy(max_restarts=5, max_no_progress_cycles=3, no_restart_exit_code=93)
 BAD = "/ckpt/step=20.ckpt"
 
 
-def end(state: JobState, cycle: int, fingerprint: Fingerprint, best_progress: int = 20) -> JobState:
+def end(state: JobState, cycle: int, fingerprint: Fingerprint, best_progress: int = 20,
+        spare_waiting: bool = False) -> JobState:
     return decide_cycle_end(state, cycle, "worker failed", fault=True, progress_active=True,
-                            best_progress=best_progress, policy=POLICY, node="n:1", fingerprint=fingerprint)
+                            best_progress=best_progress, policy=POLICY, node="n:1", fingerprint=fingerprint,
+                            spare_waiting=spare_waiting)
 
 
 def nan_loss(resumed_from: str = BAD, resumed_step: int = 20) -> Fingerprint:
@@ -60,3 +62,47 @@ def test_marking_bad_never_spends_more_than_the_budget():
     state = end(state, 9, nan_loss())
     assert state.decision is not None and state.decision.action is DecisionAction.STOP
     assert "restart budget spent" in state.decision.reason and state.marked_bad == ()
+
+
+#: Three different faults of node B's ranks (a crash, a signal, an exception): they follow the node.
+ON_B = [Fingerprint(FaultKind.CRASH, culprits=(2,), nodes=("B:1",)),
+        Fingerprint(FaultKind.SIGNAL, culprits=(3,), nodes=("B:1",), signal="SIGSEGV"),
+        Fingerprint(FaultKind.EXCEPTION, culprits=(2,), nodes=("B:1",), iteration=7, exception_type="OSError",
+                    frames=("io.py:3 read",))]
+
+
+def test_faults_that_follow_a_node_exclude_it_when_a_spare_waits_and_every_decision_says_its_verdict():
+    state = JobState()
+    for cycle, fingerprint in enumerate(ON_B):
+        state = JobState.decode(end(state, cycle, fingerprint, spare_waiting=True).encode())
+        assert state.decision is not None and state.decision.action is DecisionAction.RESTART
+    assert state.decision is not None
+    assert (state.decision.fault_action, state.decision.suspect_node) == (FaultAction.EXCLUDE_NODE, "B:1")
+    assert "suspect node: 3 different faults in a row on node B:1" in state.decision.reason
+    assert state.restarts == 3  # the faults spent the budget; the exclusion is the third one's restart
+    first = end(JobState(), 0, ON_B[0], spare_waiting=True).decision
+    assert first is not None and (first.fault_action, first.suspect_node) == (FaultAction.RESTART, None)
+
+
+def test_without_a_spare_the_suspect_node_is_named_in_the_cause_and_the_job_restarts():
+    state = JobState()
+    for cycle, fingerprint in enumerate(ON_B):
+        state = end(state, cycle, fingerprint)
+    assert state.decision is not None and state.decision.action is DecisionAction.RESTART
+    assert (state.decision.fault_action, state.decision.suspect_node) == (FaultAction.RESTART, "B:1")
+    assert "no spare waits to replace it" in state.decision.reason
+
+
+def test_a_membership_change_has_no_fault_verdict():
+    state = decide_cycle_end(JobState(), 0, "new nodes are waiting", fault=False, progress_active=False,
+                             best_progress=-1, policy=POLICY, node="n:1")
+    assert state.decision is not None and state.decision.fault_action is None
+
+
+def test_a_job_on_one_node_never_suspects_it():
+    state = JobState()
+    for cycle, fingerprint in enumerate(ON_B):
+        state = decide_cycle_end(state, cycle, "worker failed", fault=True, progress_active=True, best_progress=20,
+                                 policy=POLICY, node="B:1", fingerprint=fingerprint, only_node=True)
+    assert state.decision is not None and state.decision.suspect_node is None
+    assert "suspect" not in state.decision.reason

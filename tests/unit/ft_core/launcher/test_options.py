@@ -138,3 +138,9 @@ def test_a_flag_of_ours_beside_torchrun_shutdown_timeout_wins_for_its_own_phase(
     assert (options.term_timeout, options.workers_stop_timeout) == (40.0, 3.0)
     with pytest.raises(ValidationError, match="^--shutdown-timeout: invalid value -1"):
         _options_with_torchrun_shutdown("--shutdown-timeout=-1")
+
+
+def test_the_fault_policy_rules_are_flags_and_zero_switches_each_off():
+    assert (_options().suspect_checkpoint_steps, _options().suspect_node_faults) == (10, 3)
+    options = _options("--ft-suspect-checkpoint-steps=0", "--ft-suspect-node-faults=5", "--ft-max-identical-faults=0")
+    assert (options.max_identical_faults, options.suspect_checkpoint_steps, options.suspect_node_faults) == (0, 0, 5)

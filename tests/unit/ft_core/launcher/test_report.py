@@ -18,6 +18,7 @@ from ft_core.launcher.report import (
     format_report,
     load_records,
     main,
+    short_summary,
 )
 
 A0, B0, A1, B1 = "hostA:100", "hostB:200", "hostA:300", "hostB:400"
@@ -181,8 +182,9 @@ def test_json_keys_are_fixed_and_unknowns_are_null(tmp_path):
     assert list(data) == ["files", "run_ids", "attempts", "nodes", "cycles", "wall_time_s", "training_time_s",
                           "productive_time_s", "goodput_pct", "lost_time_s", "other_time_s", "faults_total",
                           "faults_by_kind", "faults_by_rank", "faults_by_node", "faults", "exit_codes",
-                          "exit_reasons"]
+                          "exit_reasons", "restarts_by_cause", "stopped_by", "rejected_checkpoints"]
     assert data["lost_time_s"]["recompute"] is None
+    assert (data["restarts_by_cause"], data["stopped_by"], data["rejected_checkpoints"]) == ({}, None, {})
     (fault,) = data["faults"]
     assert list(fault) == ["attempt", "cycle", "kind", "time", "culprit_rank", "culprit_node", "ranks", "iteration",
                            "checkpoint_iteration", "iterations_lost", "detection_s", "restart_s", "recompute_s",
@@ -281,3 +283,48 @@ def test_a_record_of_the_wrong_type_is_skipped_not_misread(tmp_path, caplog):
     # The restart record still tells of the hang; without the hang record its rank and onset are unknown.
     (fault,) = build_report(loaded).faults
     assert (fault.kind, fault.culprit_rank, fault.iteration) == ("hang", None, None)
+
+
+def decided(time: float, node: str, cycle: int, action: str, outcome: str = "restart", decided_by: str = A1,
+            **fields) -> dict:
+    return ev("fault_decision", time, node, cycle=cycle, action=action, outcome=outcome, reason=f"why {cycle}",
+              restarts=cycle + 1, decided_by=decided_by, **fields)
+
+
+def test_the_budget_by_cause_counts_each_decision_once_and_says_why_the_job_stopped(tmp_path):
+    # Two nodes write the same job-wide decisions: a transient crash, a checkpoint marked bad (its fallback
+    # rejected by two ranks), a suspect node named (no spare), a suspect node excluded, then the same
+    # exception twice: a deterministic stop.
+    bad = "/ckpt/step=20.ckpt"
+    a = [decided(10.0, A1, 0, "restart"),
+         decided(20.0, A1, 1, "mark_checkpoint_bad", checkpoint=bad),
+         ev("checkpoint_rejected", 25.0, A1, rank=0, cycle=2, checkpoint=bad, reason="marked bad: NaN loss"),
+         ev("checkpoint_rejected", 25.1, A1, rank=1, cycle=2, checkpoint=bad, reason="marked bad: NaN loss"),
+         decided(30.0, A1, 2, "restart", suspect_node=B1),
+         decided(40.0, A1, 3, "exclude_node", suspect_node=B1),
+         decided(50.0, A1, 4, "stop", outcome="stop")]
+    b = [{**record, "node": B1} for record in a if record["event"] == "fault_decision"]
+    b[3]["outcome"] = "leave"  # B was the excluded node
+    report = build_report(load_records([write(tmp_path / "a.jsonl", a), write(tmp_path / "b.jsonl", b)]))
+    assert report.restarts_by_cause == {"transient": 1, "bad checkpoint": 1, "suspect node (no spare)": 1,
+                                        "suspect node excluded": 1}
+    assert report.stopped_by == "deterministic fault: why 4"
+    assert report.rejected_checkpoints == {bad: "marked bad: NaN loss"}
+    text = format_report(report)
+    assert "  restarts       : 4 by cause: 1 transient, 1 bad checkpoint, 1 suspect node (no spare), " \
+           "1 suspect node excluded" in text
+    assert "  stopped by     : deterministic fault: why 4" in text
+    assert f"  rejected       : 1 checkpoint(s): {bad} (marked bad: NaN loss)" in text
+    summary = short_summary(report)
+    assert summary[2:] == ["restarts   : 4 by cause: 1 transient, 1 bad checkpoint, 1 suspect node (no spare), "
+                           "1 suspect node excluded", "stopped by : deterministic fault: why 4",
+                           f"rejected   : 1 checkpoint(s): {bad} (marked bad: NaN loss)"]
+
+
+def test_a_stop_for_the_budget_is_not_a_deterministic_fault_and_a_job_without_faults_says_nothing(tmp_path):
+    path = write(tmp_path / "a.jsonl", [decided(10.0, A1, 0, "restart"),
+                                        decided(20.0, A1, 1, "restart", outcome="stop")])
+    report = build_report(load_records([path]))
+    assert (report.restarts_by_cause, report.stopped_by) == ({"transient": 1}, "why 1")
+    quiet = build_report(load_records([write(tmp_path / "b.jsonl", [ev("launcher_started", 0.0, A0)])]))
+    assert len(short_summary(quiet)) == 2
