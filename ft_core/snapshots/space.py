@@ -35,7 +35,7 @@ from ft_core.jobdir import (
     write_private_file,
 )
 
-__all__ = ["SHM_BASE", "claim_snapshot_dir", "shm_root", "snapshot_dir_for_socket"]
+__all__ = ["SHM_BASE", "claim_snapshot_dir", "shm_root", "shortfall", "snapshot_dir_for_socket"]
 
 log = logging.getLogger("ft_core.snapshots")
 
@@ -89,3 +89,24 @@ def snapshot_dir_for_socket(socket_path: str, *, base: str = SHM_BASE) -> Option
         log.warning("in-memory snapshots are off: %s", exc)
         return None
     return path
+
+
+#: Room asked for beyond the tensors' bytes: the pickle's framing and the manifests.
+_ROOM_MARGIN = 1.05
+
+
+def shortfall(path: str, state_bytes: int, ranks_on_node: int, held_bytes: int = 0, *, slots: int = 2) -> int:
+    """Bytes missing in the filesystem of ``path`` for ``ranks_on_node`` ranks' ``slots`` snapshots of ``state_bytes``.
+
+    ``held_bytes``: what this rank's slots hold now (they are replaced, so their room counts as free;
+    every rank of the node is taken to hold as much). 0 when there is room.
+    """
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)  # the store's directories are made at its first write
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return 0  # unknown: the write says what fails, as with a number of steps
+    free = stat.f_bavail * stat.f_frsize
+    need = int(slots * state_bytes * _ROOM_MARGIN) * ranks_on_node - held_bytes * ranks_on_node
+    return max(0, need - free)
