@@ -20,11 +20,13 @@ Disk checkpoints stay the source of truth.
 from __future__ import annotations
 
 import logging
+import os
 import random
 from typing import Any, Optional
 
 from ft_core.checkpoint_manifest import read_manifest
 from ft_core.events import ResumeSource
+from ft_core.jobdir import MONITOR_SOCKET_ENV
 from ft_core.snapshots.interval import AUTO, SnapshotEvery, snapshot_every_arg
 from ft_core.snapshots.node import NodeSnapshots
 from ft_core.snapshots.resume import all_ranks_ok
@@ -82,8 +84,17 @@ class LightningSnapshots:
     def for_trainer(cls, trainer: pl.Trainer, every: SnapshotEvery, learn_step: Optional[int] = None
                     ) -> Optional[LightningSnapshots]:
         """None when this run has no node snapshot store (not launched by ``ft_launcher``): with a warning
-        when ``every`` is a number, quietly for ``"auto"`` (the default: off without ft_launcher)."""
+        when ``every`` is a number, quietly for ``"auto"`` (the default: off without ft_launcher).
+
+        Under ``ft_launcher`` a collective (every rank, in ``setup``): snapshots are on for every rank or
+        for none, since taking and resuming from them are collectives (a node whose launcher could make
+        no snapshot directory would leave the others waiting in them).
+        """
         node = NodeSnapshots.for_rank(trainer.global_rank, trainer.world_size, every)
+        if os.environ.get(MONITOR_SOCKET_ENV) and not all_ranks_ok(node is not None):
+            rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every!r}): not every rank has a snapshot store "
+                           "(ft_launcher could not make one in its node's /dev/shm): snapshots are off on every rank")
+            return None
         if node is None:
             if every == AUTO:
                 log.debug("snapshot_every='auto': no snapshot store on this node (not ft_launcher): snapshots are off")
