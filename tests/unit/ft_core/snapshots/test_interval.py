@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from ft_core.jobdir import JobDir
+from ft_core.jobdir import MONITOR_SOCKET_ENV, JobDir
 from ft_core.snapshots import interval
 from ft_core.snapshots.interval import (
     AUTO,
@@ -246,6 +246,11 @@ def test_auto_turns_snapshots_off_when_shared_memory_has_no_room_for_the_double_
     (line,) = [r.getMessage() for r in caplog.records if "snapshots are off" in r.getMessage()]
     assert "lacks" in line and "snapshot_every=N" in line
     assert not node.due(50, every=1)  # not even the one at the step timeouts are learned at
+
+
+def test_auto_means_off_without_ft_launcher(monkeypatch):
+    monkeypatch.delenv(MONITOR_SOCKET_ENV, raising=False)  # no launcher: no one owns the segments
+    assert NodeSnapshots.for_rank(0, 1, AUTO) is None
 
 
 def test_shortfall_counts_every_local_rank_and_what_this_rank_holds_already(tmp_path):
