@@ -179,8 +179,9 @@ class NodeSnapshots:
 
     def _turn_off(self, short: int) -> None:
         if self.store.rank == 0:
-            log.warning("snapshot_every='auto': in-memory snapshots are off: %s lacks %.0f MB for the two snapshots "
-                        "of every rank on a node; give it more room, or pass snapshot_every=N to take them anyway",
+            log.warning("snapshot_every='auto': in-memory snapshots are off: %s lacks %.0f MB for the snapshots of "
+                        "every rank on a node (three copies of a state each, in half of the room); give it more "
+                        "room, or pass snapshot_every=N to take them anyway",
                         self.store.directory, short / (1 << 20))
         self.auto, self._every, self._staging, self._off = None, 0, None, True
         self.close()
@@ -210,7 +211,7 @@ class NodeSnapshots:
         return submitted
 
     def _no_room(self) -> bool:
-        """``auto`` turns snapshots on only where shared memory holds every local rank's two (else off at the next due step)."""
+        """``auto`` takes snapshots only where shared memory has room for every local rank's (else off at the next due step)."""
         held = 0
         for slot in range(SLOTS):
             try:

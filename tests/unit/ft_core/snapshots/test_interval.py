@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 
 import pytest
@@ -255,10 +256,7 @@ def test_auto_means_off_without_ft_launcher(monkeypatch):
 
 def test_shortfall_counts_every_local_rank_and_what_this_rank_holds_already(tmp_path):
     assert shortfall(str(tmp_path), 1 << 20, 2) == 0
-    import os
-
     stat = os.statvfs(tmp_path)
-    free = stat.f_bavail * stat.f_frsize
-    big = free // 2  # two ranks' double buffers of half the free space: four times too much
-    assert shortfall(str(tmp_path), big, 2) > free
-    assert shortfall(str(tmp_path), big, 2, held_bytes=2 * big) < shortfall(str(tmp_path), big, 2)
+    big = stat.f_bavail * stat.f_frsize  # three copies of the free space, for each of two ranks: far too much
+    assert shortfall(str(tmp_path), big, 2) > 4 * big
+    assert shortfall(str(tmp_path), big, 2, held_bytes=big) == shortfall(str(tmp_path), big, 2) - 2 * big
