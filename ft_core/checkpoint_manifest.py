@@ -67,23 +67,23 @@ MAX_VERSIONS = 16
 FORMAT_VERSION = 1
 
 
-def checksum(path: str) -> tuple[int, int]:
-    """``(size, crc32)`` of a file's content.
+def checksum(path: str, *, mapped: bool = False) -> tuple[int, int]:
+    """``(size, crc32)`` of a file's content, read in 8 MiB chunks.
 
-    Over a read-only memory map of the file (one pass over its pages, no copy into Python
-    buffers: a third faster than reading it in 8 MiB chunks, which is the fallback for files
-    that cannot be mapped: empty ones, some special filesystems).
+    ``mapped``: over a read-only memory map of the file instead (no copy into Python buffers,
+    about a third faster), for files nobody changes in place, as the snapshot store's (a
+    writer replaces a file, never truncates it): a mapped file truncated while it is read
+    kills the process with SIGBUS, where a read one only fails its check.
     """
     with open(path, "rb") as handle:
-        try:
-            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                return len(mapped), zlib.crc32(mapped)
-        except (ValueError, OSError):  # empty, or not mappable
-            crc, size = 0, 0
-            while chunk := handle.read(_CHUNK):
-                crc = zlib.crc32(chunk, crc)
-                size += len(chunk)
-            return size, crc
+        if mapped and os.fstat(handle.fileno()).st_size > 0:
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                return len(view), zlib.crc32(view)
+        crc, size = 0, 0
+        while chunk := handle.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+        return size, crc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +216,7 @@ def write_dir_manifest(directory: str, *, global_step: Optional[int] = None, run
     return manifest
 
 
-def _version_problem(base: str, version: Version) -> Optional[str]:
+def _version_problem(base: str, version: Version, mapped: bool = False) -> Optional[str]:
     for entry in version.files:
         full = os.path.join(base, entry.name)
         try:
@@ -225,7 +225,7 @@ def _version_problem(base: str, version: Version) -> Optional[str]:
             return f"{entry.name} is missing"
         if size != entry.size:
             return f"{entry.name} has {size} bytes, the manifest says {entry.size} (torn or truncated)"
-        if checksum(full)[1] != entry.crc32:
+        if checksum(full, mapped=mapped)[1] != entry.crc32:
             return f"{entry.name} does not match its checksum (changed or corrupt)"
     return None
 
@@ -253,12 +253,14 @@ def _marked_bad(checkpoint: str) -> Optional[str]:
     return f"marked bad: {data.get('reason', 'no reason given') if isinstance(data, dict) else data}"
 
 
-def verified_version(checkpoint: str, *, require_manifest: bool = True) -> Version | Rejection | None:
+def verified_version(checkpoint: str, *, require_manifest: bool = True, mapped: bool = False
+                     ) -> Version | Rejection | None:
     """The manifest version that ``checkpoint``'s files match, or why they must not be loaded.
 
     Checks, in order: not marked bad, present, a readable manifest, and one of its
     versions matching every file's size and CRC-32. None: no manifest and
     ``require_manifest`` is False (a checkpoint written before manifests existed).
+    ``mapped``: checksums over memory maps (see :func:`checksum`: only for files never changed in place).
     """
     bad = _marked_bad(checkpoint)
     if bad is not None:
@@ -275,7 +277,7 @@ def verified_version(checkpoint: str, *, require_manifest: bool = True) -> Versi
     base = checkpoint if os.path.isdir(checkpoint) else (os.path.dirname(checkpoint) or ".")
     problems = []
     for version in manifest.versions:
-        problem = _version_problem(base, version)
+        problem = _version_problem(base, version, mapped)
         if problem is None:
             return version
         problems.append(problem)

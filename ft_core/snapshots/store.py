@@ -94,7 +94,7 @@ class SnapshotStore:
 
     def verify(self, snapshot: Snapshot) -> Optional[Rejection]:
         """Why ``snapshot`` (from :meth:`listed`) must not be loaded: its slot no longer holds it whole; else None."""
-        found = verified_version(self.slot_dir(snapshot.slot))
+        found = verified_version(self.slot_dir(snapshot.slot), mapped=True)  # slot files are replaced, never changed
         if isinstance(found, Rejection):
             return found
         if found is None or (found.global_step, str(found.run or "")) != (snapshot.step, snapshot.lineage):
@@ -109,7 +109,7 @@ class SnapshotStore:
             directory = self.slot_dir(slot)
             if not os.path.isdir(directory):
                 continue
-            found = verified_version(directory)
+            found = verified_version(directory, mapped=True)
             if isinstance(found, Rejection) or found is None or found.global_step is None:
                 rejected.append(found if isinstance(found, Rejection) else Rejection(directory, "no step"))
                 continue

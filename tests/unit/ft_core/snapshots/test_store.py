@@ -220,3 +220,13 @@ def test_the_agreement_skips_a_newest_snapshot_that_fails_its_checksum(tmp_path)
     agreement = agree(store)
     assert agreement.snapshot is not None and agreement.snapshot.step == 5
     assert "fail their checksum on some rank: steps 10" in agreement.reason
+
+
+@pytest.mark.parametrize("size", [0, 1, (8 << 20) + 3])
+def test_a_mapped_checksum_is_the_read_one(tmp_path, size):
+    # The store checks its slots over memory maps (checksum(mapped=True)); manifests are the same either way.
+    from ft_core.checkpoint_manifest import checksum
+
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(size))
+    assert checksum(str(path), mapped=True) == checksum(str(path)) == (size, checksum(str(path))[1])
