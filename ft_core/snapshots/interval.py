@@ -19,8 +19,8 @@ interval that keeps snapshots within a budget is ``cost / (budget x step time)``
 ``FIRST_EVERY`` steps, so its early snapshots measure the cost (a worker's first one is
 not measured: it copies into fresh memory and pays for first uses, several times the
 cost of the next ones on a small state); at each due step every
-rank proposes the interval its newest measurements ask for (cost of its last snapshot,
-median of its recent step times), the job takes the largest (one all-reduce, done by
+rank proposes the interval its measurements ask for (the median cost of its last three
+snapshots, the median of its recent step times), the job takes the largest (one all-reduce, done by
 :class:`~ft_core.snapshots.node.NodeSnapshots`: every rank must snapshot the same steps,
 or no snapshot is whole on all of them), and the running interval changes only when the
 proposal is more than ``TOLERANCE`` away from it (:func:`settle`), so measurement noise,
