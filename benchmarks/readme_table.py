@@ -190,7 +190,10 @@ def snapshot_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
            "each until the state is copied into the training tensors",
            f"{snap['median']:.2f} s, p99 {snap['p99']:.2f} s",
            f"disk, cold page cache: {disk['median']:.2f} s, p99 {disk['p99']:.2f} s; warm: "
-           f"{data['resume_from_disk_warm_s']['median']:.2f} s", "≤ disk")
+           f"{data['resume_from_disk_warm_s']['median']:.2f} s (each snapshot resume / the warm one after it: "
+           f"{data['resume_snapshot_over_disk_warm']['median']:.2f}; CPU: "
+           f"{data['resume_from_snapshot_cpu_s']['median']:.2f} s / {data['resume_from_disk_warm_cpu_s']['median']:.2f} s)",
+           "≤ disk")
 
 
 SECTIONS = (("ipc_overhead", ipc_rows), ("detection_latency", detection_rows),

@@ -22,7 +22,10 @@ Measured in one process, in this order:
   as a disk checkpoint in ``--disk-dir``, its pages dropped from the page cache first, as after a
   restart on another day; ``resume_from_disk_warm_s`` with the pages cached), each up to the loaded
   state copied into the training state's tensors (what ``load_state_dict`` does: a mapped tensor's
-  pages are read then, so a lazy load is not counted as free).
+  pages are read then, so a lazy load is not counted as free); ``resume_snapshot_over_disk_warm``:
+  each snapshot resume over the warm disk resume right after it (paired, robust to a shared
+  machine's drifting load), and both in CPU seconds (``resume_from_snapshot_cpu_s``,
+  ``resume_from_disk_warm_cpu_s``).
 
     python benchmarks/snapshot.py [--state-mb 192] [--repeats 10] [--rounds 4] [--steps 60]
                                   [--step-ms 200] [--snapshot-every N]
@@ -178,13 +181,15 @@ def main() -> None:
         checkpoint = os.path.join(disk, "last.ckpt")
         save_file_atomically(checkpoint, lambda temp: torch.save(state, temp), global_step=state["step"])
         from_snapshot, from_disk, from_disk_warm = [], [], []
+        cpu_snapshot, cpu_disk_warm = [], []
         for _ in range(args.repeats):
             resumed = NodeSnapshots(store, job.monitor_socket, every=args.snapshot_every)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             loaded = resumed.resume(None)
             assert loaded is not None
             restore(state, loaded)
             from_snapshot.append(time.perf_counter() - start)
+            cpu_snapshot.append(time.process_time() - cpu_start)
             resumed.close()
             del loaded
             for cold, samples in ((True, from_disk), (False, from_disk_warm)):
@@ -192,11 +197,13 @@ def main() -> None:
                     fd = os.open(checkpoint, os.O_RDONLY)
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                     os.close(fd)
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 assert verify(checkpoint) is None
                 loaded = torch.load(checkpoint, map_location="cpu", weights_only=False)
                 restore(state, loaded)
                 samples.append(time.perf_counter() - start)
+                if not cold:
+                    cpu_disk_warm.append(time.process_time() - cpu_start)
                 del loaded
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -237,6 +244,12 @@ def main() -> None:
         "resume_from_snapshot_s": summarize(from_snapshot, digits=4),
         "resume_from_disk_s": summarize(from_disk, digits=4),
         "resume_from_disk_warm_s": summarize(from_disk_warm, digits=4),
+        # The same resumes in CPU seconds, and each snapshot resume over the warm disk resume that followed
+        # it (paired: on a shared machine the load drifts between repeats, not within a pair).
+        "resume_from_snapshot_cpu_s": summarize(cpu_snapshot, digits=4),
+        "resume_from_disk_warm_cpu_s": summarize(cpu_disk_warm, digits=4),
+        "resume_snapshot_over_disk_warm": summarize([a / b for a, b in zip(from_snapshot, from_disk_warm)],
+                                                    digits=3),
     })
 
 
