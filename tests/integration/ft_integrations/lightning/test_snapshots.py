@@ -96,7 +96,7 @@ def test_by_default_snapshots_follow_the_interval_derived_from_their_cost_and_a_
     runs = reports(tmp_path)
     taken = [runs[rank, 0]["snapshots"] for rank in (0, 1)]
     # Every rank snapshots the same steps (the interval is agreed), each a multiple of the interval then in force.
-    assert taken[0][:len(taken[1])] == taken[1] and len(taken[1]) >= 3, taken
+    assert taken[0][:len(taken[1])] == taken[1] and len(taken[1]) >= 2, taken  # at 3, 10, then as measured
     assert taken[0][0] == [3, FIRST_EVERY]  # learn_step: before any measurement
     assert all(step % every == 0 for step, every in taken[0][1:]), taken[0]
     (resumed,) = [e for e in of(events, "resume_chosen") if e["cycle"] == 1]
