@@ -29,7 +29,7 @@ from ft_core.events import ResumeSource
 from ft_core.jobdir import MONITOR_SOCKET_ENV
 from ft_core.snapshots.interval import AUTO, SnapshotEvery, snapshot_every_arg
 from ft_core.snapshots.node import NodeSnapshots
-from ft_core.snapshots.resume import all_ranks_ok
+from ft_core.snapshots.resume import all_ranks_max, all_ranks_ok
 from ft_integrations.lightning._pl import pl, rank_zero_warn
 
 __all__ = ["LightningSnapshots", "snapshot_every_arg"]
@@ -91,10 +91,13 @@ class LightningSnapshots:
         no snapshot directory would leave the others waiting in them).
         """
         node = NodeSnapshots.for_rank(trainer.global_rank, trainer.world_size, every)
-        if os.environ.get(MONITOR_SOCKET_ENV) and not all_ranks_ok(node is not None):
-            rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every!r}): not every rank has a snapshot store "
-                           "(ft_launcher could not make one in its node's /dev/shm): snapshots are off on every rank")
-            return None
+        if os.environ.get(MONITOR_SOCKET_ENV):
+            some_have, some_lack = all_ranks_max([int(node is not None), int(node is None)])
+            if some_have and some_lack:
+                rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every!r}): not every rank has a snapshot "
+                               "store (ft_launcher could not make one in its node's /dev/shm): snapshots are off on "
+                               "every rank")
+                return None
         if node is None:
             if every == AUTO:
                 log.debug("snapshot_every='auto': no snapshot store on this node (not ft_launcher): snapshots are off")
