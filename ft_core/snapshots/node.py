@@ -57,6 +57,8 @@ class NodeSnapshots:
         self._decided_step: Optional[int] = None
         #: The training thread's time for the newest snapshot (building and copying the state).
         self._blocking_s: Optional[float] = None
+        #: The last decision's all-reduce (``auto``).
+        self._decision_s = 0.0
         #: Snapshots handed to a writer by this process, and the costs of the last ones measured.
         self._submitted = 0
         self._costs: collections.deque[tuple[int, SnapshotCost]] = collections.deque(maxlen=3)
@@ -157,8 +159,9 @@ class NodeSnapshots:
         writer_cost = self.writer.cost() if self.writer is not None else None
         # A worker's first snapshot is no guide to the next ones: it copies into fresh memory and pays for
         # first uses (the pickler's, the RNG states' queries), several times a warm one on a small state.
+        # The step also waits for this decision's all-reduce: part of what a snapshot costs it.
         latest = None if writer_cost is None or self._blocking_s is None or self._submitted < 2 \
-            else SnapshotCost(self._blocking_s, *writer_cost)
+            else SnapshotCost(self._blocking_s + self._decision_s, *writer_cost)
         if latest is not None and not busy and (not self._costs or self._costs[-1][0] != self._submitted):
             self._costs.append((self._submitted, latest))
         # The median of the last three: one snapshot slowed by a busy moment does not move the interval; a
@@ -167,7 +170,9 @@ class NodeSnapshots:
         cost = costs[len(costs) // 2] if costs else None
         if busy and latest is not None and (cost is None or latest.total_s > cost.total_s):
             cost = latest
+        started = time.perf_counter()
         proposed, any_busy, short = all_ranks_max([self.auto.propose(cost), int(busy), self._short])
+        self._decision_s = time.perf_counter() - started
         if short:
             self._turn_off(short)
             return False
