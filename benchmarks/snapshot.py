@@ -13,11 +13,19 @@ Measured in one process, in this order:
   in interleaved rounds (per-round means; median, p99, min, max over the rounds); the same in
   CPU seconds of the process (``cpu_overhead_pct``: on a shared machine, wall time is mostly
   the other processes' noise), from which ``cost_per_snapshot_cpu_s`` and the interval that
-  keeps snapshots within 3 % of a step (``snapshot_every_for_3pct``) follow;
-* ``resume_from_snapshot_s`` (agreement, checksums, ``torch.load`` from shared memory) against
-  ``resume_from_disk_s`` (the manifest's checksum and ``torch.load`` of the same state saved as
-  a disk checkpoint in ``--disk-dir``, its pages dropped from the page cache first, as after a
-  restart on another day; ``resume_from_disk_warm_s`` with the pages cached).
+  keeps snapshots within 3 % of a step (``snapshot_every_for_3pct``) follow, beside the interval
+  ``snapshot_every="auto"`` derives from what a job measures (``auto_snapshot_every``: the training
+  thread's time plus the writer thread's CPU time per snapshot, ``auto_cost_per_snapshot_s``, within
+  2 % of the wall step time, see ``ft_core.snapshots.interval``);
+* ``resume_from_snapshot_s`` (agreement, checksums, ``torch.load(mmap=True)`` from shared memory)
+  against ``resume_from_disk_s`` (the manifest's checksum and ``torch.load`` of the same state saved
+  as a disk checkpoint in ``--disk-dir``, its pages dropped from the page cache first, as after a
+  restart on another day; ``resume_from_disk_warm_s`` with the pages cached), each up to the loaded
+  state copied into the training state's tensors (what ``load_state_dict`` does: a mapped tensor's
+  pages are read then, so a lazy load is not counted as free); ``resume_snapshot_over_disk_warm``:
+  each snapshot resume over the warm disk resume right after it (paired, robust to a shared
+  machine's drifting load), and both in CPU seconds (``resume_from_snapshot_cpu_s``,
+  ``resume_from_disk_warm_cpu_s``).
 
     python benchmarks/snapshot.py [--state-mb 192] [--repeats 10] [--rounds 4] [--steps 60]
                                   [--step-ms 200] [--snapshot-every N]
@@ -41,7 +49,8 @@ from _common import emit, summarize  # noqa: E402
 
 from ft_core.checkpoint_manifest import save_file_atomically, verify  # noqa: E402
 from ft_core.jobdir import JobDir  # noqa: E402
-from ft_core.snapshots.node import DEFAULT_SNAPSHOT_EVERY, NodeSnapshots  # noqa: E402
+from ft_core.snapshots.interval import SnapshotCost, interval_for  # noqa: E402
+from ft_core.snapshots.node import NodeSnapshots  # noqa: E402
 from ft_core.snapshots.space import SHM_BASE  # noqa: E402
 from ft_core.snapshots.store import SnapshotStore  # noqa: E402
 from ft_core.snapshots.writer import copy_state  # noqa: E402
@@ -70,6 +79,12 @@ def floor_copy(state: dict, path: str) -> float:
     finally:
         os.close(fd)
     return time.perf_counter() - start
+
+
+def restore(state: dict, loaded: dict) -> None:
+    """Copy a loaded state into the training state's tensors, as ``load_state_dict`` does: part of a resume."""
+    for tensor, value in zip(tensors(state), tensors(loaded)):
+        tensor.copy_(value)
 
 
 class Stepper:
@@ -108,7 +123,7 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=200.0)
     parser.add_argument("--snapshot-every", type=int, default=10,
                         help="snapshots in the measured loop (often, to measure their cost; the default interval "
-                             f"is {DEFAULT_SNAPSHOT_EVERY}: see snapshot_every_for_3pct)")
+                             "is 'auto': see auto_snapshot_every)")
     parser.add_argument("--disk-dir", default=os.path.dirname(os.path.abspath(__file__)))
     args = parser.parse_args()
 
@@ -121,7 +136,7 @@ def main() -> None:
         store = SnapshotStore(os.path.join(shm, "store"), rank=0, world_size=1)
         node = NodeSnapshots(store, job.monitor_socket, every=args.snapshot_every)
         node.resume(None)  # starts the writer, as a rank's first start does
-        floor, copy, write, fresh = [], [], [], []
+        floor, copy, write, fresh, writer_costs = [], [], [], [], []
         for _ in range(args.repeats):
             floor.append(floor_copy(state, os.path.join(shm, "floor.bin")))
             start = time.perf_counter()
@@ -133,6 +148,7 @@ def main() -> None:
             copy.append(time.perf_counter() - start)
             assert node.writer is not None and node.writer.wait()
             write.append(time.perf_counter() - start)
+            writer_costs.append(node.writer.last_cost)
             state["step"] += 1
         os.unlink(os.path.join(shm, "floor.bin"))
 
@@ -165,23 +181,29 @@ def main() -> None:
         checkpoint = os.path.join(disk, "last.ckpt")
         save_file_atomically(checkpoint, lambda temp: torch.save(state, temp), global_step=state["step"])
         from_snapshot, from_disk, from_disk_warm = [], [], []
+        cpu_snapshot, cpu_disk_warm = [], []
         for _ in range(args.repeats):
             resumed = NodeSnapshots(store, job.monitor_socket, every=args.snapshot_every)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             loaded = resumed.resume(None)
-            from_snapshot.append(time.perf_counter() - start)
-            resumed.close()
             assert loaded is not None
+            restore(state, loaded)
+            from_snapshot.append(time.perf_counter() - start)
+            cpu_snapshot.append(time.process_time() - cpu_start)
+            resumed.close()
             del loaded
             for cold, samples in ((True, from_disk), (False, from_disk_warm)):
                 if cold:
                     fd = os.open(checkpoint, os.O_RDONLY)
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
                     os.close(fd)
-                start = time.perf_counter()
+                start, cpu_start = time.perf_counter(), time.process_time()
                 assert verify(checkpoint) is None
                 loaded = torch.load(checkpoint, map_location="cpu", weights_only=False)
+                restore(state, loaded)
                 samples.append(time.perf_counter() - start)
+                if not cold:
+                    cpu_disk_warm.append(time.process_time() - cpu_start)
                 del loaded
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -191,6 +213,11 @@ def main() -> None:
     # and far less disturbed than wall time by other processes on a shared machine.
     cpu_cost = max(0.0, statistics.median(w - wo for w, wo in zip(cpu_with, cpu_without)) * args.snapshot_every)
     every_for_3pct = max(1, math.ceil(cpu_cost / (0.03 * statistics.median(cpu_without))))
+    # What snapshot_every="auto" picks from the same measurements as a job makes them: the training thread's
+    # time, the writer thread's CPU and wall time per snapshot, and the (wall) step time.
+    auto_cost = SnapshotCost(statistics.median(copy), statistics.median(c[0] for c in writer_costs if c),
+                             statistics.median(c[1] for c in writer_costs if c))
+    auto_every = interval_for(auto_cost, statistics.median(without))
     emit({
         "state_mb": round(nbytes / (1 << 20), 1),
         "repeats": args.repeats,
@@ -211,11 +238,18 @@ def main() -> None:
         "cpu_overhead_pct": summarize(cpu_overhead, digits=2),
         "cost_per_snapshot_cpu_s": round(cpu_cost, 4),
         "snapshot_every_for_3pct": every_for_3pct,
-        "recommended_snapshot_every": DEFAULT_SNAPSHOT_EVERY,
+        "auto_snapshot_every": auto_every,
+        "auto_cost_per_snapshot_s": round(auto_cost.total_s, 4),
         "snapshots_skipped": skipped,
         "resume_from_snapshot_s": summarize(from_snapshot, digits=4),
         "resume_from_disk_s": summarize(from_disk, digits=4),
         "resume_from_disk_warm_s": summarize(from_disk_warm, digits=4),
+        # The same resumes in CPU seconds, and each snapshot resume over the warm disk resume that followed
+        # it (paired: on a shared machine the load drifts between repeats, not within a pair).
+        "resume_from_snapshot_cpu_s": summarize(cpu_snapshot, digits=4),
+        "resume_from_disk_warm_cpu_s": summarize(cpu_disk_warm, digits=4),
+        "resume_snapshot_over_disk_warm": summarize([a / b for a, b in zip(from_snapshot, from_disk_warm)],
+                                                    digits=3),
     })
 
 

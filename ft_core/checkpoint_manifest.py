@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import mmap
 import os
 import time
 import zlib
@@ -70,14 +71,23 @@ MAX_VERSIONS = 16
 FORMAT_VERSION = 1
 
 
-def checksum(path: str) -> tuple[int, int]:
-    """``(size, crc32)`` of a file's content, read in 8 MiB chunks."""
-    crc, size = 0, 0
+def checksum(path: str, *, mapped: bool = False) -> tuple[int, int]:
+    """``(size, crc32)`` of a file's content, read in 8 MiB chunks.
+
+    ``mapped``: over a read-only memory map of the file instead (no copy into Python buffers,
+    about a third faster), for files nobody changes in place, as the snapshot store's (a
+    writer replaces a file, never truncates it): a mapped file truncated while it is read
+    kills the process with SIGBUS, where a read one only fails its check.
+    """
     with open(path, "rb") as handle:
+        if mapped and os.fstat(handle.fileno()).st_size > 0:
+            with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                return len(view), zlib.crc32(view)
+        crc, size = 0, 0
         while chunk := handle.read(_CHUNK):
             crc = zlib.crc32(chunk, crc)
             size += len(chunk)
-    return size, crc
+        return size, crc
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,7 +220,8 @@ def write_dir_manifest(directory: str, *, global_step: Optional[int] = None, run
     return manifest
 
 
-def _version_problem(base: str, version: Version, share: tuple[int, int] = (0, 1)) -> Optional[str]:
+def _version_problem(base: str, version: Version, share: tuple[int, int] = (0, 1), mapped: bool = False
+                     ) -> Optional[str]:
     for index, entry in enumerate(version.files):
         full = os.path.join(base, entry.name)
         try:
@@ -219,7 +230,7 @@ def _version_problem(base: str, version: Version, share: tuple[int, int] = (0, 1
             return f"{entry.name} is missing"
         if size != entry.size:
             return f"{entry.name} has {size} bytes, the manifest says {entry.size} (torn or truncated)"
-        if index % share[1] == share[0] and checksum(full)[1] != entry.crc32:
+        if index % share[1] == share[0] and checksum(full, mapped=mapped)[1] != entry.crc32:
             return f"{entry.name} does not match its checksum (changed or corrupt)"
     return None
 
@@ -260,7 +271,7 @@ def _marked_bad(checkpoint: str, found: Version | Rejection | None) -> Optional[
 
 
 def verified_version(checkpoint: str, *, require_manifest: bool = True,
-                     share: tuple[int, int] = (0, 1)) -> Version | Rejection | None:
+                     share: tuple[int, int] = (0, 1), mapped: bool = False) -> Version | Rejection | None:
     """The manifest version that ``checkpoint``'s files match, or why they must not be loaded.
 
     Checks, in order: present, a readable manifest, one of its versions matching
@@ -271,16 +282,17 @@ def verified_version(checkpoint: str, *, require_manifest: bool = True,
     every ``n``-th file from the ``i``-th only (sizes: all), so that ``n`` ranks that
     combine their verdicts (an all-reduce) read it once between them, not ``n`` times.
     Ignored for a file checkpoint, whose versions every rank must tell apart by content.
+    ``mapped``: checksums over memory maps (see :func:`checksum`: only for files never changed in place).
     """
-    found = _matching_version(checkpoint, require_manifest=require_manifest, share=share)
+    found = _matching_version(checkpoint, require_manifest=require_manifest, share=share, mapped=mapped)
     if isinstance(found, Rejection):
         return found
     bad = _marked_bad(checkpoint, found)
     return Rejection(checkpoint, bad) if bad is not None else found
 
 
-def _matching_version(checkpoint: str, *, require_manifest: bool,
-                      share: tuple[int, int] = (0, 1)) -> Version | Rejection | None:
+def _matching_version(checkpoint: str, *, require_manifest: bool, share: tuple[int, int] = (0, 1),
+                      mapped: bool = False) -> Version | Rejection | None:
     if not os.path.exists(checkpoint):
         return Rejection(checkpoint, "missing")
     try:
@@ -294,7 +306,8 @@ def _matching_version(checkpoint: str, *, require_manifest: bool,
     base = checkpoint if directory else (os.path.dirname(checkpoint) or ".")
     problems = []
     for version in manifest.versions:
-        problem = _version_problem(base, version, share if directory and len(manifest.versions) == 1 else (0, 1))
+        problem = _version_problem(base, version, share if directory and len(manifest.versions) == 1 else (0, 1),
+                                   mapped)
         if problem is None:
             return version
         problems.append(problem)

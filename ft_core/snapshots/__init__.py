@@ -4,6 +4,7 @@
   (``/dev/shm/ft-<uid>/job-<random>``), which ``ft_launcher`` owns;
 * :mod:`~ft_core.snapshots.store`: each rank's two checksummed slots in it;
 * :mod:`~ft_core.snapshots.writer`: the thread that serialises and writes off the training thread;
+* :mod:`~ft_core.snapshots.interval`: ``snapshot_every="auto"``, the interval from the measured cost;
 * :mod:`~ft_core.snapshots.resume`: the ranks' agreement on the newest step every rank holds, the
   choice between it and the disk checkpoint, and the ``resume_chosen`` event;
 * :mod:`~ft_core.snapshots.node`: :class:`NodeSnapshots`, what the integrations and the client use.

@@ -3,7 +3,7 @@
 Example (a custom loop, under ``ft_launcher``; :meth:`ft_core.client.RankMonitorClient.save_snapshot`
 and ``load_snapshot`` wrap the same)::
 
-    snapshots = NodeSnapshots.for_rank(rank, world_size, every=50)
+    snapshots = NodeSnapshots.for_rank(rank, world_size, every=50)  # or "auto": from the measured cost
     state = snapshots.resume(disk_step=step_of_the_disk_checkpoint)  # on every rank
     if state is not None:
         model.load_state_dict(state["model"]); step = state["step"]
@@ -13,48 +13,69 @@ and ``load_snapshot`` wrap the same)::
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any, Optional
 
 from ft_core.events import ResumeSource
 from ft_core.jobdir import MONITOR_SOCKET_ENV
-from ft_core.snapshots.resume import Agreement, agree, all_ranks_ok, choose, record_choice
-from ft_core.snapshots.space import snapshot_dir_for_socket
-from ft_core.snapshots.store import SnapshotStore
-from ft_core.snapshots.writer import SnapshotWriter, copy_state
+from ft_core.snapshots.interval import AUTO, AutoInterval, SnapshotCost, SnapshotEvery
+from ft_core.snapshots.resume import Agreement, agree, all_ranks_max, all_ranks_ok, choose, record_choice
+from ft_core.snapshots.space import shortfall, snapshot_dir_for_socket
+from ft_core.snapshots.store import SLOTS, SnapshotStore
+from ft_core.snapshots.writer import SnapshotWriter, copy_state, state_bytes
 
-__all__ = ["DEFAULT_SNAPSHOT_EVERY", "NodeSnapshots", "load_snapshot", "process_snapshots", "save_snapshot"]
+__all__ = ["NodeSnapshots", "load_snapshot", "process_snapshots", "save_snapshot"]
 
 log = logging.getLogger("ft_core.snapshots")
 
-#: The interval recommended when snapshots are turned on without a measurement of one's own: what
-#: ``benchmarks/snapshot.py`` found to keep a ~200 MB state within 3 % of 200 ms steps on 2 busy cores
-#: (``snapshot_every_for_3pct``; see docs/snapshots.md). Not a default that turns snapshots on: they cost
-#: three times the state in host memory, which a job must choose to spend.
-DEFAULT_SNAPSHOT_EVERY = 100
-
 
 class NodeSnapshots:
-    """The snapshot store of global rank ``rank``, its writer thread and the resume decision."""
+    """The snapshot store of global rank ``rank``, its writer thread and the resume decision.
 
-    def __init__(self, store: SnapshotStore, socket_path: str, every: int) -> None:
+    ``every``: a snapshot every this many steps (0: none), or, with ``auto``, the interval
+    :class:`~ft_core.snapshots.interval.AutoInterval` derives from the measured cost (then a
+    collective: every rank calls :meth:`due` at every step).
+    """
+
+    def __init__(self, store: SnapshotStore, socket_path: str, every: int, auto: Optional[AutoInterval] = None
+                 ) -> None:
         self.store = store
         self.socket_path = socket_path
-        self.every = every
+        self.auto = auto
+        self._every = every
         self.writer: Optional[SnapshotWriter] = None
         #: The agreement and choice of the last :meth:`resume`.
         self.agreement: Optional[Agreement] = None
         self.source: Optional[ResumeSource] = None
         self._resumes = 0
         self._last_step: Optional[int] = None
+        self._decided_step: Optional[int] = None
+        #: The training thread's time for the newest snapshot (building and copying the state).
+        self._blocking_s: Optional[float] = None
+        #: The last decision's all-reduce (``auto``).
+        self._decision_s = 0.0
+        #: Snapshots handed to a writer by this process, and the costs of the last ones measured.
+        self._submitted = 0
+        self._costs: collections.deque[tuple[int, SnapshotCost]] = collections.deque(maxlen=3)
+        #: Bytes this rank found missing in shared memory for its double buffer (auto: snapshots go off).
+        self._short = 0
+        #: ``auto`` turned snapshots off (no room): the job agreed, and none is taken from then on.
+        self._off = False
         #: The last copy handed to the writer, reused by the next one (host memory: one state's size).
         self._staging: Any = None
 
+    @property
+    def every(self) -> int:
+        """The interval in force (0: no snapshots)."""
+        return self.auto.every if self.auto is not None else self._every
+
     @classmethod
-    def for_rank(cls, rank: int, world_size: int, every: int = DEFAULT_SNAPSHOT_EVERY,
+    def for_rank(cls, rank: int, world_size: int, every: SnapshotEvery = AUTO,
                  socket_path: Optional[str] = None) -> Optional[NodeSnapshots]:
         """The rank's snapshots, or None when this run has no launcher-owned snapshot directory."""
         socket_path = socket_path or os.environ.get(MONITOR_SOCKET_ENV)
@@ -63,7 +84,8 @@ class NodeSnapshots:
         directory = snapshot_dir_for_socket(socket_path)
         if directory is None:
             return None
-        return cls(SnapshotStore(directory, rank, world_size), socket_path, every)
+        store = SnapshotStore(directory, rank, world_size)
+        return cls(store, socket_path, 0, AutoInterval()) if every == AUTO else cls(store, socket_path, int(every))
 
     @classmethod
     def for_process(cls) -> Optional[NodeSnapshots]:
@@ -77,11 +99,10 @@ class NodeSnapshots:
     def resume(self, disk_step: Optional[int], load: Optional[Callable[[str], Any]] = None) -> Optional[Any]:
         """The agreed snapshot's state when it is newer than ``disk_step`` and loads on every rank; else None.
 
-        A collective: every rank calls it, before training, with the same ``disk_step``. Discards the
-        slots not resumed from and starts the writer; global rank 0 records the choice.
+        A collective: every rank calls it, before training, with the same ``disk_step``. Starts the
+        writer, which first discards the slots not resumed from (off this thread: freeing a state's
+        pages is no part of a resume); global rank 0 records the choice.
         """
-        import torch
-
         self.agreement = agreement = agree(self.store)
         source, reason = choose(agreement, disk_step)
         state = None
@@ -89,8 +110,7 @@ class NodeSnapshots:
             path = agreement.snapshot.path
             if source is ResumeSource.SNAPSHOT:
                 try:
-                    state = load(path) if load is not None else torch.load(path, map_location="cpu",
-                                                                            weights_only=False)
+                    state = load(path) if load is not None else self.store.load(agreement.snapshot)
                 except Exception as exc:  # noqa: BLE001 - a snapshot that does not load is skipped, on every rank
                     log.warning("snapshot %s does not load: %s: %s", path, type(exc).__name__, exc)
             # Every rank resumes from it, or none does (a rank that did not load it, or chose its disk
@@ -100,31 +120,85 @@ class NodeSnapshots:
                 source, reason = ResumeSource.DISK, f"{reason}, but not every rank loaded it: resuming from disk"
         self.source = source
         keep = agreement.snapshot.slot if state is not None and agreement.snapshot is not None else None
-        self.store.discard(keep=keep)
-        self._start_writer(keep)
+        self._start_writer(keep, discard=True)
         if self.store.rank == 0:
             record_choice(self.socket_path, self.cycle, source, reason, agreement, disk_step)
         log.info("resume: %s (%s)", source.value, reason)
         return state
 
-    def _start_writer(self, keep: Optional[int]) -> SnapshotWriter:
+    def _start_writer(self, keep: Optional[int], discard: bool = False) -> SnapshotWriter:
         if self.writer is not None:
             self.writer.close()
         self._resumes += 1
         # The lineage: the same on every rank of this cycle, new at every resume (see ft_core.snapshots.store).
-        self.writer = SnapshotWriter(self.store, f"{self.cycle}.{self._resumes}", keep_slot=keep)
+        self.writer = SnapshotWriter(self.store, f"{self.cycle}.{self._resumes}", keep_slot=keep, discard=discard)
         return self.writer
 
     def due(self, step: int, every: Optional[int] = None) -> bool:
-        """True when a snapshot is due after step ``step`` (every ``every`` steps, default ``self.every``; once per step)."""
+        """True when a snapshot is due after step ``step`` (every ``every`` steps, default :attr:`every`; once per step).
+
+        With ``auto`` (and no ``every``) a collective at the steps the interval in force makes due:
+        there the ranks agree on the interval (:meth:`_decide`), and the snapshot is due when the
+        step still is under it and no rank is still writing its previous one.
+        """
+        if self._off:
+            return False
+        if every is None and self.auto is not None:
+            self.auto.step_ended(step)
+            if step <= 0 or step % self.auto.every or step in (self._last_step, self._decided_step):
+                return False
+            self._decided_step = step
+            return self._decide(step)
         every = self.every if every is None else every
         return every > 0 and step > 0 and step % every == 0 and step != self._last_step
 
-    def save(self, step: int, state: Any, wait: bool = False) -> bool:
+    def _decide(self, step: int) -> bool:
+        """At a due step of ``auto`` (every rank): agree on the interval, on turning off, on taking this one."""
+        assert self.auto is not None
+        busy = self.writer is not None and not self.writer.idle
+        writer_cost = self.writer.cost() if self.writer is not None else None
+        # A worker's first snapshot is no guide to the next ones: it copies into fresh memory and pays for
+        # first uses (the pickler's, the RNG states' queries), several times a warm one on a small state.
+        # The step also waits for this decision's all-reduce: part of what a snapshot costs it.
+        latest = None if writer_cost is None or self._blocking_s is None or self._submitted < 2 \
+            else SnapshotCost(self._blocking_s + self._decision_s, *writer_cost)
+        if latest is not None and not busy and (not self._costs or self._costs[-1][0] != self._submitted):
+            self._costs.append((self._submitted, latest))
+        # The median of the last three: one snapshot slowed by a busy moment does not move the interval; a
+        # write still running counts with its time so far when that is more.
+        costs = sorted((cost for _, cost in self._costs), key=lambda c: c.total_s)
+        cost = costs[len(costs) // 2] if costs else None
+        if busy and latest is not None and (cost is None or latest.total_s > cost.total_s):
+            cost = latest
+        started = time.perf_counter()
+        proposed, any_busy, short = all_ranks_max([self.auto.propose(cost), int(busy), self._short])
+        self._decision_s = time.perf_counter() - started
+        if short:
+            self._turn_off(short)
+            return False
+        if self.auto.agree(proposed) and self.store.rank == 0:
+            log.info("snapshot_every='auto': a snapshot every %d steps from step %d (rank 0: %s; steps of %.3f s; "
+                     "the largest interval any rank asked for)", self.auto.every, step,
+                     _described(cost), self.auto.step_s or 0.0)
+        return not any_busy and step % self.auto.every == 0
+
+    def _turn_off(self, short: int) -> None:
+        if self.store.rank == 0:
+            log.warning("snapshot_every='auto': in-memory snapshots are off: %s lacks %.0f MB for the snapshots of "
+                        "every rank on a node (three copies of a state each, in half of the room); give it more "
+                        "room, or pass snapshot_every=N to take them anyway",
+                        self.store.directory, short / (1 << 20))
+        self.auto, self._every, self._staging, self._off = None, 0, None, True
+        self.close()
+        self.store.discard()
+
+    def save(self, step: int, state: Any, wait: bool = False, *, started: Optional[float] = None) -> bool:
         """Copy ``state`` (this thread) and have the writer write it (its thread); False when skipped.
 
-        ``wait``: return once it is written (or failed: see ``writer.error``).
+        ``wait``: return once it is written (or failed: see ``writer.error``). ``started``: when the
+        training thread began building ``state`` (``time.perf_counter()``), part of the snapshot's cost.
         """
+        started = time.perf_counter() if started is None else started
         writer = self.writer if self.writer is not None else self._start_writer(None)
         self._last_step = step
         if not writer.idle:  # only this thread submits: idle stays true until the submit below
@@ -132,14 +206,37 @@ class NodeSnapshots:
             return False
         # The writer is done with the previous copy: copy into it (no fresh pages to fault in).
         self._staging = copy_state(state, reuse=self._staging)
+        if self.auto is not None and self._no_room():
+            return False
+        self._blocking_s = time.perf_counter() - started
         submitted = writer.submit(step, self._staging)
+        self._submitted += submitted
         if submitted and wait:
             writer.wait()
         return submitted
 
+    def _no_room(self) -> bool:
+        """``auto`` takes snapshots only where shared memory has room for every local rank's (else off at the next due step)."""
+        held = 0
+        for slot in range(SLOTS):
+            try:
+                held += os.path.getsize(self.store.state_file(slot))
+            except OSError:  # no such slot (or the writer is discarding it)
+                pass
+        self._short = shortfall(self.store.directory, state_bytes(self._staging),
+                                int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), held)
+        if self._short:
+            self._staging = None
+        return bool(self._short)
+
+    def take(self, step: int, state: Callable[[], Any]) -> bool:
+        """:meth:`save` of ``state()``; building it counts in the snapshot's cost."""
+        started = time.perf_counter()
+        return self.save(step, state(), started=started)
+
     def maybe_save(self, step: int, state: Callable[[], Any]) -> bool:
-        """:meth:`save` of ``state()`` when :meth:`due`; the state is built only then."""
-        return self.save(step, state()) if self.due(step) else False
+        """:meth:`take` when :meth:`due`; the state is built only then."""
+        return self.take(step, state) if self.due(step) else False
 
     def close(self, timeout: Optional[float] = 60.0) -> None:
         """Finish the write in progress and stop the writer (the snapshots stay for the next workers)."""
@@ -174,3 +271,10 @@ def save_snapshot(state_dict: Any, step: int, wait: bool = False) -> bool:
     """
     snapshots = process_snapshots()
     return snapshots is not None and snapshots.save(int(step), state_dict, wait=wait)
+
+
+def _described(cost: Optional[SnapshotCost]) -> str:
+    if cost is None:
+        return "no snapshot measured yet"
+    return (f"a snapshot costs {cost.total_s:.3f} s: {cost.blocking_s:.3f} s in the step, {cost.writer_cpu_s:.3f} s "
+            f"of the writer's CPU")

@@ -20,7 +20,7 @@ from ft_core.events import ResumeChosen, ResumeSource
 from ft_core.rank_records import write_rank_record
 from ft_core.snapshots.store import Snapshot, SnapshotStore
 
-__all__ = ["Agreement", "agree", "all_ranks_ok", "choose", "record_choice"]
+__all__ = ["Agreement", "agree", "all_ranks_max", "all_ranks_ok", "choose", "record_choice"]
 
 _MAX_LISTED = 4  # ranks named in a reason
 
@@ -117,14 +117,19 @@ def choose(agreement: Agreement, disk_step: Optional[int]) -> tuple[ResumeSource
 
 def all_ranks_ok(ok: bool) -> bool:
     """True when ``ok`` on every rank (a collective over the gloo group)."""
+    return bool(all_ranks_max([0 if ok else 1])[0] == 0)
+
+
+def all_ranks_max(values: list[int]) -> list[int]:
+    """The largest of every rank's ``values``, element-wise (one all-reduce over the gloo group)."""
     import torch
     import torch.distributed as dist
 
     if not _distributed():
-        return ok
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=_gloo_group())
-    return bool(flag.item())
+        return list(values)
+    reduced = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=_gloo_group())
+    return [int(value) for value in reduced.tolist()]
 
 
 def record_choice(socket_path: str, cycle: int, source: ResumeSource, reason: str, agreement: Agreement,

@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 from collections.abc import Callable
-from typing import BinaryIO, Optional
+from typing import Any, BinaryIO, Optional
 
 from ft_core.checkpoint_manifest import (
     DIR_MANIFEST,
@@ -66,6 +66,8 @@ class SnapshotStore:
     def __init__(self, directory: str, rank: int, world_size: int) -> None:
         self.rank = rank
         self.world_size = world_size
+        #: The job's snapshot directory (every rank's stores are under it).
+        self.directory = directory
         self.path = os.path.join(directory, f"world{world_size}", f"rank{rank}")
 
     def slot_dir(self, slot: int) -> str:
@@ -92,7 +94,7 @@ class SnapshotStore:
 
     def verify(self, snapshot: Snapshot) -> Optional[Rejection]:
         """Why ``snapshot`` (from :meth:`listed`) must not be loaded: its slot no longer holds it whole; else None."""
-        found = verified_version(self.slot_dir(snapshot.slot))
+        found = verified_version(self.slot_dir(snapshot.slot), mapped=True)  # slot files are replaced, never changed
         if isinstance(found, Rejection):
             return found
         if found is None or (found.global_step, str(found.run or "")) != (snapshot.step, snapshot.lineage):
@@ -107,13 +109,27 @@ class SnapshotStore:
             directory = self.slot_dir(slot)
             if not os.path.isdir(directory):
                 continue
-            found = verified_version(directory)
+            found = verified_version(directory, mapped=True)
             if isinstance(found, Rejection) or found is None or found.global_step is None:
                 rejected.append(found if isinstance(found, Rejection) else Rejection(directory, "no step"))
                 continue
             good.append(Snapshot(slot, found.global_step, str(found.run or ""), found.written,
                                  self.state_file(slot)))
         return sorted(good, key=lambda s: s.step, reverse=True), rejected
+
+    @staticmethod
+    def load(snapshot: Snapshot) -> Any:
+        """The state of ``snapshot`` (verified first: :meth:`verify`), its tensors mapped from the slot's file.
+
+        ``torch.load(mmap=True)``: no copy at load; a tensor's pages are read from shared memory
+        when first used (a ``load_state_dict`` copies them once, as from any state) and are
+        copy-on-write, so training never changes the slot. The mapping keeps the file's memory
+        until the last tensor from it is freed, even after a newer snapshot replaced the slot
+        (a writer unlinks a slot's file and creates a new one: never a change in place).
+        """
+        import torch
+
+        return torch.load(snapshot.path, map_location="cpu", weights_only=False, mmap=True)
 
     # -- writing ------------------------------------------------------------
     def next_slot(self) -> int:

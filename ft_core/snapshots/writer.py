@@ -15,13 +15,35 @@ import collections
 import functools
 import logging
 import threading
+import time
 from typing import Any, Optional
 
 from ft_core.snapshots.store import Snapshot, SnapshotStore
 
-__all__ = ["SnapshotWriter", "copy_state"]
+__all__ = ["SnapshotWriter", "copy_state", "state_bytes"]
 
 log = logging.getLogger("ft_core.snapshots")
+
+
+def state_bytes(state: Any) -> int:
+    """Bytes of the tensors in ``state`` (a copy from :func:`copy_state`: each storage counted once)."""
+    import torch
+
+    seen: dict[int, int] = {}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            storage = value.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+
+    walk(state)
+    return sum(seen.values())
 
 
 def copy_state(state: Any, reuse: Any = None) -> Any:
@@ -68,7 +90,9 @@ def copy_state(state: Any, reuse: Any = None) -> Any:
 class SnapshotWriter:
     """Writes submitted snapshots of one rank in a daemon thread, one at a time."""
 
-    def __init__(self, store: SnapshotStore, lineage: str, *, keep_slot: Optional[int] = None) -> None:
+    def __init__(self, store: SnapshotStore, lineage: str, *, keep_slot: Optional[int] = None,
+                 discard: bool = False) -> None:
+        """``discard``: first remove every slot but ``keep_slot`` (after a resume: the slots not resumed from)."""
         self.store = store
         self.lineage = lineage
         #: Snapshots skipped because the previous write was still running.
@@ -78,7 +102,11 @@ class SnapshotWriter:
         #: The exception of the last failed write (the job goes on; disk checkpoints are the source of truth).
         self.error: Optional[BaseException] = None
         self._keep_slot = keep_slot
+        #: ``(cpu_s, wall_s)`` of the newest write that completed: the writer thread's CPU time and the wall time.
+        self.last_cost: Optional[tuple[float, float]] = None
+        self._write_started: Optional[float] = None
         self._pending: Optional[tuple[int, Any]] = None
+        self._discard = discard
         self._busy = False
         self._closed = False
         self._cond = threading.Condition()
@@ -114,6 +142,15 @@ class SnapshotWriter:
         with self._cond:
             return not self._busy and self._pending is None
 
+    def cost(self) -> Optional[tuple[float, float]]:
+        """``(cpu_s, wall_s)`` of the newest write; while one runs, its time so far for both (it lasts at least that)."""
+        with self._cond:
+            started, last = self._write_started, self.last_cost
+        if started is None:
+            return last
+        elapsed = time.perf_counter() - started
+        return (max(elapsed, last[0]) if last else elapsed), elapsed
+
     def wait(self, timeout: Optional[float] = None) -> bool:
         """Wait until nothing is pending or being written; False on timeout."""
         with self._cond:
@@ -130,6 +167,8 @@ class SnapshotWriter:
     def _run(self) -> None:
         import torch
 
+        if self._discard:  # before any write: one submitted meanwhile waits for it
+            self.store.discard(keep=self._keep_slot)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None or self._closed)
@@ -138,10 +177,15 @@ class SnapshotWriter:
                 step, state = self._pending
                 self._pending = None
                 self._busy = True
+            cpu, wall = time.thread_time(), time.perf_counter()
+            with self._cond:
+                self._write_started = wall
             try:
                 slot = self._target_slot()
                 self.last = self.store.write(slot, step, self.lineage, functools.partial(torch.save, state))
                 self.error = None
+                with self._cond:
+                    self.last_cost = (time.thread_time() - cpu, time.perf_counter() - wall)
             except Exception as exc:  # noqa: BLE001 - a failed snapshot must not end training
                 self.error = exc
                 log.warning("snapshot of step %d failed: %s: %s", step, type(exc).__name__, exc)
@@ -149,6 +193,7 @@ class SnapshotWriter:
                 del state
                 with self._cond:
                     self._busy = False
+                    self._write_started = None
                     self._cond.notify_all()
 
     def _target_slot(self) -> int:

@@ -16,6 +16,7 @@ from ft_core.config_fallback import fallback_of
 from ft_core.data import WorkloadControlRequest
 from ft_core.fault_policy import FaultPolicy
 from ft_core.monitor.standalone import connect_standalone
+from ft_core.snapshots.interval import AUTO, SnapshotEvery
 from ft_core.straggler_scoring import Phase
 from ft_core.utils.strenum import StrEnum
 from ft_core.utils.validation import (
@@ -67,6 +68,8 @@ class StandalonePolicy(StrEnum):
 #: The sections this callback opens in ``mode="sections"``.
 SECTIONS = (Section.SETUP, Section.STEP, Section.VALIDATION, Section.CHECKPOINTING)
 ExceptionPolicy = Callable[[BaseException], Optional[WorkloadControlRequest]]
+#: The key of the interval ``snapshot_every="auto"`` learned, in the callback's state: a resumed run keeps it.
+_SNAPSHOT_EVERY_KEY = "snapshot_every"
 
 
 class FaultToleranceCallback(Callback):
@@ -134,10 +137,12 @@ class FaultToleranceCallback(Callback):
             checkpoint Lightning would write, plus RNG states) every this many training steps in the
             node's shared memory, written off the training thread; a restart resumes from the newest
             snapshot every rank holds when it is newer than the disk checkpoint, so a fault costs at
-            most this many steps. ``None`` or ``0`` (the default): off. A snapshot is also taken at
-            ``calculate_timeouts_after_steps``, so the learned timeouts have seen one. See
-            ``docs/snapshots.md`` for the cost and the recommended value
-            (``ft_core.snapshots.node.DEFAULT_SNAPSHOT_EVERY``, measured).
+            most this many steps. ``"auto"`` (the default): the interval that keeps the measured cost
+            of this job's snapshots within 2 % of its step time (first snapshot at step 10, then
+            re-measured at every one; kept in this callback's state across resumes), and only when
+            ``/dev/shm`` has room for them (see ``docs/snapshots.md``); off without ``ft_launcher``.
+            ``None`` or ``0``: off. A snapshot is also taken at ``calculate_timeouts_after_steps``,
+            so the learned timeouts have seen one. See ``docs/snapshots.md``.
 
     Raises:
         MisconfigurationException: if an argument has an unsupported value, or the monitor's
@@ -169,7 +174,7 @@ class FaultToleranceCallback(Callback):
         standalone: Union[StandalonePolicy, str] = StandalonePolicy.MONITOR,
         config: Optional[Union[FaultToleranceConfig, Mapping[str, Any], str, os.PathLike[str]]] = None,
         verify_checkpoints: bool = True,
-        snapshot_every: Optional[int] = None,
+        snapshot_every: Optional[SnapshotEvery] = AUTO,
     ) -> None:
         super().__init__()
         name = "FaultToleranceCallback."
@@ -579,8 +584,11 @@ class FaultToleranceCallback(Callback):
     # -- timeouts ---------------------------------------------------------
     @override
     def state_dict(self) -> dict[str, Any]:
-        """The learned timeouts (``{"current_timeouts": ...}``), saved in the Lightning checkpoint."""
-        return self._session.state_dict()
+        """The learned timeouts (``{"current_timeouts": ...}``) and the interval ``snapshot_every="auto"``
+        learned (``"snapshot_every"``), saved in the Lightning checkpoint."""
+        state = self._session.state_dict()
+        every = self._snapshots.learned_every if self._snapshots is not None else None
+        return state if every is None else {**state, _SNAPSHOT_EVERY_KEY: every}
 
     @override
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
@@ -590,7 +598,12 @@ class FaultToleranceCallback(Callback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore learned timeouts; works before and after the rank connected to its monitor."""
+        """Restore learned timeouts (and snapshot interval); works before and after the rank connected to its monitor."""
+        if isinstance(state_dict, Mapping) and _SNAPSHOT_EVERY_KEY in state_dict:
+            state_dict = dict(state_dict)
+            every = state_dict.pop(_SNAPSHOT_EVERY_KEY)
+            if self._snapshots is not None:
+                self._snapshots.restore_every(every)
         if state_dict:
             self._session.restore(state_dict, "the checkpoint")
 

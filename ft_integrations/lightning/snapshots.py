@@ -1,9 +1,11 @@
-"""``FaultToleranceCallback(snapshot_every=N)``: in-memory snapshots of a Lightning run (see ``docs/snapshots.md``).
+"""``FaultToleranceCallback(snapshot_every=...)``: in-memory snapshots of a Lightning run (see ``docs/snapshots.md``).
 
 A snapshot is the checkpoint Lightning would write at that step, built the way it builds
 one (``trainer._checkpoint_connector.dump_checkpoint()``, as ``ModelCheckpoint`` does,
 with the callbacks' states and the loops' progress) plus the RNG states, taken at the end
-of every ``snapshot_every``-th training batch. The training thread only copies its
+of every ``snapshot_every``-th training batch (``"auto"``, the default: every so many
+steps that their measured cost stays within 2 % of the step time, see
+:mod:`ft_core.snapshots.interval`; the interval is kept in the callback's state). The training thread only copies its
 tensors; the node's snapshot store is written by a thread (:mod:`ft_core.snapshots`).
 
 On a restart the ranks agree on the newest snapshot every rank holds; when it is newer
@@ -18,14 +20,16 @@ Disk checkpoints stay the source of truth.
 from __future__ import annotations
 
 import logging
+import os
 import random
 from typing import Any, Optional
 
 from ft_core.checkpoint_manifest import read_manifest
 from ft_core.events import ResumeSource
+from ft_core.jobdir import MONITOR_SOCKET_ENV
+from ft_core.snapshots.interval import AUTO, SnapshotEvery, snapshot_every_arg
 from ft_core.snapshots.node import NodeSnapshots
-from ft_core.snapshots.resume import all_ranks_ok
-from ft_core.utils.validation import ValidationError
+from ft_core.snapshots.resume import all_ranks_max, all_ranks_ok
 from ft_integrations.lightning._pl import pl, rank_zero_warn
 
 __all__ = ["LightningSnapshots", "snapshot_every_arg"]
@@ -33,15 +37,6 @@ __all__ = ["LightningSnapshots", "snapshot_every_arg"]
 log = logging.getLogger("ft_integrations.lightning")
 
 _RNG_KEY = "ft_rng_states"
-
-
-def snapshot_every_arg(name: str, value: Any) -> int:
-    """``snapshot_every`` as a number of steps (0: off). Raises ValidationError naming the argument."""
-    if value is None:
-        return 0
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValidationError(name, value, "None or 0 (snapshots off), or a whole number of training steps >= 1")
-    return value
 
 
 def _rng_states() -> dict[str, Any]:
@@ -86,13 +81,30 @@ class LightningSnapshots:
         self.taking = False
 
     @classmethod
-    def for_trainer(cls, trainer: pl.Trainer, every: int, learn_step: Optional[int] = None
+    def for_trainer(cls, trainer: pl.Trainer, every: SnapshotEvery, learn_step: Optional[int] = None
                     ) -> Optional[LightningSnapshots]:
-        """None (with a warning) when this run has no node snapshot store (not launched by ``ft_launcher``)."""
+        """None when this run has no node snapshot store (not launched by ``ft_launcher``): with a warning
+        when ``every`` is a number, quietly for ``"auto"`` (the default: off without ft_launcher).
+
+        Under ``ft_launcher`` a collective (every rank, in ``setup``): snapshots are on for every rank or
+        for none, since taking and resuming from them are collectives (a node whose launcher could make
+        no snapshot directory would leave the others waiting in them).
+        """
         node = NodeSnapshots.for_rank(trainer.global_rank, trainer.world_size, every)
+        if os.environ.get(MONITOR_SOCKET_ENV):
+            some_have, some_lack = all_ranks_max([int(node is not None), int(node is None)])
+            if some_have and some_lack:
+                rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every!r}): not every rank has a snapshot "
+                               "store (ft_launcher could not make one in its node's /dev/shm): snapshots are off on "
+                               "every rank")
+                return None
         if node is None:
-            rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every}): no snapshot store on this node "
-                           "(snapshots need ft_launcher, which keeps them across worker restarts): snapshots are off")
+            if every == AUTO:
+                log.debug("snapshot_every='auto': no snapshot store on this node (not ft_launcher): snapshots are off")
+            else:
+                rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every}): no snapshot store on this node "
+                               "(snapshots need ft_launcher, which keeps them across worker restarts): snapshots "
+                               "are off")
             return None
         if trainer.strategy.restore_checkpoint_after_setup:
             rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every}): {type(trainer.strategy).__name__} "
@@ -150,8 +162,19 @@ class LightningSnapshots:
         """At the end of a training batch: take a snapshot when one is due (on every rank: it may gather)."""
         step = trainer.global_step
         if step == self.learn_step and self.node.due(step, every=1):
-            return self.node.save(step, self._checkpoint(trainer))
+            return self.node.take(step, lambda: self._checkpoint(trainer))
         return self.node.maybe_save(step, lambda: self._checkpoint(trainer))
+
+    @property
+    def learned_every(self) -> Optional[int]:
+        """The interval ``snapshot_every="auto"`` learned (for the callback's state: a resumed run keeps it); else None."""
+        auto = self.node.auto
+        return auto.every if auto is not None and auto.learned else None
+
+    def restore_every(self, every: Any) -> None:
+        """The interval an earlier run of the job learned (``"auto"`` only: a number given by the user stays)."""
+        if self.node.auto is not None:
+            self.node.auto.restore(every)
 
     def _checkpoint(self, trainer: pl.Trainer) -> dict[str, Any]:
         self.taking = True

@@ -72,8 +72,18 @@ class Report(Callback):
         self.data.update(start_step=trainer.global_step, start_timeouts=self.ft.client.state_dict(),
                          active=self.ft.active, setup_seconds=time.monotonic() - self._setup_started,
                          prewarmed="ft_core.launcher.zygote" in sys.modules,
-                         snapshot_store=self.ft._snapshots.node.store.path if self.ft._snapshots else None)
+                         snapshot_store=self.ft._snapshots.node.store.path if self.ft._snapshots else None,
+                         start_snapshot_every=self.ft._snapshots.node.every if self.ft._snapshots else None)
         self._write()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        # After the fault tolerance callback's: the steps it took a snapshot at, with the interval then in force.
+        node = self.ft._snapshots.node if self.ft._snapshots else None
+        taken = self.data.setdefault("snapshots", [])
+        step = trainer.global_step
+        if node is not None and node._last_step == step and (not taken or taken[-1][0] != step):
+            taken.append([step, node.every])
+            self._write()  # a killed rank's report keeps them
 
     def on_fit_end(self, trainer, pl_module):
         self.data.update(end_step=trainer.global_step, end_timeouts=self.ft.state_dict(),
@@ -103,7 +113,8 @@ def main() -> None:
     parser.add_argument("--ckpt-dir", required=True)
     parser.add_argument("--out-dir", required=True)
     parser.add_argument("--seed", type=int, default=None, help="seed torch before the data and the model")
-    parser.add_argument("--snapshot-every", type=int, default=None, help="FaultToleranceCallback(snapshot_every=)")
+    parser.add_argument("--snapshot-every", type=int, default=None,
+                        help="FaultToleranceCallback(snapshot_every=); not given: the callback's default")
     args = parser.parse_args()
     if args.seed is not None:
         torch.manual_seed(args.seed)
@@ -117,7 +128,7 @@ def main() -> None:
         exc_handling_policy=shutdown_policy if args.policy == "shutdown" else None,
         standalone=args.standalone,
         config=json.loads(args.config_json) if args.config_json else None,
-        snapshot_every=args.snapshot_every,
+        **({} if args.snapshot_every is None else {"snapshot_every": args.snapshot_every}),
     )
     data = TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
     trainer = Trainer(

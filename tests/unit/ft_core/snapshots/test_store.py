@@ -220,3 +220,29 @@ def test_the_agreement_skips_a_newest_snapshot_that_fails_its_checksum(tmp_path)
     agreement = agree(store)
     assert agreement.snapshot is not None and agreement.snapshot.step == 5
     assert "fail their checksum on some rank: steps 10" in agreement.reason
+
+
+@pytest.mark.parametrize("size", [0, 1, (8 << 20) + 3])
+def test_a_mapped_checksum_is_the_read_one(tmp_path, size):
+    # The store checks its slots over memory maps (checksum(mapped=True)); manifests are the same either way.
+    from ft_core.checkpoint_manifest import checksum
+
+    path = tmp_path / "f"
+    path.write_bytes(os.urandom(size))
+    assert checksum(str(path), mapped=True) == checksum(str(path)) == (size, checksum(str(path))[1])
+
+
+def test_a_resumed_state_is_mapped_copy_on_write_so_training_never_changes_the_slot(tmp_path):
+    job = JobDir(str(tmp_path / "job-x")).create()
+    store = SnapshotStore(str(tmp_path / "shm"), rank=0, world_size=1)
+    _write(store, 0, 15)
+    node = NodeSnapshots(store, job.monitor_socket, every=5)
+    state = node.resume(disk_step=None)
+    assert node.source is ResumeSource.SNAPSHOT and state["w"][0].item() == 15
+    state["w"].add_(1)  # training updates what it loaded in place (a CPU optimizer keeps the loaded tensors)
+    assert node.writer is not None and node.save(20, {"step": 20, "w": state["w"]}, wait=True)  # into slot 1
+    node.close()
+    assert state["w"][0].item() == 16
+    assert store.verify(store.listed()[1]) is None  # slot 0 still holds step 15 whole
+    assert torch.load(store.state_file(0), weights_only=False)["w"][0].item() == 15
+    assert torch.load(store.state_file(1), weights_only=False)["w"][0].item() == 16

@@ -34,11 +34,22 @@ from ft_integrations.lightning._pl import Callback, CheckpointIO  # noqa: E402
         ({"config": {"rank_heartbeat_timeout": -1}}, r"config: .*rank_heartbeat_timeout.*-1.*positive"),
         ({"config": {"no_such_key": 1}}, r"config: .*no_such_key"),
         ({"config": 5}, r"config: invalid value 5; allowed: a FaultToleranceConfig, a mapping, a YAML path"),
+        ({"snapshot_every": "sometimes"}, r"snapshot_every: invalid value 'sometimes'; allowed: 'auto' .*None or 0 "
+                                          r".*>= 1"),
+        ({"snapshot_every": -3}, r"snapshot_every: invalid value -3; allowed: 'auto'"),
+        ({"snapshot_every": 2.5}, r"snapshot_every: invalid value 2.5; allowed: 'auto'"),
     ],
 )
 def test_invalid_arguments_name_the_argument_and_allowed_values(kwargs, message):
     with pytest.raises(MisconfigurationException, match="^FaultToleranceCallback[.]" + message):
         FaultToleranceCallback(**kwargs)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(("value", "kept"), [(None, 0), (0, 0), (25, 25), ("auto", "auto")])
+def test_snapshot_every_default_is_auto_and_explicit_values_keep_their_meaning(value, kept):
+    assert FaultToleranceCallback().snapshot_every == "auto"
+    assert FaultToleranceCallback(snapshot_every=value).snapshot_every == kept
 
 
 @pytest.mark.timeout(30)
