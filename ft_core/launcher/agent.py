@@ -59,6 +59,7 @@ from ft_core.events import (
     Restart,
     RestartKind,
     ResumeChosen,
+    ResumeSource,
     SignalReceived,
     WorkerExit,
     WorkersStopped,
@@ -128,6 +129,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         #: The exceptions this cycle's workers reported failing with (a fault's fingerprint), in arrival order.
         self._exceptions: list[RankException] = []
         self._loaded: Optional[CheckpointLoaded] = None
+        self._resumed_from_snapshot = False
         #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
         self._failed: dict[int, tuple[int, int]] = {}
         self._failed_at = 0.0
@@ -187,7 +189,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         assert self._cycle is not None
         self._hangs.clear()
         self._exceptions.clear()
-        self._loaded = None
+        self._loaded, self._resumed_from_snapshot = None, False
         self._failed.clear()
         self._connected.clear()
         self._gone_at.clear()
@@ -472,7 +474,11 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                     if self._cycle is not None and ev.cycle == self._cycle.cycle:
                         self._loaded = ev
                     self._svc.events.write(ev)
-                case ResumeChosen() | CheckpointRejected():  # written by ranks (ft_core.rank_records)
+                case ResumeChosen():  # written by global rank 0 (ft_core.snapshots)
+                    if self._cycle is not None and ev.cycle == self._cycle.cycle:
+                        self._resumed_from_snapshot = ev.source is ResumeSource.SNAPSHOT
+                    self._svc.events.write(ev)
+                case CheckpointRejected():  # written by ranks (ft_core.rank_records)
                     self._svc.events.write(ev)
                 case RankException():
                     if self._is_current_worker(ev.pid):

@@ -72,6 +72,8 @@ class AgentState:
     _exceptions: list[RankException]
     #: The checkpoint this cycle's workers resumed from (their ``checkpoint_loaded`` record), if they said.
     _loaded: Optional[CheckpointLoaded]
+    #: This cycle's ranks resumed from an in-memory snapshot newer than ``_loaded`` (their ``resume_chosen``).
+    _resumed_from_snapshot: bool
     #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
     _failed: dict[int, tuple[int, int]]
     _failed_at: float

@@ -86,7 +86,9 @@ class HangDiagnosis(AgentState):
                                       culprits=() if rank is None else (rank,), nodes=node, signal=sig)
         else:
             return None
-        if self._loaded is not None:  # the checkpoint this cycle resumed from: rule 1 of the fault policy
+        # The checkpoint this cycle resumed from, for rule 1 of the fault policy; none when a newer
+        # in-memory snapshot replaced it (the disk checkpoint's content was then not what the cycle ran on).
+        if self._loaded is not None and not self._resumed_from_snapshot:
             fingerprint = dataclasses.replace(fingerprint, resumed_from=self._loaded.checkpoint,
                                               resumed_step=self._loaded.step)
         self._svc.events.write(FaultFingerprint(
