@@ -52,7 +52,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return cli_main(argv)
     from ft_core.launcher.head_start import HeadStart
 
-    # The worker factory starts importing now, beside the launcher's own imports (see .head_start).
+    # The worker factory and the monitor start importing now, beside the launcher's own imports.
     with HeadStart(argv) as head_start:
         from ft_core.launcher.seams import TorchSeamsError, require_torch_seams
 
@@ -64,4 +64,4 @@ def main(argv: Optional[list[str]] = None) -> int:
         from ft_core.launcher.cli import main as cli_main
 
         head_start.imports_done()
-        return cli_main(argv, early_factory=head_start.factory)
+        return cli_main(argv, head_start=head_start)

@@ -12,6 +12,10 @@ before the launcher's own imports:
   module, ``sys.path[0]``, pre-warm modules and environment); otherwise it
   stops it and starts the right one, as it did before. A wrong guess costs
   time, never behaviour.
+* **starts the node monitor's process** (a standby monitor, see
+  :class:`ft_core.monitor.spawn.StandbyMonitor`): it imports meanwhile and
+  gets its settings once the launcher has them, so the first workers do not
+  wait for a new interpreter's start-up.
 * **pauses the garbage collector during the launcher's imports** and then
   freezes what they created (``gc.freeze``), as the factory does: the
   collector's full passes over torch's import-time objects (about 0.1 s here)
@@ -27,9 +31,12 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import NoReturn, Optional
+from typing import TYPE_CHECKING, NoReturn, Optional
 
 from ft_core.launcher.prewarm import WorkerFactory
+
+if TYPE_CHECKING:
+    from ft_core.monitor.spawn import StandbyMonitor
 
 __all__ = ["HeadStart", "adopt", "guess_factory"]
 
@@ -39,22 +46,29 @@ log = logging.getLogger("ft_core.launcher")
 class HeadStart:
     """Around the launcher's imports (a context manager): the guessed factory warms up, the collector waits.
 
-    ``factory`` is the started factory (None: no guess); hand it to the
-    launch (:func:`adopt`) after :meth:`imports_done`. On exit, a factory
-    nobody adopted is stopped, and the collector runs again.
+    ``factory`` is the started factory (None: no guess) and ``monitor`` the
+    standby monitor (None unless the command line names a training script):
+    hand them to the launch (:func:`adopt`, ``NodeMonitor``) after
+    :meth:`imports_done`. On exit, what nobody took is stopped, and the
+    collector runs again.
     """
 
     def __init__(self, argv: Sequence[str]) -> None:
         self._argv = list(argv)
         self._paused_gc = False
         self.factory: Optional[WorkerFactory] = None
+        self.monitor: Optional[StandbyMonitor] = None
 
     def __enter__(self) -> HeadStart:
         self._paused_gc = gc.isenabled()
         gc.disable()
         self.factory = guess_factory(self._argv)
         if self.factory is not None:
-            self.factory.start()
+            self.factory.start()  # first: its imports are the longest
+        if _training_script(self._argv) is not None:  # a launch, not --help
+            from ft_core.monitor.spawn import StandbyMonitor
+
+            self.monitor = StandbyMonitor()
         return self
 
     def imports_done(self) -> None:
@@ -66,6 +80,8 @@ class HeadStart:
                  tb: Optional[TracebackType]) -> None:
         if self.factory is not None:
             self.factory.close()  # the launch closed an adopted one already: then a no-op
+        if self.monitor is not None:
+            self.monitor.close()  # a no-op once the launch took it
         self._resume_gc()
 
     def _resume_gc(self) -> None:

@@ -27,7 +27,7 @@ from ft_core.launcher.agent_state import Services
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.etcd_v3 import register as register_etcd_v3
 from ft_core.launcher.event_log import EVENTS_FILE_NAME, EventLog
-from ft_core.launcher.head_start import adopt
+from ft_core.launcher.head_start import HeadStart, adopt
 from ft_core.launcher.metrics import SCRAPE_TARGETS_DIR, LauncherMetrics
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
@@ -51,16 +51,18 @@ log = logging.getLogger("ft_core.launcher")
 
 def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[Any],
            cfg: FaultToleranceConfig, options: LauncherOptions, *, explicit_keys: Collection[str],
-           early_factory: Optional[WorkerFactory] = None) -> int:
+           head_start: Optional[HeadStart] = None) -> int:
     """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in ``docs/launcher.md``).
 
     ``explicit_keys``: the keys of ``cfg`` the user set (``--ft-*`` flags, ``--ft-cfg-path`` keys), for the
-    node monitor: a rank's fallback values fill in the others. ``early_factory``: the worker factory
-    started before the launcher's imports (:mod:`.head_start`), used if it fits the job, else stopped.
+    node monitor: a rank's fallback values fill in the others. ``head_start``: the worker factory and
+    the monitor's process started before the launcher's imports (:mod:`.head_start`); the factory is
+    used if it fits the job, else stopped.
     """
     # The factory's environment is ours now, before the changes below (which concern the launcher only).
-    factory = adopt(early_factory, WorkerFactory.for_job(entrypoint, args, options.prewarm_modules,
-                                                         config.numa_options) if options.prewarm else None)
+    factory = adopt(head_start.factory if head_start is not None else None,
+                    WorkerFactory.for_job(entrypoint, args, options.prewarm_modules, config.numa_options)
+                    if options.prewarm else None)
     events = EventLog(options.events_file or _default_events_path(config))
     log.info("fault tolerance event log: %s", events.path)
     # Mode 0700, unpredictable, locked while we run; job dirs of SIGKILLed launchers are removed first.
@@ -69,7 +71,8 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     # The in-memory snapshots' directory in /dev/shm: the same name, lock and lifetime (None: no snapshots).
     snapshots = claim_snapshot_dir(job_dir)
     token = secrets.token_hex(16)
-    monitor = NodeMonitor(cfg, job_dir, token, stacks_dir=saved_stacks_dir(events.path), explicit_keys=explicit_keys)
+    monitor = NodeMonitor(cfg, job_dir, token, stacks_dir=saved_stacks_dir(events.path), explicit_keys=explicit_keys,
+                          standby=head_start.monitor if head_start is not None else None)
     control = None
     agent = None
     prometheus: LauncherMetrics | None = None

@@ -1,4 +1,5 @@
-"""The launcher's head start, with real processes: the factory it starts before its imports forks the first cycle.
+"""The launcher's head start, with real processes: the factory it starts before its imports forks the first cycle,
+the monitor process it starts then becomes the job's monitor.
 
 Which command lines get a guess, and that the guess is the factory the parsed command line asks for:
 tests/unit/ft_core/launcher/test_head_start.py.
@@ -64,18 +65,21 @@ def test_adopt_keeps_the_early_factory_only_if_it_is_the_one_wanted(script_dir, 
         early.close()
 
 
-def test_head_start_pauses_the_collector_until_the_imports_are_done_and_stops_an_unadopted_factory(script_dir):
+def test_head_start_pauses_the_collector_until_the_imports_are_done_and_stops_what_nobody_took(script_dir):
     assert gc.isenabled()
     frozen = gc.get_freeze_count()
     try:
         with HeadStart(["--nproc-per-node=1", "--ft-prewarm-modules=json", "train.py"]) as head_start:
             assert not gc.isenabled()
-            factory = head_start.factory
+            factory, monitor = head_start.factory, head_start.monitor
             assert factory is not None and factory.started and factory.pid is not None
-            pid = factory.pid
+            assert monitor is not None and monitor.proc is not None
+            pid, monitor_proc = factory.pid, monitor.proc
             head_start.imports_done()
             assert gc.isenabled() and gc.get_freeze_count() > frozen
+        # Nobody took them: both ended and reaped.
         assert factory.pid is None and _gone(pid)
+        assert monitor.proc is None and monitor_proc.returncode is not None
         with pytest.raises(RuntimeError), HeadStart(["train.py"]):  # e.g. the launcher's imports fail
             raise RuntimeError("import failed")
         assert gc.isenabled()
@@ -84,8 +88,14 @@ def test_head_start_pauses_the_collector_until_the_imports_are_done_and_stops_an
 
 
 def test_first_cycle_is_forked_by_the_early_factory_and_a_restart_by_its_successor(tmp_path):
+    finish = tmp_path / "finish"
     with LauncherGroup(tmp_path) as launchers:
-        node = launchers.start("-v", "--max-restarts=1", FT_TEST_FAULT="exit3")
+        node = launchers.start("-v", "--max-restarts=1", FT_TEST_FAULT="exit3", FT_TEST_FINISH_AFTER=str(finish))
+        node.wait_event("cycle_start", 120, cycle=1)
+        # The job's monitor is the standby monitor started before the launcher's imports.
+        (started,) = node.events("launcher_started")
+        assert psutil.Process(started["monitor_pid"]).cmdline()[-3:] == ["-m", "ft_core.monitor", "--standby"]
+        finish.touch()
         assert node.wait(180) == 0, node.output()[-3000:]
         output = node.output()
         assert output.count(ADOPTED) == 1 and "does not fit" not in output and "worker factory started" not in output
