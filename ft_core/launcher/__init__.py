@@ -1,12 +1,12 @@
 """ft_launcher: torchrun-compatible launcher with in-job restart, built on torch.distributed.elastic.
 
 Entry points: the ``ft_launcher`` console script and ``python -m ft_core.launcher``
-(both :func:`main`: it starts the worker factory before its own imports (``head_start``),
-checks torch's seams before anything that uses them is imported, then runs
-:func:`ft_core.launcher.cli.main`). Modules:
+(both :func:`main`: it starts the worker factory and the monitor's process before its own
+imports (``head_start``), checks torch's seams before anything that uses them is imported,
+then runs :func:`ft_core.launcher.cli.main`). Modules:
 
 * ``cli``          argument parsing (torchrun's parser + ``--ft-*`` flags)
-* ``head_start``   before the launcher imports torch: the worker factory starts, the collector waits
+* ``head_start``   before the launcher imports torch: the worker factory and the monitor start
 * ``launch``       per-node setup and teardown around the agent
 * ``agent``        ``FtElasticAgent``, torch's ``LocalElasticAgent`` extended at its seams
 * ``coordination`` job-wide cycles, decisions, stop and progress through the rendezvous store

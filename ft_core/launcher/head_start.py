@@ -44,7 +44,7 @@ log = logging.getLogger("ft_core.launcher")
 
 
 class HeadStart:
-    """Around the launcher's imports (a context manager): the guessed factory warms up, the collector waits.
+    """Around the launcher's imports (a context manager): the factory and the monitor warm up, the collector waits.
 
     ``factory`` is the started factory (None: no guess) and ``monitor`` the
     standby monitor (None unless the command line names a training script):
@@ -68,7 +68,10 @@ class HeadStart:
         if _training_script(self._argv) is not None:  # a launch, not --help
             from ft_core.monitor.spawn import StandbyMonitor
 
-            self.monitor = StandbyMonitor()
+            try:
+                self.monitor = StandbyMonitor()
+            except OSError:  # no process to spare now: the launch starts the monitor as before, or says why not
+                self.monitor = None
         return self
 
     def imports_done(self) -> None:

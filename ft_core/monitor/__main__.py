@@ -15,9 +15,7 @@ from ft_core.config_loading import load_json
 from ft_core.jobdir import TOKEN_ENV
 from ft_core.monitor.server import RankMonitorServer
 from ft_core.monitor.snapshot import SNAPSHOT_SIGNAL
-
-#: The only argument of a monitor started before its settings are known (see ``spawn.StandbyMonitor``).
-STANDBY_FLAG = "--standby"
+from ft_core.monitor.spawn import STANDBY_FLAG
 
 
 def main(argv: Optional[list[str]] = None) -> int:

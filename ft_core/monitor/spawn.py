@@ -18,7 +18,10 @@ from ft_core.events import read_events
 from ft_core.jobdir import TOKEN_ENV, JobDir, make_private_dir, token_path, write_private_file
 from ft_core.utils import procutil
 
-__all__ = ["MonitorProcess", "StandbyMonitor", "run_in_subprocess"]
+__all__ = ["STANDBY_FLAG", "MonitorProcess", "StandbyMonitor", "run_in_subprocess"]
+
+#: The only argument of a monitor started before its settings are known (see :class:`StandbyMonitor`).
+STANDBY_FLAG = "--standby"
 
 
 def run_in_subprocess(
@@ -82,7 +85,7 @@ class StandbyMonitor:
 
     def __init__(self) -> None:
         self.proc: Optional[subprocess.Popen] = subprocess.Popen(
-            [sys.executable, "-m", "ft_core.monitor", "--standby"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            [sys.executable, "-m", "ft_core.monitor", STANDBY_FLAG], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             preexec_fn=procutil.die_with_parent)
 
     def take(self, args: list[str], env: dict[str, str]) -> Optional[subprocess.Popen]:
