@@ -1,10 +1,12 @@
 """ft_launcher: torchrun-compatible launcher with in-job restart, built on torch.distributed.elastic.
 
 Entry points: the ``ft_launcher`` console script and ``python -m ft_core.launcher``
-(both :func:`main`: it checks torch's seams before anything that uses them is
-imported, then runs :func:`ft_core.launcher.cli.main`). Modules:
+(both :func:`main`: it starts the worker factory and the monitor's process before its own
+imports (``head_start``), checks torch's seams before anything that uses them is imported,
+then runs :func:`ft_core.launcher.cli.main`). Modules:
 
 * ``cli``          argument parsing (torchrun's parser + ``--ft-*`` flags)
+* ``head_start``   before the launcher imports torch: the worker factory and the monitor start
 * ``launch``       per-node setup and teardown around the agent
 * ``agent``        ``FtElasticAgent``, torch's ``LocalElasticAgent`` extended at its seams
 * ``coordination`` job-wide cycles, decisions, stop and progress through the rendezvous store
@@ -44,7 +46,14 @@ def main(argv: Optional[list[str]] = None) -> int:
 
         print(version_line("ft_launcher"))
         return 0
-    if argv[:1] != ["report"]:
+    if argv[:1] == ["report"]:
+        from ft_core.launcher.cli import main as cli_main
+
+        return cli_main(argv)
+    from ft_core.launcher.head_start import HeadStart
+
+    # The worker factory and the monitor start importing now, beside the launcher's own imports.
+    with HeadStart(argv) as head_start:
         from ft_core.launcher.seams import TorchSeamsError, require_torch_seams
 
         try:
@@ -52,6 +61,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         except TorchSeamsError as exc:
             print(f"ft_launcher: error: {exc}", file=sys.stderr)
             return 1
-    from ft_core.launcher.cli import main as cli_main
+        from ft_core.launcher.cli import main as cli_main
 
-    return cli_main(argv)
+        head_start.imports_done()
+        return cli_main(argv, head_start=head_start)

@@ -18,6 +18,7 @@ from torch.distributed.run import config_from_args, get_args_parser, parse_min_m
 
 from ft_core.config import LogLevel
 from ft_core.config_loading import add_argparse_args, load_args
+from ft_core.launcher.head_start import HeadStart
 from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
 from ft_core.launcher.slurm import apply_slurm_defaults, derive_nnodes
@@ -105,10 +106,11 @@ def _quiet_torch_elastic() -> None:
         logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None, *, head_start: Optional[HeadStart] = None) -> int:
     """Entry point of the ``ft_launcher`` console script; returns the exit code.
 
     ``ft_launcher report LOG_DIR ...`` prints the goodput report of a job (:mod:`ft_core.launcher.report`).
+    ``head_start``: the processes started before the imports (see :mod:`.head_start`).
     """
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["report"]:
@@ -143,7 +145,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         _quiet_torch_elastic()
     if derived:
         log.info("under SLURM job %s: %s", os.environ.get("SLURM_JOB_ID"), " ".join(derived))
-    return launch(config, entrypoint, cmd_args, cfg, options, explicit_keys=loaded.explicit_keys)
+    return launch(config, entrypoint, cmd_args, cfg, options, explicit_keys=loaded.explicit_keys,
+                  head_start=head_start)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import signal
 import sys
 import tempfile
 from collections.abc import Callable, Collection
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from torch.distributed.elastic import metrics
 from torch.distributed.elastic.agent.server.api import WorkerSpec
@@ -27,6 +27,7 @@ from ft_core.launcher.agent_state import Services
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.etcd_v3 import register as register_etcd_v3
 from ft_core.launcher.event_log import EVENTS_FILE_NAME, EventLog
+from ft_core.launcher.head_start import HeadStart, adopt
 from ft_core.launcher.metrics import SCRAPE_TARGETS_DIR, LauncherMetrics
 from ft_core.launcher.node_monitor import NodeMonitor
 from ft_core.launcher.options import LauncherOptions
@@ -49,12 +50,19 @@ log = logging.getLogger("ft_core.launcher")
 
 
 def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[Any],
-           cfg: FaultToleranceConfig, options: LauncherOptions, *, explicit_keys: Collection[str]) -> int:
+           cfg: FaultToleranceConfig, options: LauncherOptions, *, explicit_keys: Collection[str],
+           head_start: Optional[HeadStart] = None) -> int:
     """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in ``docs/launcher.md``).
 
     ``explicit_keys``: the keys of ``cfg`` the user set (``--ft-*`` flags, ``--ft-cfg-path`` keys), for the
-    node monitor: a rank's fallback values fill in the others.
+    node monitor: a rank's fallback values fill in the others. ``head_start``: the worker factory and
+    the monitor's process started before the launcher's imports (:mod:`.head_start`); the factory is
+    used if it fits the job, else stopped.
     """
+    # The factory's environment is ours now, before the changes below (which concern the launcher only).
+    factory = adopt(head_start.factory if head_start is not None else None,
+                    WorkerFactory.for_job(entrypoint, args, options.prewarm_modules, config.numa_options)
+                    if options.prewarm else None)
     events = EventLog(options.events_file or _default_events_path(config))
     log.info("fault tolerance event log: %s", events.path)
     # Mode 0700, unpredictable, locked while we run; job dirs of SIGKILLed launchers are removed first.
@@ -63,7 +71,8 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     # The in-memory snapshots' directory in /dev/shm: the same name, lock and lifetime (None: no snapshots).
     snapshots = claim_snapshot_dir(job_dir)
     token = secrets.token_hex(16)
-    monitor = NodeMonitor(cfg, job_dir, token, stacks_dir=saved_stacks_dir(events.path), explicit_keys=explicit_keys)
+    monitor = NodeMonitor(cfg, job_dir, token, stacks_dir=saved_stacks_dir(events.path), explicit_keys=explicit_keys,
+                          standby=head_start.monitor if head_start is not None else None)
     control = None
     agent = None
     prometheus: LauncherMetrics | None = None
@@ -76,13 +85,11 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
     _install_signal_handlers(config.signals_to_handle)
     use_cheap_method_names()  # a restart's rendezvous would spend most of its time naming its records
-    factory = WorkerFactory.for_job(entrypoint, args, options.prewarm_modules,
-                                    config.numa_options) if options.prewarm else None
     try:
-        # The worker factory and the monitor start while the agent does its first rendezvous; the
-        # agent waits for them just before it starts the workers. The factory first: its imports
-        # are the longest wait.
-        if factory is not None:
+        # The worker factory (unless it started before our imports) and the monitor start while the
+        # agent does its first rendezvous; the agent waits for them just before it starts the workers.
+        # The factory first: its imports are the longest wait.
+        if factory is not None and not factory.started:
             factory.start()
         if options.metrics_port is not None:
             prometheus = LauncherMetrics(events, status_path(job_dir), job_id(config.run_id))

@@ -12,6 +12,7 @@ from ft_core.events import Event, read_records
 from ft_core.jobdir import JobDir
 from ft_core.monitor import MonitorProcess, RankMonitorServer
 from ft_core.monitor.snapshot import SNAPSHOT_SIGNAL
+from ft_core.monitor.spawn import StandbyMonitor
 
 __all__ = ["NodeMonitor"]
 
@@ -29,7 +30,7 @@ class NodeMonitor:
     """
 
     def __init__(self, cfg: FaultToleranceConfig, job_dir: JobDir, token: str, stacks_dir: Optional[str] = None,
-                 explicit_keys: Optional[Collection[str]] = None) -> None:
+                 explicit_keys: Optional[Collection[str]] = None, standby: Optional[StandbyMonitor] = None) -> None:
         self.cfg = cfg
         #: The keys of ``cfg`` set at launch (None: all): a rank's fallback values fill in the others.
         self.explicit_keys = explicit_keys
@@ -38,6 +39,8 @@ class NodeMonitor:
         self.socket_path = job_dir.monitor_socket
         self.events_path = job_dir.monitor_events
         self._token = token
+        #: A monitor process started ahead, its imports done or under way: the first start uses it.
+        self._standby = standby
         self._proc: Optional[MonitorProcess] = None
         self._starting = False
         self._offset = 0
@@ -48,9 +51,11 @@ class NodeMonitor:
 
     def start(self, wait: bool = True) -> None:
         """Start the monitor; with ``wait=False`` call :meth:`wait_ready` before workers need it."""
+        standby, self._standby = self._standby, None
         self._proc = RankMonitorServer.run_in_subprocess(
             self.cfg, self.socket_path, token=self._token, events_path=self.events_path,
-            stacks_dir=self.stacks_dir, wait=wait, launcher_reports_hangs=True, explicit_keys=self.explicit_keys)
+            stacks_dir=self.stacks_dir, wait=wait, launcher_reports_hangs=True, explicit_keys=self.explicit_keys,
+            standby=standby)
         self._starting = not wait
         log.debug("rank monitor started (pid %d)", self._proc.pid)
 

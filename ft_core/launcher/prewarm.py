@@ -36,7 +36,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Optional, Union
 
 from ft_core.launcher.zygote import (
@@ -134,15 +134,21 @@ class WorkerFactory:
     the job with one warning; workers are then started as new processes.
     """
 
-    def __init__(self, interpreter: str, invocation: PythonInvocation, modules: Sequence[str]) -> None:
+    def __init__(self, interpreter: str, invocation: PythonInvocation, modules: Sequence[str],
+                 env: Optional[Mapping[str, str]] = None) -> None:
         self.interpreter = interpreter
         self.invocation = invocation
         self.modules = tuple(modules)
+        #: The factory's environment (default: ours now): what its imports see, e.g. ``OMP_NUM_THREADS``.
+        self.env = dict(os.environ if env is None else env)
+        #: ``sys.path[0]`` of the workers, and of the factory while it imports.
+        self.path0 = invocation.path0(os.getcwd())
         self._proc: Optional[Union[subprocess.Popen, AdoptedProcess]] = None
         self._channel: Optional[FactoryChannel] = None
         #: The prepared successor (the factory's child until the factory exits) and our end of its channel.
         self._successor_pid: Optional[int] = None
         self._successor_channel: Optional[FactoryChannel] = None
+        self._started = False
         self._ready = False
         self._in_cycle = False
         self._forked: list[int] = []
@@ -151,8 +157,12 @@ class WorkerFactory:
 
     @classmethod
     def for_job(cls, entrypoint: Union[str, Callable[..., Any]], args: Sequence[Any], modules: Sequence[str],
-                numa_options: Any = None) -> Optional[WorkerFactory]:
-        """A factory for this job's workers, or ``None`` (with one warning) when they cannot be forked."""
+                numa_options: Any = None, *, env: Optional[Mapping[str, str]] = None,
+                quiet: bool = False) -> Optional[WorkerFactory]:
+        """A factory for this job's workers (not started), or ``None`` when they cannot be forked.
+
+        ``None`` comes with one warning naming why, unless ``quiet``. ``env``: see :attr:`env`.
+        """
         why_not = None
         invocation = None
         python = os.getenv("PYTHON_EXEC", sys.executable)  # what torchrun runs the training script with
@@ -169,20 +179,47 @@ class WorkerFactory:
             elif invocation.kind is EntryKind.SCRIPT:
                 why_not = _not_python_source(invocation.target)
         if why_not is not None or invocation is None or not isinstance(entrypoint, str):
-            log.warning("pre-warmed workers off: %s; workers are started as new processes", why_not)
+            if not quiet:
+                log.warning("pre-warmed workers off: %s; workers are started as new processes", why_not)
             return None
-        return cls(entrypoint, invocation, modules)
+        return cls(entrypoint, invocation, modules, env)
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The current factory's pid (None before :meth:`start` and after :meth:`close`)."""
+        return self._proc.pid if self._proc is not None else None
+
+    @property
+    def started(self) -> bool:
+        """:meth:`start` was called (the factory may since have failed or been closed)."""
+        return self._started
+
+    def differences(self, other: WorkerFactory) -> list[str]:
+        """What would make ``other``'s factory process differ from this one's (empty: interchangeable).
+
+        Environment variables are named, never their values (they may hold secrets).
+        """
+        mine, theirs = self._identity(), other._identity()
+        found = [name for name in mine if mine[name] != theirs[name]]
+        found += [f"${name}" for name in sorted(self.env.keys() | other.env.keys())
+                  if self.env.get(name) != other.env.get(name)]
+        return found
+
+    def _identity(self) -> dict[str, object]:
+        """Everything but the environment that the factory's command line (:func:`bootstrap_command`) holds."""
+        return {"interpreter": self.interpreter, "entry": (self.invocation.kind, self.invocation.target),
+                "unbuffered": self.invocation.unbuffered, "path0": self.path0, "modules": self.modules}
 
     # -- lifecycle ------------------------------------------------------------
     def start(self) -> None:
         """Start the first factory; it imports the modules while the launcher does its rendezvous."""
+        self._started = True
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        command = bootstrap_command(self.interpreter, self.invocation, child_end.fileno(),
-                                    self.invocation.path0(os.getcwd()), self.modules)
+        command = bootstrap_command(self.interpreter, self.invocation, child_end.fileno(), self.path0, self.modules)
         try:
             # A new session: a Ctrl-C meant for the launcher must not reach the factory.
             self._proc = subprocess.Popen(command, pass_fds=(child_end.fileno(),), stdin=subprocess.DEVNULL,
-                                          start_new_session=True,
+                                          env=self.env, start_new_session=True,
                                           preexec_fn=procutil.die_with_parent_preexec(os.getpid()))
         except OSError as exc:
             parent_end.close()

@@ -241,6 +241,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     launcher_pid = int(options["launcher-pid"])
     sys.path[0] = options["path0"]  # what the worker's sys.path[0] will be: imports resolve as in the worker
     started = time.perf_counter()
+    # As the gc.freeze() docs advise for a process that forks: no collection from here to the freeze.
+    # Its passes over torch's objects would take a tenth of a second and free holes in pages that the
+    # workers' allocations would then fill, copying those pages.
+    gc.disable()
     try:
         for name in filter(None, options["modules"].split(",")):
             importlib.import_module(name)
@@ -249,9 +253,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         channel.send(Failed(f"{type(exc).__name__}: {exc}"))
         os._exit(1)
     # Objects that exist now are shared with every worker: keep the workers' garbage collector
-    # from writing into them (which would copy their pages), as the gc.freeze() docs advise.
-    gc.collect()
+    # from writing into them (which would copy their pages).
     gc.freeze()
+    gc.enable()  # as in a new interpreter: the workers are forked from here
     channel.send(Ready(os.getpid(), time.perf_counter() - started))
     job, factory_pid = _serve(channel, launcher_pid)
     run_worker(job, launcher_pid, factory_pid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -14,9 +15,13 @@ from ft_core.config_loading import load_json
 from ft_core.jobdir import TOKEN_ENV
 from ft_core.monitor.server import RankMonitorServer
 from ft_core.monitor.snapshot import SNAPSHOT_SIGNAL
+from ft_core.monitor.spawn import STANDBY_FLAG
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == [STANDBY_FLAG]:
+        argv = _settings_from_stdin()
     parser = argparse.ArgumentParser(prog="python -m ft_core.monitor",
                                      description="The node monitor: watches every local rank and kills hung ones.")
     parser.add_argument("--socket", required=True, help="path of the Unix socket to serve")
@@ -61,6 +66,20 @@ def main(argv: Optional[list[str]] = None) -> int:
     except KeyboardInterrupt:
         pass
     return 0
+
+
+def _settings_from_stdin() -> list[str]:
+    """A standby monitor's command line and environment: one JSON line on stdin (imports are done by now).
+
+    Exits 0 when stdin closes without one: the launcher did not need this monitor.
+    """
+    line = sys.stdin.buffer.readline()
+    if not line:
+        sys.exit(0)
+    settings = json.loads(line)
+    os.environ.clear()
+    os.environ.update(settings["env"])  # the token among them: never on a command line
+    return [str(arg) for arg in settings["argv"]]
 
 
 if __name__ == "__main__":

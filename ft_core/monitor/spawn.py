@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 import select
@@ -16,7 +18,10 @@ from ft_core.events import read_events
 from ft_core.jobdir import TOKEN_ENV, JobDir, make_private_dir, token_path, write_private_file
 from ft_core.utils import procutil
 
-__all__ = ["MonitorProcess", "run_in_subprocess"]
+__all__ = ["STANDBY_FLAG", "MonitorProcess", "StandbyMonitor", "run_in_subprocess"]
+
+#: The only argument of a monitor started before its settings are known (see :class:`StandbyMonitor`).
+STANDBY_FLAG = "--standby"
 
 
 def run_in_subprocess(
@@ -30,6 +35,7 @@ def run_in_subprocess(
     wait: bool = True,
     launcher_reports_hangs: bool = False,
     explicit_keys: Optional[Collection[str]] = None,
+    standby: Optional[StandbyMonitor] = None,
 ) -> MonitorProcess:
     """Start a monitor in a new process (``python -m ft_core.monitor``) and wait until it serves.
 
@@ -40,7 +46,8 @@ def run_in_subprocess(
     later from this process inherit it. The token is also written to
     ``<socket_path>.token`` (mode 0600) for ranks started elsewhere by the
     same user. ``stacks_dir``, ``launcher_reports_hangs``, ``explicit_keys`` (None: every key of ``cfg``
-    was set at launch): see :class:`~ft_core.monitor.server.RankMonitorServer`.
+    was set at launch): see :class:`~ft_core.monitor.server.RankMonitorServer`. With a ``standby``
+    monitor, that process becomes the monitor (it has imported already), unless it is gone.
     """
     token = token or os.environ.get(TOKEN_ENV) or secrets.token_hex(16)
     os.environ[TOKEN_ENV] = token
@@ -58,12 +65,61 @@ def run_in_subprocess(
         args += ["--stacks-dir", stacks_dir]
     if launcher_reports_hangs:
         args.append("--launcher-reports-hangs")
-    proc = subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE,
-                            preexec_fn=procutil.die_with_parent)
+    proc = standby.take(args[3:], child_env) if standby is not None else None
+    if proc is None:
+        proc = subprocess.Popen(args, env=child_env, stdout=subprocess.PIPE, preexec_fn=procutil.die_with_parent)
     handle = MonitorProcess(proc, socket_path, token, events_path or job_dir.monitor_events)
     if wait:
         handle.wait_ready(start_timeout)
     return handle
+
+
+class StandbyMonitor:
+    """A monitor process started before its settings are known (``python -m ft_core.monitor --standby``).
+
+    It imports while its starter does other things (``ft_launcher`` starts it
+    before its own imports), then waits for its command line and environment
+    on stdin: :func:`run_in_subprocess` hands them over (:meth:`take`).
+    Dies with its starter, as any monitor; :meth:`close` ends one never taken.
+    """
+
+    def __init__(self) -> None:
+        self.proc: Optional[subprocess.Popen] = subprocess.Popen(
+            [sys.executable, "-m", "ft_core.monitor", STANDBY_FLAG], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            preexec_fn=procutil.die_with_parent)
+
+    def take(self, args: list[str], env: dict[str, str]) -> Optional[subprocess.Popen]:
+        """The process, now the monitor of ``args`` (``python -m ft_core.monitor`` ``args``) and ``env``.
+
+        None if it is gone (then start a new one): once, whatever happens.
+        """
+        proc, self.proc = self.proc, None
+        if proc is None or proc.stdin is None:
+            return None
+        try:
+            # One line; a pipe's buffer holds a usual environment, so this does not wait for its imports.
+            proc.stdin.write(json.dumps({"argv": args, "env": env}).encode() + b"\n")
+            proc.stdin.close()
+        except OSError:  # it died (e.g. a broken installation): the new one will say why
+            _end(proc)
+            return None
+        return proc
+
+    def close(self) -> None:
+        """End the process if it was never taken."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            _end(proc)
+
+
+def _end(proc: subprocess.Popen) -> None:
+    for stream in (proc.stdin, proc.stdout):
+        if stream is not None:
+            with contextlib.suppress(OSError):
+                stream.close()
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 
 class MonitorProcess:

@@ -323,7 +323,7 @@ def test_verbose_launch_keeps_only_the_keys_set_at_launch(monkeypatch):
 
     launched = {}
 
-    def launch(config, entrypoint, cmd_args, cfg, options, *, explicit_keys):
+    def launch(config, entrypoint, cmd_args, cfg, options, *, explicit_keys, head_start):
         launched.update(cfg=cfg, explicit_keys=explicit_keys)
 
     monkeypatch.setattr(cli, "launch", launch)

@@ -1,0 +1,80 @@
+"""The launcher's head start: the worker factory it guesses before its imports is the one the job needs, or none.
+
+The processes (a guessed factory started, adopted or stopped) are in tests/integration/ft_core/launcher/test_head_start.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ft_core.launcher import cli
+from ft_core.launcher.head_start import guess_factory
+from ft_core.launcher.prewarm import WorkerFactory
+
+
+@pytest.fixture
+def job_dir(tmp_path, monkeypatch):
+    """A working directory with a training script and package, and no torchrun settings from the environment."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('train')\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "train.py").write_text("print('train')\n")
+    for name in [name for name in os.environ if name.startswith("PET_")] + ["PYTHON_EXEC"]:
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+def _wanted(argv: list[str], monkeypatch) -> WorkerFactory:
+    """The factory ``launch`` asks for after the real parse (torchrun's parser and its change to the environment)."""
+    launched = {}
+
+    def launch(config, entrypoint, cmd_args, cfg, options, *, explicit_keys, head_start):
+        launched["factory"] = WorkerFactory.for_job(entrypoint, cmd_args, options.prewarm_modules,
+                                                    config.numa_options, env=dict(os.environ))
+        return 0
+
+    monkeypatch.setattr(cli, "launch", launch)
+    assert cli.main(argv) == 0
+    assert launched["factory"] is not None
+    return launched["factory"]
+
+
+@pytest.mark.parametrize("omp", [None, "4"])
+@pytest.mark.parametrize("argv", [
+    ["--standalone", "--nproc-per-node=2", "train.py", "--lr", "0.1", "-m", "x.py"],
+    ["--nproc_per_node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "train.py"],
+    ["--standalone", "--nproc-per-node=1", "--ft-prewarm=on", "train.py"],  # torchrun leaves OMP_NUM_THREADS alone
+    ["--standalone", "--ft-prewarm-modules", "json,torch", "--nproc-per-node", "3", "-m", "pkg.train", "-x"],
+    ["--standalone", "--nproc-per-node=2", "--ft-cfg-path", "ft.yaml", "--module", "pkg.train"],
+])
+def test_the_guess_is_the_factory_the_parsed_command_line_asks_for(job_dir, monkeypatch, argv, omp):
+    (job_dir / "ft.yaml").write_text("fault_tolerance: {}\n")
+    monkeypatch.setenv("OMP_NUM_THREADS", omp or "")  # recorded, so torchrun's own change is undone
+    if omp is None:
+        monkeypatch.delenv("OMP_NUM_THREADS")
+    guess = guess_factory(argv)
+    assert guess is not None and not guess.started
+    assert guess.differences(_wanted(argv, monkeypatch)) == []
+
+
+@pytest.mark.parametrize("argv", [
+    ["--standalone", "--ft-no-prewarm", "train.py"],
+    ["--standalone", "--ft-prewarm=off", "train.py"],
+    ["--standalone", "--ft_prewarm", "off", "train.py"],
+    ["--standalone", "--no-python", "train.py"],
+    ["--standalone", "--run-path", "train.py"],
+    ["--standalone", "train"],  # not a .py file: torchrun's parser alone knows what it is
+    ["--standalone", "missing.py"],
+    ["--standalone", "--", "train.py"],
+    ["--standalone", "-m"],
+    ["--standalone", "--ft-prewarm"],  # the launcher's parser reports this, not the guess
+    ["--help"],
+    [],
+])
+def test_no_guess_where_prewarming_is_off_or_the_command_line_is_unclear(job_dir, argv, capsys):
+    assert guess_factory(argv) is None
+    assert capsys.readouterr() == ("", "")
+
