@@ -74,6 +74,7 @@ from ft_core.launcher.coordination import (
     Decision,
     JobCoordinator,
     leave_rendezvous,
+    nodes_could_join,
     spares_waiting,
 )
 from ft_core.launcher.cycle_triggers import CycleTriggers
@@ -271,18 +272,18 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                     return result
         except SignalException as exc:
             return self._on_signal(exc.sigval)
-        except RendezvousGracefulExitError:
-            # A hot spare that was never needed: the job ended (or stopped) without it.
+        except (RendezvousGracefulExitError, RendezvousClosedError):
+            # The rendezvous closed while this node waited to join a round: a hot spare that was never
+            # needed, or a node whose place a spare took after a fault. The job ended (or stopped)
+            # without it: its nodes record every stop in the job store before they close, and wait
+            # for the spares to read it. Torch ends a node in its redundancy list gracefully; one in
+            # its wait list (a spare too, at the job's --nnodes maximum: see nodes_could_join) sees
+            # the rendezvous closed.
             stop = self._stop_decision()
             self._coord.spare_released()
             if stop is not None:
                 return self._finish(Outcome(stop.exit_code, f"spare released: {stop.reason}", "keep"))
             return self._finish(Outcome(0, "spare released: the job finished without it", "keep"))
-        except RendezvousClosedError:
-            stop = self._stop_decision()
-            if stop is not None:
-                return self._finish(Outcome(stop.exit_code, stop.reason, "keep"))
-            return self._finish(Outcome(1, "the rendezvous was closed by another node", "keep"))
 
     def _wait_for_next_pass(self) -> None:
         """Wait ``--monitor-interval``, or less: a running worker's exit starts the next pass at once."""
@@ -327,7 +328,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
             decision = self._coord.poll(self._cycle_number())
             if decision is not None:
                 trigger = Trigger(RestartKind.PEER, f"{decision.node}: {decision.reason}", time.time())
-            elif wg.spec.rdzv_handler.num_nodes_waiting() > 0:
+            elif nodes_could_join(wg.spec.rdzv_handler, wg.group_world_size or 1):
                 # Torch's scale-up rule: new nodes are waiting; not a fault, not budgeted.
                 trigger = Trigger(RestartKind.MEMBERSHIP, "new nodes are waiting to join", time.time())
         if trigger is None:

@@ -156,3 +156,33 @@ def test_faults_that_follow_one_node_exclude_it_and_the_hot_spare_takes_its_plac
         assert [e["cycle"] for e in c.events("cycle_start")] == [3]  # the spare ran the last cycle
         assert [e["cycle"] for e in a.events("cycle_start")] == [0, 1, 2, 3]
         assert launchers.alive_now() == []
+
+
+def test_a_hot_spare_waiting_through_fault_restarts_never_makes_them_endless(tmp_path):
+    # A job at its --nnodes maximum (2:2) with a hot spare C waiting; B's rank fails in cycle 0, once C
+    # waits. A spare that syncs in the instant a restarting node has left the round
+    # lands in torch's wait list; torch's scale-up rule ("new nodes are waiting") then restarted the job
+    # again and again, each new round leaving a node waiting: the job never finished (cycle 98 after 2
+    # minutes). Now a waiting node where no room is left is a spare: one fault restart, no membership
+    # restart, every launcher exits 0 (the one left waiting is released as a spare).
+    rdzv = Rendezvous("c10d")
+    flags = rdzv.flags("2:2", max_restarts=4)
+    # Cycle 0: the healthy rank steps until it is stopped (no process group: it cannot see its peer die);
+    # cycle 1, whoever its nodes are, runs its 20 steps and finishes.
+    env = dict(FT_TEST_TORCH="0", FT_TEST_FAULT="exit3", FT_TEST_STEPS="20", FT_TEST_FAULT_STEP="100")
+    with LauncherGroup(tmp_path) as launchers:
+        a = launchers.start(*flags, name="A", nproc=1, FT_TEST_FAULT_RANK="99", **env)
+        rdzv.wait_ready()
+        b = launchers.start(*flags, name="B", nproc=1, FT_TEST_FAULT_RANK="local0", **env)
+        b.wait_event("cycle_start", 120, cycle=0)
+        c = launchers.start(*flags, name="C", nproc=1, FT_TEST_FAULT_RANK="99", **env)
+        wait_for(lambda: rdzv.spares_waiting() == 1, 120, "C to wait as a hot spare", interval=0.2)
+        assert not a.events("restart"), "the first fault came before the spare waited: the test proves nothing"
+        for node in (a, b, c):
+            assert node.wait(120) == 0, node.output()[-4000:]
+        restarts = [e["kind"] for node in (a, b, c) for e in node.events("restart")]
+        assert "membership" not in restarts, restarts
+        assert [e["cycle"] for e in a.events("cycle_start")] == [0, 1]
+        # Cycle 1 ran on two of the three nodes; the third ended as a released spare.
+        assert sorted(any(e["cycle"] == 1 for e in node.events("cycle_start")) for node in (b, c)) == [False, True]
+        assert launchers.alive_now() == []
