@@ -249,9 +249,29 @@ def mark_bad(checkpoint: str, reason: str) -> None:
     The mark lists the files of the content on disk now (when its manifest matches it): a
     later save under the same name is not condemned by it.
     """
-    found = _matching_version(checkpoint, require_manifest=False)
-    files = [dataclasses.asdict(entry) for entry in found.files] if isinstance(found, Version) else None
+    content = _condemned_content(checkpoint)
+    files = [dataclasses.asdict(entry) for entry in content] if content is not None else None
     atomic_write_json(checkpoint.rstrip("/") + _BAD_SUFFIX, {"reason": reason, "time": time.time(), "files": files})
+
+
+def _condemned_content(checkpoint: str) -> Optional[tuple[FileEntry, ...]]:
+    """The files of the content a mark of ``checkpoint`` condemns (None: whatever is on disk).
+
+    The launcher marks checkpoints on its restart path: a manifest with one version names the
+    content without reading the checkpoint (gigabytes for a sharded one). Content on disk that
+    does not match that version is rejected by the check anyway. Only a file caught between
+    two saves (several versions listed) is read, to find which one it holds.
+    """
+    try:
+        manifest = read_manifest(checkpoint)
+    except (OSError, ValueError):
+        return None
+    if manifest is None or not manifest.versions:
+        return None
+    if len(manifest.versions) == 1:
+        return manifest.versions[0].files
+    found = _matching_version(checkpoint, require_manifest=False)
+    return found.files if isinstance(found, Version) else None
 
 
 def _marked_bad(checkpoint: str, found: Version | Rejection | None) -> Optional[str]:

@@ -27,7 +27,7 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Optional
 
-from ft_core.checkpoint_manifest import Rejection, checksum, read_manifest, verified_version
+from ft_core.checkpoint_manifest import Rejection, Version, checksum, read_manifest, verified_version
 from ft_core.events import CheckpointLoaded, CheckpointRejected
 from ft_core.fault_policy import FaultPolicy, NonFiniteLossError
 from ft_core.rank_records import current_cycle, write_rank_record
@@ -171,7 +171,7 @@ def load_verified(requested: str, fallbacks: Sequence[str], load: Callable[[str]
     condemned: dict[tuple[int, int], str] = {}  # the (size, CRC-32) of files marked bad -> the name marked
     for candidate in [requested, *fallbacks]:
         found = verified_version(candidate, require_manifest=strict, share=share)
-        problem = found if isinstance(found, Rejection) else _copy_of_condemned(candidate, condemned)
+        problem = found if isinstance(found, Rejection) else _copy_of_condemned(candidate, found, condemned)
         if isinstance(found, Rejection) and found.reason.startswith("marked bad") and os.path.isfile(candidate):
             condemned.setdefault(checksum(candidate), candidate)
         state = None
@@ -230,11 +230,18 @@ def _share() -> tuple[int, int]:
     return 0, 1
 
 
-def _copy_of_condemned(candidate: str, condemned: dict[tuple[int, int], str]) -> Optional[Rejection]:
-    """A rejection when the file ``candidate`` holds the very bytes of a file marked bad in this load."""
+def _copy_of_condemned(candidate: str, found: Optional[Version],
+                       condemned: dict[tuple[int, int], str]) -> Optional[Rejection]:
+    """A rejection when the file ``candidate`` holds the very bytes of a file marked bad in this load.
+
+    ``found``: the manifest version the candidate was just verified to hold: its size and CRC-32
+    are the file's, so the file is read again only without one (no manifest).
+    """
     if not condemned or not os.path.isfile(candidate):
         return None
-    marked = condemned.get(checksum(candidate))
+    content = (found.files[0].size, found.files[0].crc32) if found is not None and len(found.files) == 1 \
+        else checksum(candidate)
+    marked = condemned.get(content)
     return None if marked is None else Rejection(candidate, f"marked bad: the same content as {marked}")
 
 
