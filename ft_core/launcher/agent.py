@@ -545,12 +545,19 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                 cause=f"launcher {sig.name}", exit_code=exit_code, signal=killed_by))
         return self._finish(signal_outcome(sig, f"workers exit codes {codes}", finished_before))
 
-    def release_rendezvous(self, how: str) -> None:
-        """After ``run()``: "close" the rendezvous for every node, "leave" it, or "keep" it (see Outcome)."""
+    def release_rendezvous(self, outcome: Outcome) -> None:
+        """After ``run()``: "close" the rendezvous for every node, "leave" it, or "keep" it (see Outcome).
+
+        A node waiting to join when the rendezvous closes (a hot spare) reads the job's end from
+        the job store: a failure this node closes it on (a launcher error) is recorded there as
+        the job's stop first, so that the spare does not take the close for a finished job.
+        """
         handler = self._worker_group.spec.rdzv_handler
-        if how == "leave":
+        if outcome.rendezvous == "leave":
             leave_rendezvous(handler)
-        elif how == "close":
+        elif outcome.rendezvous == "close":
+            if outcome.exit_code != 0 and self._coord.job_store is not None:
+                self._coord.request_stop(outcome.reason, outcome.exit_code)
             spares = spares_waiting(handler)
             handler.shutdown()
             if spares:

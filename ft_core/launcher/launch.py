@@ -131,7 +131,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     finally:
         _ignore_signals(config.signals_to_handle)  # teardown must finish
         if agent is not None:
-            _release_rendezvous(agent, outcome.rendezvous)
+            _release_rendezvous(agent, outcome)
         if control is not None:
             control.close()
         if prometheus is not None:
@@ -172,9 +172,9 @@ def _default_events_path(config: LaunchConfig) -> str:
     return os.path.join(root, EVENTS_FILE_NAME)
 
 
-def _release_rendezvous(agent: FtElasticAgent, how: str) -> None:
+def _release_rendezvous(agent: FtElasticAgent, outcome: Outcome) -> None:
     try:
-        agent.release_rendezvous(how)
+        agent.release_rendezvous(outcome)
     except Exception as exc:  # noqa: BLE001 - the store host may already be gone at the end of a job
         log.warning("could not release the rendezvous: %s", exc)
 

@@ -205,3 +205,21 @@ def test_a_crash_is_blamed_on_the_rank_that_died_first_not_on_the_exception_it_c
     # Rank 3 never connected, rank 2's end is recorded before the launcher saw rank 3 dead: nothing says rank 3
     # died first, the exception is blamed.
     assert crash_cycle({100: 10.2}, reported_at=10.1).kind == "exception"
+
+
+def test_a_failure_that_closes_the_rendezvous_is_recorded_as_the_jobs_stop_for_the_waiting_spares():
+    # A spare waiting to join reads the job's end from the job store when the rendezvous closes: with no
+    # stop recorded it takes the close for a finished job and exits 0. A launcher error must not read so.
+    calls: list[object] = []
+    agent = FtElasticAgent.__new__(FtElasticAgent)
+    handler = types.SimpleNamespace(shutdown=lambda: calls.append("shutdown"))
+    agent._worker_group = types.SimpleNamespace(spec=types.SimpleNamespace(rdzv_handler=handler))
+    agent._coord = types.SimpleNamespace(job_store=object(), request_stop=lambda reason, code: calls.append((reason, code)),
+                                         wait_spares_released=lambda count, timeout: True)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("ft_core.launcher.agent.spares_waiting", lambda _handler: 0)
+        agent.release_rendezvous(Outcome(1, "launcher error: OSError: boom"))
+        assert calls == [("launcher error: OSError: boom", 1), "shutdown"]
+        calls.clear()
+        agent.release_rendezvous(Outcome(0, "all workers finished successfully"))
+        assert calls == ["shutdown"]  # a finished job: nothing to stop
