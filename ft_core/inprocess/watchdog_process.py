@@ -81,6 +81,9 @@ class RankWatchdogProcess:
     def start(cls, config: WatchdogConfig, shared: SharedState) -> RankWatchdogProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
+        # The store loop logs each failure in one line; torch's C++ warnings would add a native stack per retry
+        # (every heartbeat, for seconds, once the job's store is gone), burying the lines that matter.
+        env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         proc = subprocess.Popen(
             [sys.executable, "-c", _ENTRY, str(shared.fd)],
             stdin=subprocess.PIPE,

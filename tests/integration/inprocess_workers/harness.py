@@ -45,7 +45,7 @@ class Job:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                raise AssertionError(f"ranks still running after {timeout} s\n{self.logs()}") from None
+                raise AssertionError(f"ranks still running after {timeout} s\n{self.logs(tail=4000)}") from None
         return [proc.returncode for proc in self.procs]
 
     def events(self) -> dict[int, list[dict[str, Any]]]:
@@ -56,9 +56,12 @@ class Job:
                 found[rank] = [json.loads(line) for line in path.read_text().splitlines()]
         return found
 
-    def logs(self) -> str:
+    def logs(self, tail: int | None = None) -> str:
+        """Every rank's log (each with its watchdog process's lines); ``tail``: only the last characters of each,
+        for a failure message. Search the whole text: a watchdog that lost the store after the job ended can
+        log for seconds more, past any tail."""
         return "\n".join(
-            f"--- rank {rank} ---\n{(self.out / f'rank{rank}.log').read_text()[-4000:]}"
+            f"--- rank {rank} ---\n{(self.out / f'rank{rank}.log').read_text()[-(tail or 0):]}"
             for rank in range(len(self.procs))
         )
 

@@ -25,20 +25,20 @@ def assert_left_blocked_collective(job, rank):
     """
     begun = [e["iteration"] for e in events_of(job, rank, "collective_begin")]
     done = [e["iteration"] for e in events_of(job, rank, "collective_done")]
-    assert (begun, done) == ([0, 1], [1]), job.logs()
+    assert (begun, done) == ([0, 1], [1]), job.logs(tail=4000)
 
 
 def assert_restarted_in_process(job, ranks, iterations=(0, 1)):
     events = job.events()
     for rank in ranks:
         runs = starts(events[rank])
-        assert [e["iteration"] for e in runs] == list(iterations), job.logs()
+        assert [e["iteration"] for e in runs] == list(iterations), job.logs(tail=4000)
         assert len({e["pid"] for e in runs}) == 1, f"rank {rank} ran in more than one process: {runs}"
 
 
 def test_exception_restarts_every_rank_in_process(start_job):
     job = start_job("exception")
-    assert job.wait(90) == [0, 0, 0], job.logs()
+    assert job.wait(90) == [0, 0, 0], job.logs(tail=4000)
     assert_restarted_in_process(job, range(3))
     for rank in range(3):
         assert result(job.events()[rank]) == 3
@@ -49,7 +49,7 @@ def test_exception_restarts_every_rank_in_process(start_job):
 
 def test_rank_hung_in_python_is_interrupted_at_soft_timeout(start_job):
     job = start_job("soft_timeout")
-    assert job.wait(90) == [0, 0, 0], job.logs()
+    assert job.wait(90) == [0, 0, 0], job.logs(tail=4000)
     assert_restarted_in_process(job, range(3))
     assert [e["iteration"] for e in events_of(job, 2, "fault")] == [0]
     for rank in range(3):
@@ -62,11 +62,11 @@ def test_rank_hung_in_python_is_interrupted_at_soft_timeout(start_job):
 
 def test_atomic_section_delays_abort_until_it_ends(start_job):
     job = start_job("atomic")
-    assert job.wait(90) == [0, 0, 0], job.logs()
+    assert job.wait(90) == [0, 0, 0], job.logs(tail=4000)
     assert_restarted_in_process(job, range(3))
     atomic_end = events_of(job, 1, "atomic_end")
     aborts = events_of(job, 1, "abort")
-    assert len(atomic_end) == 1 and [e["iteration"] for e in aborts] == [0], job.logs()
+    assert len(atomic_end) == 1 and [e["iteration"] for e in aborts] == [0], job.logs(tail=4000)
     # Rank 0 failed about 1.5 s before rank 1's atomic section ended, yet rank 1 aborted after it.
     assert aborts[0]["time"] >= atomic_end[0]["time"]
     assert events_of(job, 0, "abort")[0]["time"] < atomic_end[0]["time"]
