@@ -115,7 +115,9 @@ def startup_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
     first = data.get("first_rank_running_s")
     if first:
         yield ("launch → first rank running: ft_launcher / torchrun", spread(data["first_rank_ratio"], "×"),
-               f"ft_launcher {first['ft']['median']:.2f} s, torchrun {first['torchrun']['median']:.2f} s", "≤ 1×")
+               f"ft_launcher {first['ft']['median']:.2f} s, torchrun {first['torchrun']['median']:.2f} s"
+               + ("" if data.get("bytecode_cached", True) else " (ft_core compiled from source at each start)"),
+               "≤ 1×")
 
 
 def false_kills_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from importlib import metadata
 
-__all__ = ["DISTRIBUTION", "UNKNOWN_VERSION", "__version__", "python_version", "torch_version", "version",
+__all__ = ["DISTRIBUTION", "UNKNOWN_VERSION", "python_version", "torch_version", "version",
            "version_line"]
 
 #: The distribution name on the package index (``pip install ft-suite``).
@@ -29,6 +28,8 @@ UNKNOWN_VERSION = "0+unknown"
 @functools.cache
 def version() -> str:
     """The installed ft-suite's version, or :data:`UNKNOWN_VERSION`."""
+    from importlib import metadata  # here: its import alone costs ~15 ms of the launcher's start
+
     try:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
@@ -53,5 +54,9 @@ def version_line(program: str) -> str:
     return f"{program} (ft-suite) {version()} (Python {python_version()}, torch {torch_version()})"
 
 
-#: ft-suite's version (``ft_core.__version__``); this module is imported only when it is asked for.
-__version__ = version()
+def __getattr__(name: str) -> str:
+    """``__version__``: ft-suite's version (``ft_core.__version__``), read when asked for: the metadata lookup
+    costs tens of milliseconds, and the launcher imports this module before its first workers start."""
+    if name == "__version__":
+        return version()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,6 +23,7 @@ so the job store always lives wherever torch's rendezvous state lives.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Optional, Protocol, TypeVar
 
@@ -264,13 +265,13 @@ class EtcdV3JobStore:
 
 def job_store_on(store: dist.Store, run_id: str) -> JobStore:
     """The job store on a rendezvous store: etcd's own operations for torch's ``EtcdStore`` and for etcd-v3."""
-    from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore
-
-    from ft_core.launcher.etcd_v3 import EtcdV3Store, job_prefix
-
-    if isinstance(store, EtcdV3Store):
-        return EtcdV3JobStore(store.client, f"{job_prefix(run_id)}/job", store.lease)
-    if isinstance(store, EtcdStore):
+    # An etcd store's module is imported by the backend that made it: if it is not, the store is no etcd
+    # store, and the launch of a c10d job does not import python-etcd (80 ms before its first workers).
+    etcd_v3 = sys.modules.get("ft_core.launcher.etcd_v3")
+    if etcd_v3 is not None and isinstance(store, etcd_v3.EtcdV3Store):
+        return EtcdV3JobStore(store.client, f"{etcd_v3.job_prefix(run_id)}/job", store.lease)
+    etcd_v2 = sys.modules.get("torch.distributed.elastic.rendezvous.etcd_store")
+    if etcd_v2 is not None and isinstance(store, etcd_v2.EtcdStore):
         # The same client (and thus the same endpoint, TLS settings and member list) as torch's.
         return EtcdJobStore(store.client, f"/{NAMESPACE}/{run_id}")
     return C10dJobStore(dist.PrefixStore(f"{NAMESPACE}/{run_id}", store))
