@@ -187,6 +187,11 @@ def snapshot_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
            f"{every} steps (a snapshot costs {cost:.2f} s CPU; at the default, `snapshot_every=\"auto\"`: every "
            f"{chosen} steps here, {100 * cost / (chosen * cpu_step):.1f} %)", "",
            "≤ 3 % at the default (`auto`, from the job's measured cost)")
+    if data.get("auto_overhead_pct"):
+        yield (f"step-time overhead at the default interval, measured (every {chosen} steps: {data['auto_pairs']} "
+               f"pairs of {chosen}-step blocks, one snapshot / none, interleaved): wall / CPU time",
+               f"{spread(data['auto_overhead_pct'], ' %')} / {spread(data['auto_cpu_overhead_pct'], ' %')}",
+               "the same blocks without a snapshot", "≤ 3 %")
     snap, disk = data["resume_from_snapshot_s"], data["resume_from_disk_s"]
     yield ("resume from the snapshot (agreement, CRC-32, mapped load) / from a disk checkpoint of the same state, "
            "each until the state is copied into the training tensors",

@@ -16,7 +16,10 @@ Measured in one process, in this order:
   keeps snapshots within 3 % of a step (``snapshot_every_for_3pct``) follow, beside the interval
   ``snapshot_every="auto"`` derives from what a job measures (``auto_snapshot_every``: the training
   thread's time plus the writer thread's CPU time per snapshot, ``auto_cost_per_snapshot_s``, within
-  2 % of the wall step time, see ``ft_core.snapshots.interval``);
+  2 % of the wall step time, see ``ft_core.snapshots.interval``) and the overhead measured at that
+  interval (``auto_overhead_pct``, ``auto_cpu_overhead_pct``: ``--auto-pairs`` pairs of blocks of
+  that many steps, one snapshot in one block of each pair, none in the other, in alternating order,
+  each step against the median of the steps around it, see ``overhead_at_interval``);
 * ``resume_from_snapshot_s`` (agreement, checksums, ``torch.load(mmap=True)`` from shared memory)
   against ``resume_from_disk_s`` (the manifest's checksum and ``torch.load`` of the same state saved
   as a disk checkpoint in ``--disk-dir``, its pages dropped from the page cache first, as after a
@@ -28,7 +31,7 @@ Measured in one process, in this order:
   ``resume_from_disk_warm_cpu_s``).
 
     python benchmarks/snapshot.py [--state-mb 192] [--repeats 10] [--rounds 4] [--steps 60]
-                                  [--step-ms 200] [--snapshot-every N]
+                                  [--step-ms 200] [--snapshot-every N] [--auto-pairs 6]
 """
 
 from __future__ import annotations
@@ -94,6 +97,8 @@ class Stepper:
         self.state = state
         self.a = torch.randn(256, 256)
         self.matmuls = 1
+        for _ in range(20):  # warm-up: the first matmuls start torch's thread pool and would count as steps
+            self.a @ self.a
         start = time.perf_counter()
         for _ in range(20):
             self.a @ self.a
@@ -114,6 +119,56 @@ class Stepper:
         self.state["step"] += 1
 
 
+#: Steps on each side of a step in the local median its time is compared with (see ``overhead_at_interval``).
+LOCAL_STEPS = 7
+
+
+def excess(times: list[float]) -> tuple[float, float]:
+    """(time beyond each step's local median, summed; the steps' median time) of a block of steps."""
+    beyond = 0.0
+    for i, value in enumerate(times):
+        beyond += value - statistics.median(times[max(0, i - LOCAL_STEPS):i + LOCAL_STEPS + 1])
+    return beyond, statistics.median(times)
+
+
+def overhead_at_interval(node: NodeSnapshots, stepper: Stepper, state: dict, every: int,
+                         pairs: int) -> tuple[list[float], list[float]]:
+    """Step-time overhead (wall %, CPU %) of a snapshot every ``every`` steps, measured directly.
+
+    Each pair runs two blocks of ``every`` steps, one taking the one snapshot due in it and one
+    taking none, in alternating order; a block waits for its snapshot's write to end, which
+    belongs to its last step. This machine's speed drifts by 10-20 % over tens of steps, far more
+    than a snapshot costs, so block totals cannot be compared: each step is compared with the
+    median of the steps around it instead (``LOCAL_STEPS`` each side), which follows the drift
+    while the few steps a snapshot slows stand out. The overhead is the block's time beyond those
+    local medians with the snapshot, less the same without (the steps' own unevenness), over
+    ``every`` median steps.
+    """
+    wall, cpu = [], []
+    for pair in range(pairs):
+        blocks: dict[bool, tuple[tuple[float, float], tuple[float, float]]] = {}
+        for with_snapshot in ((False, True) if pair % 2 == 0 else (True, False)):
+            assert node.writer is not None
+            node.writer.wait()
+            steps, cpu_steps = [], []
+            for _ in range(every):
+                start, cpu_start = time.perf_counter(), time.process_time()
+                stepper.step()
+                if with_snapshot and node.due(state["step"], every):
+                    node.take(state["step"], lambda: state)
+                steps.append(time.perf_counter() - start)
+                cpu_steps.append(time.process_time() - cpu_start)
+            start, cpu_start = time.perf_counter(), time.process_time()
+            node.writer.wait()
+            steps[-1] += time.perf_counter() - start
+            cpu_steps[-1] += time.process_time() - cpu_start
+            blocks[with_snapshot] = (excess(steps), excess(cpu_steps))
+        for kind, samples in ((0, wall), (1, cpu)):
+            (beyond_with, _), (beyond_without, median) = blocks[True][kind], blocks[False][kind]
+            samples.append(100.0 * (beyond_with - beyond_without) / (every * median))
+    return wall, cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state-mb", type=int, default=192)
@@ -124,6 +179,9 @@ def main() -> None:
     parser.add_argument("--snapshot-every", type=int, default=10,
                         help="snapshots in the measured loop (often, to measure their cost; the default interval "
                              "is 'auto': see auto_snapshot_every)")
+    parser.add_argument("--auto-pairs", type=int, default=6,
+                        help="pairs of blocks of auto_snapshot_every steps, with one snapshot and without, that "
+                             "measure the overhead at the default interval directly (0: skip)")
     parser.add_argument("--disk-dir", default=os.path.dirname(os.path.abspath(__file__)))
     args = parser.parse_args()
 
@@ -174,6 +232,13 @@ def main() -> None:
             cpu_with.append(cpu["with"])
             cpu_overhead.append(100.0 * (cpu["with"] / cpu["without"] - 1.0))
 
+        # What snapshot_every="auto" picks from the same measurements as a job makes them: the training thread's
+        # time, the writer thread's CPU and wall time per snapshot, and the (wall) step time.
+        auto_cost = SnapshotCost(statistics.median(copy), statistics.median(c[0] for c in writer_costs if c),
+                                 statistics.median(c[1] for c in writer_costs if c))
+        auto_every = interval_for(auto_cost, statistics.median(without))
+        at_auto = overhead_at_interval(node, stepper, state, auto_every, args.auto_pairs)
+
         assert node.writer is not None
         node.writer.wait()
         skipped = node.writer.skipped
@@ -213,11 +278,6 @@ def main() -> None:
     # and far less disturbed than wall time by other processes on a shared machine.
     cpu_cost = max(0.0, statistics.median(w - wo for w, wo in zip(cpu_with, cpu_without)) * args.snapshot_every)
     every_for_3pct = max(1, math.ceil(cpu_cost / (0.03 * statistics.median(cpu_without))))
-    # What snapshot_every="auto" picks from the same measurements as a job makes them: the training thread's
-    # time, the writer thread's CPU and wall time per snapshot, and the (wall) step time.
-    auto_cost = SnapshotCost(statistics.median(copy), statistics.median(c[0] for c in writer_costs if c),
-                             statistics.median(c[1] for c in writer_costs if c))
-    auto_every = interval_for(auto_cost, statistics.median(without))
     emit({
         "state_mb": round(nbytes / (1 << 20), 1),
         "repeats": args.repeats,
@@ -240,6 +300,10 @@ def main() -> None:
         "snapshot_every_for_3pct": every_for_3pct,
         "auto_snapshot_every": auto_every,
         "auto_cost_per_snapshot_s": round(auto_cost.total_s, 4),
+        # Measured at that interval, block against block (one snapshot in each block "with").
+        "auto_pairs": args.auto_pairs,
+        "auto_overhead_pct": summarize(at_auto[0], digits=2) if at_auto[0] else None,
+        "auto_cpu_overhead_pct": summarize(at_auto[1], digits=2) if at_auto[1] else None,
         "snapshots_skipped": skipped,
         "resume_from_snapshot_s": summarize(from_snapshot, digits=4),
         "resume_from_disk_s": summarize(from_disk, digits=4),
