@@ -122,6 +122,7 @@ bench: setup bytecode
 	$(BENCH_RUN) restart_latency_prewarm_off benchmarks/restart_latency.py --prewarm off --restarts 5 --no-baseline --no-hang
 	$(BENCH_RUN) memory_overhead benchmarks/memory_overhead.py --prewarm both
 	$(BENCH_RUN) startup benchmarks/startup.py --runs 12
+	$(BENCH_RUN) startup_prewarm_off benchmarks/startup.py --runs 12 --prewarm off
 	$(BENCH_RUN) false_kills benchmarks/false_kills.py
 	$(BENCH_RUN) lightning_overhead benchmarks/lightning_overhead.py
 	$(BENCH_RUN) inprocess_restart benchmarks/inprocess_restart.py --faults 5
