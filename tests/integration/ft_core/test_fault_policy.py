@@ -122,6 +122,19 @@ def test_an_exception_raised_first_is_blamed_though_its_peer_then_dies_without_a
         assert launchers.alive_now() == []
 
 
+def start_with_spare(launchers: LauncherGroup, rdzv: Rendezvous, flags: list[str], env: dict[str, str],
+                     spare_in_cycle: int):
+    """Nodes A and B run the job (one rank each; B's is the one ``env``'s fault targets); C starts once B
+    began cycle ``spare_in_cycle`` and is returned when it waits as a hot spare."""
+    a = launchers.start(*flags, name="A", nproc=1, FT_TEST_FAULT_RANK="99", **env)
+    rdzv.wait_ready()
+    b = launchers.start(*flags, name="B", nproc=1, FT_TEST_FAULT_RANK="local0", **env)
+    b.wait_event("cycle_start", 120, cycle=spare_in_cycle)
+    c = launchers.start(*flags, name="C", nproc=1, FT_TEST_FAULT_RANK="99", **env)
+    wait_for(lambda: rdzv.spares_waiting() == 1, 120, "C to wait as a hot spare", interval=0.2)
+    return a, b, c
+
+
 def test_faults_that_follow_one_node_exclude_it_and_the_hot_spare_takes_its_place(tmp_path):
     # A hosts the rendezvous store, B runs the other rank. B's rank fails in cycles 0-2, differently each
     # time (an exception, exit 3, SIGKILL): three different faults on one node (--ft-suspect-node-faults, 3).
@@ -134,12 +147,7 @@ def test_faults_that_follow_one_node_exclude_it_and_the_hot_spare_takes_its_plac
     env = dict(FT_TEST_TORCH="0", FT_TEST_FAULT="exception,exit3,sigkill", FT_TEST_FAULT_AFTER=str(trigger),
                FT_TEST_FAULT_AFTER_CYCLE="2")
     with LauncherGroup(tmp_path) as launchers:
-        a = launchers.start(*flags, name="A", nproc=1, FT_TEST_FAULT_RANK="99", **env)
-        rdzv.wait_ready()
-        b = launchers.start(*flags, name="B", nproc=1, FT_TEST_FAULT_RANK="local0", **env)
-        b.wait_event("cycle_start", 120, cycle=2)
-        c = launchers.start(*flags, name="C", nproc=1, FT_TEST_FAULT_RANK="99", **env)
-        wait_for(lambda: rdzv.spares_waiting() == 1, 120, "C to wait as a hot spare", interval=0.2)
+        a, b, c = start_with_spare(launchers, rdzv, flags, env, spare_in_cycle=2)
         trigger.touch()
         assert b.wait(120) == LEFT_UNFINISHED_EXIT_CODE, b.output()[-4000:]
         assert a.wait(120) == 0, a.output()[-4000:]
@@ -171,12 +179,7 @@ def test_a_hot_spare_waiting_through_fault_restarts_never_makes_them_endless(tmp
     # cycle 1, whoever its nodes are, runs its 20 steps and finishes.
     env = dict(FT_TEST_TORCH="0", FT_TEST_FAULT="exit3", FT_TEST_STEPS="20", FT_TEST_FAULT_STEP="100")
     with LauncherGroup(tmp_path) as launchers:
-        a = launchers.start(*flags, name="A", nproc=1, FT_TEST_FAULT_RANK="99", **env)
-        rdzv.wait_ready()
-        b = launchers.start(*flags, name="B", nproc=1, FT_TEST_FAULT_RANK="local0", **env)
-        b.wait_event("cycle_start", 120, cycle=0)
-        c = launchers.start(*flags, name="C", nproc=1, FT_TEST_FAULT_RANK="99", **env)
-        wait_for(lambda: rdzv.spares_waiting() == 1, 120, "C to wait as a hot spare", interval=0.2)
+        a, b, c = start_with_spare(launchers, rdzv, flags, env, spare_in_cycle=0)
         assert not a.events("restart"), "the first fault came before the spare waited: the test proves nothing"
         for node in (a, b, c):
             assert node.wait(120) == 0, node.output()[-4000:]
