@@ -109,9 +109,10 @@ def measure(command: list[str], nranks: int, workdir: str, train_steps: int = 0)
         roles: dict[str, dict[str, float]] = {}
         for pid in process_tree(proc.pid):
             line = cmdline(pid)
+            # The rest of ft_launcher's tree is its worker factories (the current one and its prepared
+            # successor), which show the workers' command line when forked from the launcher.
             role = ("worker" if pid in workers else "launcher" if pid == proc.pid else
-                    "monitor" if "ft_core.monitor" in line else
-                    "factory" if "ft_core.launcher.zygote" in line else "other")
+                    "monitor" if "ft_core.monitor" in line else "factory")
             usage = smaps_rollup(pid)
             total = roles.setdefault(role, {"processes": 0, "pss_mib": 0.0, "pss_anon_mib": 0.0})
             total["processes"] += 1

@@ -1,9 +1,10 @@
 """ft_launcher: torchrun-compatible launcher with in-job restart, built on torch.distributed.elastic.
 
 Entry points: the ``ft_launcher`` console script and ``python -m ft_core.launcher``
-(both :func:`main`: it starts the worker factory and the monitor's process before its own
-imports (``head_start``), checks torch's seams before anything that uses them is imported,
-then runs :func:`ft_core.launcher.cli.main`). Modules:
+(both :func:`entry_point`, i.e. :func:`main` as the process's entry point: it gets the worker
+factory and the monitor's process going around its own imports (``head_start``), checks
+torch's seams before anything that uses them is imported, then runs
+:func:`ft_core.launcher.cli.main`). Modules:
 
 * ``cli``          argument parsing (torchrun's parser + ``--ft-*`` flags)
 * ``head_start``   before the launcher imports torch: the worker factory and the monitor start
@@ -29,16 +30,21 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
-__all__ = ["main"]
+__all__ = ["entry_point", "main"]
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None, *, entry: bool = False) -> int:
     """``ft_launcher``: returns the exit code.
 
     ``ft_launcher --version`` and ``ft_launcher report`` need no torch elastic;
     anything else first checks the seams (:mod:`.seams`) and, if torch moved one,
     prints the one error naming the torch version, the missing pieces and the
     tested versions, and exits 1 before any of the launcher is imported.
+
+    ``entry``: this call is the process's entry point (:func:`entry_point`), whose
+    return ends the process. The worker factory is then forked from this process
+    after its imports (:mod:`.head_start`), and in the workers it forks this
+    function returns (0, or ``SystemExit``) after the worker's script ran.
     """
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--version"]:
@@ -53,7 +59,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from ft_core.launcher.head_start import HeadStart
 
     # The worker factory and the monitor start importing now, beside the launcher's own imports.
-    with HeadStart(argv) as head_start:
+    with HeadStart(argv, fork_factory=entry) as head_start:
         from ft_core.launcher.seams import TorchSeamsError, require_torch_seams
 
         try:
@@ -63,5 +69,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             return 1
         from ft_core.launcher.cli import main as cli_main
 
-        head_start.imports_done()
+        run_worker = head_start.imports_done()
+        if run_worker is not None:  # a worker forked by the factory forked from here: the script's turn
+            run_worker()
+            return 0
         return cli_main(argv, head_start=head_start)
+
+
+def entry_point() -> int:
+    """The ``ft_launcher`` console script and ``python -m ft_core.launcher``: :func:`main` as the process's entry point."""
+    return main(entry=True)

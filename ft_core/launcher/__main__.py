@@ -2,6 +2,6 @@
 
 import sys
 
-from ft_core.launcher import main
+from ft_core.launcher import entry_point
 
-sys.exit(main())
+sys.exit(entry_point())

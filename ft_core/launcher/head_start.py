@@ -1,17 +1,24 @@
 """What ``ft_launcher`` does before it imports torch, so that its first workers start no later than torchrun's.
 
-The launcher and its worker factory (:mod:`.prewarm`) each import torch, over
-a second each. One after the other, they put the first rank up a whole import
-later than torchrun, which imports torch once. So :class:`HeadStart`, entered
-before the launcher's own imports:
+The launcher and its worker factory (:mod:`.prewarm`) each need torch, which
+takes over a second to import. One after the other, they would put the first
+rank up a whole import later than torchrun, which imports torch once. So
+:class:`HeadStart`, entered before the launcher's own imports:
 
-* **starts the worker factory at once**, from a quick read of the command line
-  (:func:`guess_factory`): it imports while the launcher does. Once the
-  launcher has parsed its arguments, it keeps that factory only if it is the
-  very one it would start then (:func:`adopt`: same interpreter, script or
-  module, ``sys.path[0]``, pre-warm modules and environment); otherwise it
-  stops it and starts the right one, as it did before. A wrong guess costs
-  time, never behaviour.
+* **makes the worker factory ready early**, from a quick read of the command
+  line (:func:`guess_factory`). As the process's entry point (``ft_launcher``,
+  ``python -m ft_core.launcher``) it forks the factory right after its own
+  imports, so the factory imports nothing that the launcher has imported:
+  the node imports torch once (on a loaded node, two imports side by side
+  slow each other down), and the first workers start about when torchrun's
+  would start, already warm. Called from other code, or when the script's
+  directory holds a module that would shadow one of the launcher's, it
+  starts the factory as a new process instead, at once, importing while the
+  launcher does. Once the launcher has parsed its arguments, it keeps that
+  factory only if it is the very one it would start then (:func:`adopt`:
+  same interpreter, script or module, ``sys.path[0]``, pre-warm modules and
+  environment); otherwise it stops it and starts the right one, as it did
+  before. A wrong guess costs time, never behaviour.
 * **starts the node monitor's process** (a standby monitor, see
   :class:`ft_core.monitor.spawn.StandbyMonitor`): it imports meanwhile and
   gets its settings once the launcher has them, so the first workers do not
@@ -29,11 +36,12 @@ import gc
 import logging
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn, Optional
 
 from ft_core.launcher.prewarm import WorkerFactory
+from ft_core.launcher.zygote import shadowed_modules
 
 if TYPE_CHECKING:
     from ft_core.monitor.spawn import StandbyMonitor
@@ -46,25 +54,47 @@ log = logging.getLogger("ft_core.launcher")
 class HeadStart:
     """Around the launcher's imports (a context manager): the factory and the monitor warm up, the collector waits.
 
-    ``factory`` is the started factory (None: no guess) and ``monitor`` the
-    standby monitor (None unless the command line names a training script):
-    hand them to the launch (:func:`adopt`, ``NodeMonitor``) after
+    ``factory`` is the job's likely factory (None: no guess) and ``monitor``
+    the standby monitor (None unless the command line names a training
+    script): hand them to the launch (:func:`adopt`, ``NodeMonitor``) after
     :meth:`imports_done`. On exit, what nobody took is stopped, and the
     collector runs again.
+
+    With ``fork_factory`` (only where returning from the launcher's ``main``
+    ends the process: see :meth:`imports_done`) and the launcher run by the
+    workers' interpreter without options of its own, the factory is not
+    started before the imports but forked from the launcher after them, so
+    that torch is imported once: on a loaded node, two imports side by side
+    slow each other down. For the imports, the environment is the factory's
+    (``OMP_NUM_THREADS``, read when torch's library loads); it is ours again
+    afterwards.
     """
 
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], *, fork_factory: bool = False) -> None:
         self._argv = list(argv)
+        self._fork_factory = fork_factory
         self._paused_gc = False
+        #: The factory to fork once the imports are done.
+        self._to_fork: Optional[WorkerFactory] = None
+        #: The environment variables set for the imports, and their values before (None: unset).
+        self._environ_before: dict[str, Optional[str]] = {}
         self.factory: Optional[WorkerFactory] = None
         self.monitor: Optional[StandbyMonitor] = None
 
     def __enter__(self) -> HeadStart:
         self._paused_gc = gc.isenabled()
         gc.disable()
-        self.factory = guess_factory(self._argv)
-        if self.factory is not None:
-            self.factory.start()  # first: its imports are the longest
+        guess = guess_factory(self._argv)
+        if guess is not None and self._fork_factory and _runs_plain(guess.interpreter):
+            self._to_fork = guess
+            for name, value in guess.env.items():
+                if os.environ.get(name) != value:
+                    self._environ_before[name] = os.environ.get(name)
+                    os.environ[name] = value
+        elif guess is not None:
+            self.factory = guess
+            guess.origin = "started before the launcher's imports"
+            guess.start()  # first: its imports are the longest
         if _training_script(self._argv) is not None:  # a launch, not --help
             from ft_core.monitor.spawn import StandbyMonitor
 
@@ -74,10 +104,38 @@ class HeadStart:
                 self.monitor = None
         return self
 
-    def imports_done(self) -> None:
-        """The launcher's modules are imported: freeze what they created, let the collector run again."""
+    def imports_done(self) -> Optional[Callable[[], None]]:
+        """The launcher's modules are imported: freeze what they created, let the collector run again; fork the
+        factory if it is to be forked.
+
+        Returns None, except in a worker forked by that factory: there it
+        returns the function that runs the worker's script. The caller returns
+        from the launcher's ``main`` after calling it, so that the process ends
+        as the script's interpreter would (``WorkerFactory.start_forked``).
+        """
         gc.freeze()
         self._resume_gc()
+        # Torchrun's own reading of the environment follows (it sets OMP_NUM_THREADS, with its warning).
+        for name, value in self._environ_before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._environ_before.clear()
+        factory, self._to_fork = self._to_fork, None
+        if factory is None:
+            return None
+        shadowed = shadowed_modules(factory.path0)
+        if shadowed:  # the worker must import the script directory's modules of these names
+            factory.origin = (f"started anew after the launcher's imports ({', '.join(shadowed)} in "
+                              f"{factory.path0} would shadow the launcher's modules)")
+            factory.start()
+        else:
+            worker = factory.start_forked(self._release_in_factory)
+            if worker is not None:
+                return worker
+        self.factory = factory
+        return None
 
     def __exit__(self, exc_type: Optional[type[BaseException]], exc: Optional[BaseException],
                  tb: Optional[TracebackType]) -> None:
@@ -87,10 +145,22 @@ class HeadStart:
             self.monitor.close()  # a no-op once the launch took it
         self._resume_gc()
 
+    def _release_in_factory(self) -> None:
+        """In the factory forked from here: let go of the monitor's process without ending it (it is the job's)."""
+        monitor, self.monitor = self.monitor, None
+        if monitor is not None:
+            monitor.release()
+
     def _resume_gc(self) -> None:
         if self._paused_gc:
             self._paused_gc = False
             gc.enable()
+
+
+def _runs_plain(interpreter: str) -> bool:
+    """Whether this process is ``interpreter`` run without options (a forked worker would inherit them)."""
+    argv = sys.orig_argv
+    return interpreter == sys.executable and len(argv) > 1 and (argv[1] == "-m" or not argv[1].startswith("-"))
 
 
 class _GuessParser(argparse.ArgumentParser):
@@ -172,7 +242,7 @@ def adopt(early: Optional[WorkerFactory], wanted: Optional[WorkerFactory]) -> Op
         return wanted
     differences = early.differences(wanted) if wanted is not None else ["pre-warming does not apply"]
     if not differences:
-        log.debug("worker factory pid %s, started before the launcher's imports, adopted", early.pid)
+        log.debug("worker factory pid %s, %s, adopted", early.pid, early.origin)
         return early
     log.debug("the worker factory started before the launcher's imports does not fit the job (%s): stopped",
               ", ".join(differences))

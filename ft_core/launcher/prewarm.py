@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Optional, Union
 
 from ft_core.launcher.zygote import (
+    ALWAYS_PREWARMED,
     EntryKind,
     FactoryChannel,
     FactoryError,
@@ -53,6 +54,8 @@ from ft_core.launcher.zygote import (
     Retire,
     Retired,
     bootstrap_command,
+    run_worker,
+    serve,
 )
 from ft_core.utils import procutil
 from ft_core.utils.deadline import wait_until
@@ -150,6 +153,10 @@ class WorkerFactory:
         self._successor_channel: Optional[FactoryChannel] = None
         self._started = False
         self._ready = False
+        #: The first factory has not said Ready yet: it may still be importing (successors are warm).
+        self._first = True
+        #: How the first factory came to be, for the log.
+        self.origin = "started as a new process"
         self._in_cycle = False
         self._forked: list[int] = []
         #: Why pre-warming is off for the rest of the job (None while it works).
@@ -231,6 +238,70 @@ class WorkerFactory:
         log.debug("worker factory started (pid %d): importing %s", self._proc.pid, ", ".join(self.modules))
         self._prepare()
 
+    def start_forked(self, release: Callable[[], None]) -> Optional[Callable[[], None]]:
+        """Start the first factory as a fork of this process, whose imports (torch's) it then skips.
+
+        For ``ft_launcher`` as its process's entry point, right after its own
+        imports, before it starts any thread: torch is imported once on the
+        node instead of twice side by side. The child becomes what
+        :meth:`start` would have started: its own session, dying with us,
+        stdin on ``/dev/null``, no other descriptor of ours (``release``,
+        called in the child, closes the ones Python objects hold), this
+        factory's environment, and the worker's command line and name in
+        ``ps`` (:func:`ft_core.utils.procutil.set_process_title`).
+
+        Returns None in this process. In a worker forked by that factory it
+        returns the function that runs the worker's script (and returns when
+        the script does, as :func:`ft_core.launcher.zygote.run_worker`): the
+        caller must return it up to the process's entry point, whose normal
+        exit is then the worker's. Anything else in the child ends it (the
+        launcher then hears that the factory exited).
+        """
+        self._started = True
+        self.origin = "forked from the launcher after its imports"
+        parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        launcher_pid = os.getpid()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # nothing buffered may be written twice
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            parent_end.close()
+            child_end.close()
+            self._give_up(f"cannot fork the factory: {exc}")
+            return None
+        if pid == 0:
+            try:
+                parent_end.close()
+                release()
+                self._become_forked_factory(launcher_pid, child_end.fileno())
+                job, factory_pid = serve(FactoryChannel(child_end), launcher_pid, self.path0,
+                                         [*self.modules, *ALWAYS_PREWARMED])
+            except BaseException as exc:  # noqa: BLE001 - never return into the launcher as a launcher
+                os.write(2, f"ft_launcher: the worker factory failed to start: {exc!r}\n".encode())
+                os._exit(1)
+            return lambda: run_worker(job, launcher_pid, factory_pid)
+        child_end.close()
+        self._proc = AdoptedProcess(pid, [self.interpreter, *self.invocation.command_line()])
+        self._channel = FactoryChannel(parent_end)
+        log.debug("worker factory forked from the launcher (pid %d)", pid)
+        self._prepare()
+        return None
+
+    def _become_forked_factory(self, launcher_pid: int, channel_fd: int) -> None:
+        """In the child of :meth:`start_forked`: the process :meth:`start` would have started, but warm."""
+        os.setsid()  # as start(): a Ctrl-C meant for the launcher must not reach the factory
+        procutil.die_with_parent_preexec(launcher_pid)()
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        # As Popen's close_fds: only stdio and the channel stay (release() closed what Python objects held).
+        os.closerange(3, channel_fd)
+        os.closerange(channel_fd + 1, os.sysconf("SC_OPEN_MAX"))
+        os.environ.clear()
+        os.environ.update(self.env)
+        procutil.set_process_title([self.interpreter, *self.invocation.command_line()])
+
     @contextlib.contextmanager
     def cycle(self) -> Iterator[None]:
         """Around the start of one cycle's workers: :meth:`fork` works inside; on exit they are our children."""
@@ -310,7 +381,7 @@ class WorkerFactory:
             return
         if self._channel is None:
             raise FactoryUnavailable("the factory was not started")
-        timeout = READY_TIMEOUT if isinstance(self._proc, subprocess.Popen) else REQUEST_TIMEOUT
+        timeout = READY_TIMEOUT if self._first else REQUEST_TIMEOUT
         started = time.monotonic()
         try:
             reply = self._receive(timeout)
@@ -326,6 +397,7 @@ class WorkerFactory:
             raise FactoryUnavailable(f"unexpected message from the factory: {prepared!r}")
         self._successor_pid = prepared.successor_pid
         self._ready = True
+        self._first = False
         log.debug("worker factory pid %d ready (imports took %.2f s; waited %.2f s)", reply.pid,
                   reply.import_seconds, time.monotonic() - started)
 

@@ -68,6 +68,8 @@ __all__ = [
     "Retired",
     "main",
     "run_worker",
+    "serve",
+    "shadowed_modules",
 ]
 
 #: Modules every factory imports besides the user's list: what a rank under ft_launcher imports anyway.
@@ -121,6 +123,11 @@ class PythonInvocation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if rest and not rest[0].startswith("-"):
             return cls(EntryKind.SCRIPT, rest[0], rest[1:], unbuffered)
         return None
+
+    def command_line(self) -> list[str]:
+        """The worker's command line after the interpreter, as torchrun builds it: ``[-u] (script | -m module) args``."""
+        return [*(["-u"] if self.unbuffered else []), *(["-m"] if self.kind is EntryKind.MODULE else []),
+                self.target, *self.args]
 
     def path0(self, cwd: str) -> str:
         """``sys.path[0]`` of a new interpreter: the script's real directory, or the working directory for ``-m``."""
@@ -239,14 +246,26 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         options[key] = value
     channel = FactoryChannel(socket.socket(fileno=int(options["channel-fd"])))
     launcher_pid = int(options["launcher-pid"])
-    sys.path[0] = options["path0"]  # what the worker's sys.path[0] will be: imports resolve as in the worker
+    job, factory_pid = serve(channel, launcher_pid, options["path0"], options["modules"].split(","))
+    run_worker(job, launcher_pid, factory_pid)
+
+
+def serve(channel: FactoryChannel, launcher_pid: int, path0: str, modules: Sequence[str]) -> tuple[Fork, int]:
+    """Be the factory: import ``modules``, say ``Ready``, answer the launcher; returns only in a forked worker.
+
+    Returns the worker's request and the pid of the factory that forked it,
+    for :func:`run_worker`. Used by a factory started as a new process
+    (:func:`main`) and by one forked from the launcher after its own imports
+    (``WorkerFactory.start_forked``), where torch is imported already.
+    """
+    sys.path[0] = path0  # what the worker's sys.path[0] will be: imports resolve as in the worker
     started = time.perf_counter()
     # As the gc.freeze() docs advise for a process that forks: no collection from here to the freeze.
     # Its passes over torch's objects would take a tenth of a second and free holes in pages that the
     # workers' allocations would then fill, copying those pages.
     gc.disable()
     try:
-        for name in filter(None, options["modules"].split(",")):
+        for name in filter(None, modules):
             importlib.import_module(name)
         _check_forkable()
     except BaseException as exc:  # noqa: BLE001 - whatever happened, the launcher must hear why
@@ -257,8 +276,42 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     gc.freeze()
     gc.enable()  # as in a new interpreter: the workers are forked from here
     channel.send(Ready(os.getpid(), time.perf_counter() - started))
-    job, factory_pid = _serve(channel, launcher_pid)
-    run_worker(job, launcher_pid, factory_pid)
+    return _serve(channel, launcher_pid)
+
+
+def shadowed_modules(path0: str) -> list[str]:
+    """Modules imported in this process that a worker whose ``sys.path[0]`` is ``path0`` would import from there.
+
+    A process forked after its imports keeps the modules it found on its own
+    ``sys.path``; a new interpreter with ``path0`` first would find the
+    script directory's ``name.py``, ``name/__init__.py`` or ``name.*.so``
+    instead. Built-in and frozen modules come before any path, as in that
+    interpreter.
+    """
+    try:
+        entries = os.listdir(path0)
+    except OSError:
+        return []
+    found = set()
+    for entry in entries:
+        stem, dot, suffix = entry.partition(".")
+        if suffix == "py" or suffix == "so" or suffix.endswith(".so"):
+            found.add(stem)
+        elif not dot and os.path.isfile(os.path.join(path0, entry, "__init__.py")):
+            found.add(entry)
+    real_path0 = os.path.realpath(path0)
+    shadowed = []
+    for name in sorted(found):
+        module = sys.modules.get(name)
+        if module is None or name in sys.builtin_module_names or \
+                getattr(getattr(module, "__spec__", None), "origin", None) == "frozen":
+            continue
+        where = getattr(module, "__file__", None)
+        # The module or package found in path0 itself is the one the worker would import.
+        if where is None or os.path.dirname(os.path.realpath(where)) not in (
+                real_path0, os.path.join(real_path0, name)):
+            shadowed.append(name)
+    return shadowed
 
 
 def bootstrap_command(interpreter: str, invocation: PythonInvocation, channel_fd: int, path0: str,

@@ -105,6 +105,15 @@ class StandbyMonitor:
             return None
         return proc
 
+    def release(self) -> None:
+        """Let go of the process without ending it: in a process forked from its starter (a worker factory)."""
+        proc, self.proc = self.proc, None
+        if proc is not None:
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    with contextlib.suppress(OSError):
+                        stream.close()
+
     def close(self) -> None:
         """End the process if it was never taken."""
         proc, self.proc = self.proc, None

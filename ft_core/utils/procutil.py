@@ -7,13 +7,17 @@ import os
 import select
 import signal
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, Optional
 
 __all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "io_bytes",
-           "listens_on_tcp_port", "pid_alive", "process_group_members", "set_child_subreaper", "wait_child_exited"]
+           "listens_on_tcp_port", "pid_alive", "process_group_members", "set_child_subreaper", "set_process_title",
+           "wait_child_exited"]
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
+#: The longest name the kernel keeps for a process (``comm``), without its NUL.
+_COMM_LENGTH = 15
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
 # Resolved once here: looking libc up inside a forked child (find_library runs
@@ -61,6 +65,36 @@ def set_child_subreaper(enabled: bool) -> bool:
         errno = ctypes.get_errno()
         raise OSError(errno, f"PR_SET_CHILD_SUBREAPER: {os.strerror(errno)}")
     return bool(previous.value)
+
+
+def set_process_title(argv: Sequence[str]) -> None:
+    """Show ``argv`` as this process's command line, and its program's base name as its name (Linux).
+
+    For a process forked from another program's (a worker factory forked from
+    ``ft_launcher``): ``ps``, ``pgrep [-f]``, ``pkill [-f]`` and ``top`` then
+    see the program it now is, not the one it was forked from. The command
+    line (``/proc/PID/cmdline``) is written over the original one in place, as
+    ``setproctitle`` does, and is cut to the original's length; the arguments
+    are joined by spaces, as by ``setproctitle``. The name (``comm``) is cut
+    to 15 bytes by the kernel. Elsewhere, or if ``/proc`` does not say where
+    the command line is, this changes nothing.
+    """
+    prctl = getattr(_LIBC, "prctl", None)
+    if prctl is None or not argv:
+        return
+    prctl(_PR_SET_NAME, os.path.basename(argv[0]).encode()[:_COMM_LENGTH], 0, 0, 0)
+    fields = _stat_fields("self")
+    try:
+        # Fields 48 and 49 of /proc/PID/stat (Linux 3.5+): where the original command line is.
+        start, end = int(fields[45]), int(fields[46])  # type: ignore[index]
+    except (TypeError, IndexError, ValueError):
+        return
+    if end - start < 2:
+        return
+    title = " ".join(argv).encode(errors="replace")[:end - start - 1] + b"\0"
+    # The kernel shows the area up to its first NUL when the area's last byte is not a NUL (how it
+    # recognises a rewritten command line), else the whole area: fill the rest with spaces.
+    ctypes.memmove(start, title.ljust(end - start, b" "), end - start)
 
 
 def wait_child_exited(pid: int, timeout: float) -> bool:

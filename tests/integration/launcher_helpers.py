@@ -162,13 +162,15 @@ class Launcher:
     """One ``python -m ft_core.launcher ... worker.py`` process (one node) and its files."""
 
     def __init__(self, directory: str, flags: list[str], env: dict[str, str],
-                 script: Sequence[str] = (WORKER,), cwd: Optional[str] = None) -> None:
+                 script: Sequence[str] = (WORKER,), cwd: Optional[str] = None,
+                 python_options: Sequence[str] = ()) -> None:
         self.dir = directory
         os.makedirs(directory, exist_ok=True)
         self.events_path = os.path.join(directory, "ft_events.jsonl")
         self.output_path = os.path.join(directory, "launcher.out")
         with open(self.output_path, "wb") as out:
-            self.proc = spawn_python(["-m", "ft_core.launcher", f"--log-dir={directory}", *flags, *script],
+            self.proc = spawn_python([*python_options, "-m", "ft_core.launcher", f"--log-dir={directory}", *flags,
+                                      *script],
                                      env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd)
 
     def events(self, name: Optional[str] = None) -> list[dict[str, Any]]:
@@ -219,14 +221,17 @@ class LauncherGroup:
         self.launchers: list[Launcher] = []
 
     def start(self, *flags: str, name: Optional[str] = None, nproc: int = 2, script: Sequence[str] = (WORKER,),
-              base_flags: tuple[str, ...] = FAST_FLAGS, **worker_env: str) -> Launcher:
+              base_flags: tuple[str, ...] = FAST_FLAGS, python_options: Sequence[str] = (),
+              **worker_env: str) -> Launcher:
         """Start a launcher with ``base_flags`` (``FAST_FLAGS``), ``flags`` and ``FT_TEST_*`` worker settings.
 
-        ``script`` is the training script and its arguments (default: ``worker.py``).
+        ``script`` is the training script and its arguments (default: ``worker.py``); ``python_options``: the
+        interpreter's options before ``-m ft_core.launcher``.
         """
         env = python_env(FT_TEST_RECORD=self.record_path, **worker_env)
         directory = os.path.join(self.tmp_path, name or f"node{len(self.launchers)}")
-        launcher = Launcher(directory, [f"--nproc-per-node={nproc}", *base_flags, *flags], env, script)
+        launcher = Launcher(directory, [f"--nproc-per-node={nproc}", *base_flags, *flags], env, script,
+                            python_options=python_options)
         self.tracker.add_root(launcher.proc.pid)
         self.launchers.append(launcher)
         return launcher

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import logging
 import os
 import signal
 import sys
@@ -30,8 +31,21 @@ def stream(name: str) -> dict:
             "encoding": text.encoding, "errors": text.errors, "same_as_dunder": text is getattr(sys, f"__{name}__")}
 
 
+def descriptors() -> list[str]:
+    """What each open descriptor leads to (its kind for pipes, sockets and the like, else its file's name)."""
+    found = []
+    for fd in sorted(map(int, os.listdir("/proc/self/fd"))):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # the descriptor listdir used, closed since
+            continue
+        found.append(f"{fd}:{os.path.basename(target.partition(':[')[0])}")
+    return found
+
+
 def main() -> None:
     import numpy
+    import psutil
     import torch
 
     main_module = sys.modules["__main__"]
@@ -52,6 +66,11 @@ def main() -> None:
         "sigterm": str(signal.getsignal(signal.SIGTERM)), "sigpipe": str(signal.getsignal(signal.SIGPIPE)),
         "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "torch_seed": torch.initial_seed(), "numpy_draw": int(numpy.random.randint(1 << 30)),
+        # What torch's OpenMP read from the environment when its library loaded.
+        "torch_threads": torch.get_num_threads(), "root_handlers": len(logging.root.handlers),
+        "fds": descriptors(),
+        # What `ps`, `pgrep` and `pkill` see.
+        "cmdline": psutil.Process().cmdline(), "comm": psutil.Process().name(),
     }
     cycle = os.environ["TORCHELASTIC_RESTART_COUNT"]
     path = os.path.join(os.environ["FT_TEST_RECORD_DIR"], f"probe_r{os.environ['RANK']}_c{cycle}.json")

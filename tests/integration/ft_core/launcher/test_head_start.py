@@ -1,5 +1,5 @@
-"""The launcher's head start, with real processes: the factory it starts before its imports forks the first cycle,
-the monitor process it starts then becomes the job's monitor.
+"""The launcher's head start, with real processes: the factory it forks after its imports (or starts anew before
+them) forks the first cycle, the monitor process it starts before them becomes the job's monitor.
 
 Which command lines get a guess, and that the guess is the factory the parsed command line asks for:
 tests/unit/ft_core/launcher/test_head_start.py.
@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
+import sys
 
 import psutil
 import pytest
-from launcher_helpers import LauncherGroup, exit_event
+from launcher_helpers import WORKER, LauncherGroup, exit_event
 
 from ft_core.launcher.head_start import HeadStart, adopt, guess_factory
 
-ADOPTED = "started before the launcher's imports, adopted"
+ADOPTED = "forked from the launcher after its imports, adopted"
+ADOPTED_NEW = "started before the launcher's imports, adopted"
 pytestmark = pytest.mark.timeout(300)
 
 
@@ -40,7 +43,7 @@ def test_adopt_keeps_the_early_factory_only_if_it_is_the_one_wanted(script_dir, 
     early.start()
     try:
         assert adopt(early, guess_factory(argv)) is early and early.pid is not None
-        assert ADOPTED in caplog.text
+        assert "started as a new process, adopted" in caplog.text
         # The same job, but the environment its imports would see differs: a fresh factory instead.
         second = guess_factory(argv)
         assert second is not None
@@ -95,6 +98,14 @@ def test_first_cycle_is_forked_by_the_early_factory_and_a_restart_by_its_success
         # The job's monitor is the standby monitor started before the launcher's imports.
         (started,) = node.events("launcher_started")
         assert psutil.Process(started["monitor_pid"]).cmdline()[-3:] == ["-m", "ft_core.monitor", "--standby"]
+        # Forked from the launcher, the factory and the workers show the workers' command line and name, as
+        # torchrun's workers do: `pkill -f ft_core.launcher` (or `pkill ft_launcher`) reaches the launcher only.
+        workers = {r["pid"] for r in launchers.worker_records("started") if r["cycle"] == 1}
+        forked = [p for p in psutil.Process(node.proc.pid).children(recursive=True)
+                  if p.pid != started["monitor_pid"]]
+        assert workers <= {p.pid for p in forked} and len(forked) >= len(workers) + 1  # and the next factory
+        assert {(tuple(p.cmdline()), p.name()) for p in forked} == \
+               {((sys.executable, "-u", WORKER), os.path.basename(sys.executable)[:15])}
         finish.touch()
         assert node.wait(180) == 0, node.output()[-3000:]
         output = node.output()
@@ -109,3 +120,28 @@ def test_first_cycle_is_forked_by_the_early_factory_and_a_restart_by_its_success
         assert {(r["cycle"], r["rank"]) for r in launchers.worker_records("first_heartbeat")} == \
                {(0, 0), (0, 1), (1, 0), (1, 1)}
         assert exit_event(node)["exit_code"] == 0
+
+
+
+def test_a_launcher_run_with_interpreter_options_starts_its_factory_anew(tmp_path):
+    """A worker forked from the launcher would inherit its interpreter's options (here -B); a new factory runs
+    with the workers' own."""
+    with LauncherGroup(tmp_path) as launchers:
+        node = launchers.start("-v", python_options=("-B",))
+        assert node.wait(180) == 0, node.output()[-3000:]
+        output = node.output()
+        assert ADOPTED_NEW in output and ADOPTED not in output
+        assert all(r["prewarmed"] for r in launchers.worker_records("started"))
+
+
+def test_a_script_directory_module_named_like_a_launcher_module_is_the_one_the_worker_imports(tmp_path):
+    """`secrets` is imported by the launcher, not by torch: a factory forked from it would hand the worker that one."""
+    (tmp_path / "secrets.py").write_text("WHOSE = 'the script directory'\n")
+    (tmp_path / "train.py").write_text("import secrets\nprint('secrets from', secrets.WHOSE)\n")
+    with LauncherGroup(tmp_path) as launchers:
+        node = launchers.start("-v", nproc=1, script=(str(tmp_path / "train.py"),))
+        assert node.wait(180) == 0, node.output()[-3000:]
+        output = node.output()
+    assert "secrets from the script directory" in output
+    assert (f"started anew after the launcher's imports (secrets in {tmp_path} would shadow the launcher's "
+            "modules), adopted") in output

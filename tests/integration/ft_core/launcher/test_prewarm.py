@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import stat
+import sys
 
 import psutil
 import pytest
@@ -28,10 +29,11 @@ def launchers(tmp_path):
 
 
 def _factories(launchers: LauncherGroup, launcher_pid: int) -> list[psutil.Process]:
-    """The launcher's worker factories (forked workers share their command line: leave those out)."""
+    """The launcher's worker factories: its other descendants are the workers (which share the factories'
+    command line) and the monitor."""
     workers = {r["pid"] for r in launchers.worker_records()}
     children = psutil.Process(launcher_pid).children(recursive=True)
-    return [p for p in children if "ft_core.launcher.zygote" in " ".join(p.cmdline()) and p.pid not in workers]
+    return [p for p in children if "ft_core.monitor" not in p.cmdline() and p.pid not in workers]
 
 
 def _probe_run(launchers: LauncherGroup, tmp_path, mode: str) -> tuple[dict, dict[int, dict], str]:
@@ -46,11 +48,14 @@ def _probe_run(launchers: LauncherGroup, tmp_path, mode: str) -> tuple[dict, dic
         return {"launcher_pid": node.proc.pid, "output": node.output()}, records, handle.read()
 
 
-def test_forked_worker_looks_like_a_plain_start(launchers, tmp_path):
+def test_forked_worker_looks_like_a_plain_start(launchers, tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)  # torchrun sets 1 for the workers of a 2-rank node
     on_run, on, on_stderr = _probe_run(launchers, tmp_path, "on")
     off_run, off, off_stderr = _probe_run(launchers, tmp_path, "off")
     assert all(r["prewarmed"] for r in on.values()) and not any(r["prewarmed"] for r in off.values())
     assert OFF_WARNING not in on_run["output"] and UNAVAILABLE_WARNING not in on_run["output"]
+    for run in (on_run, off_run):  # torchrun's warning, once, though the factory's torch loaded with the setting
+        assert run["output"].count("Setting OMP_NUM_THREADS environment variable for each process to be 1") == 1
 
     run_specific = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "FT_RANK_MONITOR_IPC_SOCKET",
                     "FT_LAUNCHER_IPC_SOCKET", "FT_MONITOR_TOKEN", "FT_TEST_RECORD_DIR"}
@@ -67,8 +72,11 @@ def test_forked_worker_looks_like_a_plain_start(launchers, tmp_path):
             assert record["fd2"].endswith(f"/attempt_0/{rank}/stderr.log")
         same = ("name", "file", "argv", "orig_argv", "path0", "path", "cwd", "main_is_module", "spec", "loader",
                 "cached", "builtins", "stdin", "stdout", "stderr", "umask", "python_threads",
-                "sigint", "sigterm", "sigpipe", "blocked")
+                "sigint", "sigterm", "sigpipe", "blocked", "torch_threads", "root_handlers", "fds", "cmdline",
+                "comm")
         assert {k: forked[k] for k in same} == {k: plain[k] for k in same}
+        assert forked["torch_threads"] == 1 and forked["root_handlers"] == 0
+        assert forked["cmdline"] == [sys.executable, "-u", PROBE, "--flag", "value"]
         assert forked["name"] == "__main__" and forked["argv"] == [PROBE, "--flag", "value"]
         assert set(forked["env"]) == set(plain["env"])
         assert {k: v for k, v in forked["env"].items() if k not in run_specific} == \
