@@ -244,7 +244,6 @@ def adopt(early: Optional[WorkerFactory], wanted: Optional[WorkerFactory]) -> Op
     if not differences:
         log.debug("worker factory pid %s, %s, adopted", early.pid, early.origin)
         return early
-    log.debug("the worker factory started before the launcher's imports does not fit the job (%s): stopped",
-              ", ".join(differences))
+    log.debug("the worker factory %s does not fit the job (%s): stopped", early.origin, ", ".join(differences))
     early.close()
     return wanted
