@@ -74,10 +74,14 @@ def set_process_title(argv: Sequence[str]) -> None:
     ``ft_launcher``): ``ps``, ``pgrep [-f]``, ``pkill [-f]`` and ``top`` then
     see the program it now is, not the one it was forked from. The command
     line (``/proc/PID/cmdline``) is written over the original one in place, as
-    ``setproctitle`` does, and is cut to the original's length; the arguments
-    are joined by spaces, as by ``setproctitle``. The name (``comm``) is cut
-    to 15 bytes by the kernel. Elsewhere, or if ``/proc`` does not say where
-    the command line is, this changes nothing.
+    ``setproctitle`` does, its arguments joined by spaces: where it does not
+    fit, the program is named by its base name (``python -u train.py ...``,
+    so that ``pgrep -f train.py`` still finds it), and what still does not
+    fit is cut (a shorter one is shown up to 4 KiB: the kernel reads one page
+    of a rewritten command line). The name (``comm``) is cut to 15 bytes by
+    the kernel.
+    Elsewhere, or if ``/proc`` does not say where the command line is, this
+    changes nothing.
     """
     prctl = getattr(_LIBC, "prctl", None)
     if prctl is None or not argv:
@@ -91,7 +95,10 @@ def set_process_title(argv: Sequence[str]) -> None:
         return
     if end - start < 2:
         return
-    title = " ".join(argv).encode(errors="replace")[:end - start - 1] + b"\0"
+    title = " ".join(argv).encode(errors="replace")
+    if len(title) >= end - start:
+        title = " ".join([os.path.basename(argv[0]), *argv[1:]]).encode(errors="replace")
+    title = title[:end - start - 1] + b"\0"
     # The kernel shows the area up to its first NUL when the area's last byte is not a NUL (how it
     # recognises a rewritten command line), else the whole area: fill the rest with spaces.
     ctypes.memmove(start, title.ljust(end - start, b" "), end - start)
