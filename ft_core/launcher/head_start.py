@@ -41,12 +41,11 @@ from types import TracebackType
 from typing import TYPE_CHECKING, NoReturn, Optional
 
 from ft_core.launcher.prewarm import WorkerFactory
-from ft_core.launcher.zygote import shadowed_modules
 
 if TYPE_CHECKING:
     from ft_core.monitor.spawn import StandbyMonitor
 
-__all__ = ["HeadStart", "adopt", "guess_factory"]
+__all__ = ["HeadStart", "adopt", "guess_factory", "shadowed_modules"]
 
 log = logging.getLogger("ft_core.launcher")
 
@@ -161,6 +160,41 @@ def _runs_plain(interpreter: str) -> bool:
     """Whether this process is ``interpreter`` run without options (a forked worker would inherit them)."""
     argv = sys.orig_argv
     return interpreter == sys.executable and len(argv) > 1 and (argv[1] == "-m" or not argv[1].startswith("-"))
+
+
+def shadowed_modules(path0: str) -> list[str]:
+    """Modules imported in this process that a worker whose ``sys.path[0]`` is ``path0`` would import from there.
+
+    A process forked after its imports keeps the modules it found on its own
+    ``sys.path``; a new interpreter with ``path0`` first would find the
+    script directory's ``name.py``, ``name/__init__.py`` or ``name.*.so``
+    instead. Built-in and frozen modules come before any path, as in that
+    interpreter.
+    """
+    try:
+        entries = os.listdir(path0)
+    except OSError:
+        return []
+    found = set()
+    for entry in entries:
+        stem, dot, suffix = entry.partition(".")
+        if suffix == "py" or suffix == "so" or suffix.endswith(".so"):
+            found.add(stem)
+        elif not dot and os.path.isfile(os.path.join(path0, entry, "__init__.py")):
+            found.add(entry)
+    real_path0 = os.path.realpath(path0)
+    shadowed = []
+    for name in sorted(found):
+        module = sys.modules.get(name)
+        if module is None or name in sys.builtin_module_names or \
+                getattr(getattr(module, "__spec__", None), "origin", None) == "frozen":
+            continue
+        where = getattr(module, "__file__", None)
+        # The module or package found in path0 itself is the one the worker would import.
+        if where is None or os.path.dirname(os.path.realpath(where)) not in (
+                real_path0, os.path.join(real_path0, name)):
+            shadowed.append(name)
+    return shadowed
 
 
 class _GuessParser(argparse.ArgumentParser):

@@ -261,6 +261,7 @@ class WorkerFactory:
         self.origin = "forked from the launcher after its imports"
         parent_end, child_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         launcher_pid = os.getpid()
+        title = [self.interpreter, *self.invocation.command_line()]  # the factory's and its workers' in `ps`
         for stream in (sys.stdout, sys.stderr):
             stream.flush()  # nothing buffered may be written twice
         try:
@@ -274,7 +275,7 @@ class WorkerFactory:
             try:
                 parent_end.close()
                 release()
-                self._become_forked_factory(launcher_pid, child_end.fileno())
+                self._become_forked_factory(launcher_pid, child_end.fileno(), title)
                 job, factory_pid = serve(FactoryChannel(child_end), launcher_pid, self.path0,
                                          [*self.modules, *ALWAYS_PREWARMED])
             except BaseException as exc:  # noqa: BLE001 - never return into the launcher as a launcher
@@ -282,13 +283,13 @@ class WorkerFactory:
                 os._exit(1)
             return lambda: run_worker(job, launcher_pid, factory_pid)
         child_end.close()
-        self._proc = AdoptedProcess(pid, [self.interpreter, *self.invocation.command_line()])
+        self._proc = AdoptedProcess(pid, title)
         self._channel = FactoryChannel(parent_end)
         log.debug("worker factory forked from the launcher (pid %d)", pid)
         self._prepare()
         return None
 
-    def _become_forked_factory(self, launcher_pid: int, channel_fd: int) -> None:
+    def _become_forked_factory(self, launcher_pid: int, channel_fd: int, title: list[str]) -> None:
         """In the child of :meth:`start_forked`: the process :meth:`start` would have started, but warm."""
         os.setsid()  # as start(): a Ctrl-C meant for the launcher must not reach the factory
         procutil.die_with_parent_preexec(launcher_pid)()
@@ -300,7 +301,7 @@ class WorkerFactory:
         os.closerange(channel_fd + 1, os.sysconf("SC_OPEN_MAX"))
         os.environ.clear()
         os.environ.update(self.env)
-        procutil.set_process_title([self.interpreter, *self.invocation.command_line()])
+        procutil.set_process_title(title)
 
     @contextlib.contextmanager
     def cycle(self) -> Iterator[None]:

@@ -69,7 +69,6 @@ __all__ = [
     "main",
     "run_worker",
     "serve",
-    "shadowed_modules",
 ]
 
 #: Modules every factory imports besides the user's list: what a rank under ft_launcher imports anyway.
@@ -276,42 +275,7 @@ def serve(channel: FactoryChannel, launcher_pid: int, path0: str, modules: Seque
     gc.freeze()
     gc.enable()  # as in a new interpreter: the workers are forked from here
     channel.send(Ready(os.getpid(), time.perf_counter() - started))
-    return _serve(channel, launcher_pid)
-
-
-def shadowed_modules(path0: str) -> list[str]:
-    """Modules imported in this process that a worker whose ``sys.path[0]`` is ``path0`` would import from there.
-
-    A process forked after its imports keeps the modules it found on its own
-    ``sys.path``; a new interpreter with ``path0`` first would find the
-    script directory's ``name.py``, ``name/__init__.py`` or ``name.*.so``
-    instead. Built-in and frozen modules come before any path, as in that
-    interpreter.
-    """
-    try:
-        entries = os.listdir(path0)
-    except OSError:
-        return []
-    found = set()
-    for entry in entries:
-        stem, dot, suffix = entry.partition(".")
-        if suffix == "py" or suffix == "so" or suffix.endswith(".so"):
-            found.add(stem)
-        elif not dot and os.path.isfile(os.path.join(path0, entry, "__init__.py")):
-            found.add(entry)
-    real_path0 = os.path.realpath(path0)
-    shadowed = []
-    for name in sorted(found):
-        module = sys.modules.get(name)
-        if module is None or name in sys.builtin_module_names or \
-                getattr(getattr(module, "__spec__", None), "origin", None) == "frozen":
-            continue
-        where = getattr(module, "__file__", None)
-        # The module or package found in path0 itself is the one the worker would import.
-        if where is None or os.path.dirname(os.path.realpath(where)) not in (
-                real_path0, os.path.join(real_path0, name)):
-            shadowed.append(name)
-    return shadowed
+    return _answer_requests(channel, launcher_pid)
 
 
 def bootstrap_command(interpreter: str, invocation: PythonInvocation, channel_fd: int, path0: str,
@@ -365,7 +329,7 @@ def _cuda_driver_loaded() -> Optional[str]:
     return None
 
 
-def _serve(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, int]:
+def _answer_requests(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, int]:
     """Answer the launcher's requests. Returns (request, factory pid) only in a forked worker.
 
     The factory itself exits in here: when retired, or when the launcher closes the channel.

@@ -109,10 +109,7 @@ class StandbyMonitor:
         """Let go of the process without ending it: in a process forked from its starter (a worker factory)."""
         proc, self.proc = self.proc, None
         if proc is not None:
-            for stream in (proc.stdin, proc.stdout):
-                if stream is not None:
-                    with contextlib.suppress(OSError):
-                        stream.close()
+            _close_pipes(proc)
 
     def close(self) -> None:
         """End the process if it was never taken."""
@@ -121,11 +118,16 @@ class StandbyMonitor:
             _end(proc)
 
 
-def _end(proc: subprocess.Popen) -> None:
+def _close_pipes(proc: subprocess.Popen) -> None:
+    """Close our ends of the process's stdin and stdout pipes."""
     for stream in (proc.stdin, proc.stdout):
         if stream is not None:
             with contextlib.suppress(OSError):
                 stream.close()
+
+
+def _end(proc: subprocess.Popen) -> None:
+    _close_pipes(proc)
     if proc.poll() is None:
         proc.kill()
     proc.wait()

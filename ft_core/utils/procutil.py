@@ -79,9 +79,8 @@ def set_process_title(argv: Sequence[str]) -> None:
     so that ``pgrep -f train.py`` still finds it), and what still does not
     fit is cut (a shorter one is shown up to 4 KiB: the kernel reads one page
     of a rewritten command line). The name (``comm``) is cut to 15 bytes by
-    the kernel.
-    Elsewhere, or if ``/proc`` does not say where the command line is, this
-    changes nothing.
+    the kernel. Elsewhere, or if ``/proc`` does not say where the command
+    line is, this changes nothing.
     """
     prctl = getattr(_LIBC, "prctl", None)
     if prctl is None or not argv:

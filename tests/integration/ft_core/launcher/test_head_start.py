@@ -122,7 +122,6 @@ def test_first_cycle_is_forked_by_the_early_factory_and_a_restart_by_its_success
         assert exit_event(node)["exit_code"] == 0
 
 
-
 def test_a_launcher_run_with_interpreter_options_starts_its_factory_anew(tmp_path):
     """A worker forked from the launcher would inherit its interpreter's options (here -B); a new factory runs
     with the workers' own."""

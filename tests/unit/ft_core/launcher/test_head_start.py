@@ -1,4 +1,5 @@
-"""The launcher's head start: the worker factory it guesses before its imports is the one the job needs, or none.
+"""The launcher's head start: the worker factory it guesses before its imports is the one the job needs, or none;
+which modules of the script directory a factory forked from the launcher would shadow.
 
 The processes (a guessed factory started, adopted or stopped) are in tests/integration/ft_core/launcher/test_head_start.py.
 """
@@ -6,11 +7,12 @@ The processes (a guessed factory started, adopted or stopped) are in tests/integ
 from __future__ import annotations
 
 import os
+import sys
 
 import pytest
 
 from ft_core.launcher import cli
-from ft_core.launcher.head_start import guess_factory
+from ft_core.launcher.head_start import guess_factory, shadowed_modules
 from ft_core.launcher.prewarm import WorkerFactory
 
 
@@ -78,3 +80,25 @@ def test_no_guess_where_prewarming_is_off_or_the_command_line_is_unclear(job_dir
     assert guess_factory(argv) is None
     assert capsys.readouterr() == ("", "")
 
+
+def test_shadowed_modules_are_the_ones_a_new_interpreter_would_find_in_the_script_directory(tmp_path, monkeypatch):
+    import hmac  # noqa: F401 - imported here from the standard library, as by the launcher
+    import json  # noqa: F401
+    import secrets  # noqa: F401
+
+    (tmp_path / "json.py").write_text("")
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "__init__.py").write_text("")
+    (tmp_path / "hmac").mkdir()  # no __init__.py: a namespace portion comes after every regular module
+    (tmp_path / "os.py").write_text("")  # frozen, and sys built in: both found before any directory
+    (tmp_path / "sys.py").write_text("")
+    (tmp_path / "not_imported_here.py").write_text("")
+    (tmp_path / "notes.so.txt").write_text("")
+    # A module imported from the script directory itself is the one a worker would import.
+    (tmp_path / "ft_test_local_module.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "ft_test_local_module", raising=False)
+    import ft_test_local_module  # noqa: F401
+
+    assert shadowed_modules(str(tmp_path)) == ["json", "secrets"]
+    assert shadowed_modules(str(tmp_path / "missing")) == []

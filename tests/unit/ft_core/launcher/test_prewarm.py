@@ -1,5 +1,4 @@
-"""Which worker command lines ft_launcher can fork from a pre-warmed factory, and where they import from (and
-which modules of the script directory a factory forked from the launcher would shadow)."""
+"""Which worker command lines ft_launcher can fork from a pre-warmed factory, and where they import from."""
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ import sys
 import pytest
 
 from ft_core.launcher.prewarm import WorkerFactory
-from ft_core.launcher.zygote import EntryKind, PythonInvocation, shadowed_modules
+from ft_core.launcher.zygote import EntryKind, PythonInvocation
 
 PYTHON = sys.executable
 
@@ -67,26 +66,3 @@ def test_for_job_gives_up_with_one_warning_where_forking_cannot_apply(tmp_path, 
         assert WorkerFactory.for_job(entrypoint, args, ["torch"]) is None
         assert [r.getMessage().startswith("pre-warmed workers off") for r in caplog.records] == [True]
     assert WorkerFactory.for_job(PYTHON, ["-u", "train.py"], ["torch"], numa_options=object()) is None
-
-
-def test_shadowed_modules_are_the_ones_a_new_interpreter_would_find_in_the_script_directory(tmp_path, monkeypatch):
-    import hmac  # noqa: F401 - imported here from the standard library, as by the launcher
-    import json  # noqa: F401
-    import secrets  # noqa: F401
-
-    (tmp_path / "json.py").write_text("")
-    (tmp_path / "secrets").mkdir()
-    (tmp_path / "secrets" / "__init__.py").write_text("")
-    (tmp_path / "hmac").mkdir()  # no __init__.py: a namespace portion comes after every regular module
-    (tmp_path / "os.py").write_text("")  # frozen, and sys built in: both found before any directory
-    (tmp_path / "sys.py").write_text("")
-    (tmp_path / "not_imported_here.py").write_text("")
-    (tmp_path / "notes.so.txt").write_text("")
-    # A module imported from the script directory itself is the one a worker would import.
-    (tmp_path / "ft_test_local_module.py").write_text("")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "ft_test_local_module", raising=False)
-    import ft_test_local_module  # noqa: F401
-
-    assert shadowed_modules(str(tmp_path)) == ["json", "secrets"]
-    assert shadowed_modules(str(tmp_path / "missing")) == []
