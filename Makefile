@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ft-installed
 
-.PHONY: setup bytecode etcd-server prometheus test lint demo bench docs chromium clean test-nvrx-unit test-torch214 test-torch-seams-old
+.PHONY: setup bytecode etcd-server prometheus test lint demo bench docs chromium clean test-nvrx-unit test-torch214 test-torch-seams-old test-gpu
 
 setup: $(STAMP)
 
@@ -47,6 +47,15 @@ lint: setup
 
 test: lint etcd-server prometheus
 	$(PY) -m pytest -q -rs
+
+# The tests marked `cuda` (skipped by `make test` where no CUDA device is visible, as on CI): a rank blocked
+# in a CUDA synchronisation, pre-warmed workers with CUDA, a snapshot of a CUDA state on the pinned path,
+# Lightning on one GPU. For a machine with at least one GPU and a CUDA build of torch (PyPI's torch is one on
+# x86_64 Linux); fails at once, rather than skipping everything, where torch sees no device.
+test-gpu: setup
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else \
+	  f'make test-gpu: torch {torch.__version__} sees no CUDA device (a CPU build, or no GPU on this machine)')"
+	$(PY) -m pytest -q -rs -m cuda
 
 # The documentation site: a strict build (a broken link, a page missing from the nav or an
 # unresolved API reference fails), then screenshots of two built pages with headless Chromium

@@ -12,6 +12,21 @@ import psutil
 import pytest
 from etcd_cluster import SERVICE_PIDS, EtcdCluster, etcd_missing
 
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``cuda`` where no CUDA device is visible (``make test-gpu`` runs them on a GPU)."""
+    cuda_items = [item for item in items if item.get_closest_marker("cuda")]
+    if not cuda_items:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (make test-gpu on a GPU machine)")
+    for item in cuda_items:
+        item.add_marker(skip)
+
+
 #: Children may take a moment to be reaped after a test's own cleanup.
 ORPHAN_GRACE_S = 15.0
 
