@@ -394,9 +394,9 @@ class FaultToleranceConfig:
     straggler_action: StragglerAction = StragglerAction.REPORT
     #: Port of the launcher's Prometheus endpoint (0: a free port, logged); None: no endpoint.
     metrics_port: Optional[int] = None
-    #: A rank past a section deadline whose I/O counters (``/proc/<pid>/io``) advance is moving bytes
-    #: (a save on slow storage), not hung: its deadline is extended while they advance, up to this many
-    #: times the section's timeout in total. None: no extension.
+    #: A rank past any deadline whose storage I/O progresses (bytes through the regular files it and its
+    #: children have open: a save on slow storage), not hung: its deadline is extended while it does, up
+    #: to this many times the timeout in total (see :mod:`ft_core.utils.storage_io`). None: no extension.
     io_progress_cap: Optional[float] = 3.0
     #: Seconds one torch.compile (re)compilation may take on a rank. Ranks open a ``compile`` section
     #: while dynamo compiles (:mod:`ft_core.compile_phase`); meanwhile every other deadline of the rank
@@ -547,8 +547,8 @@ FIELD_HELP = {
     "straggler_action": "what to do about a straggler: report, restart (the cycle) or exclude-node",
     "metrics_port": "port of the launcher's Prometheus endpoint (0: any free port, logged), or none "
                     "(needs the 'metrics' extra: prometheus-client)",
-    "io_progress_cap": "a section whose rank is moving bytes (/proc/<pid>/io) may run up to this many times its "
-                       "timeout; none: never extended",
+    "io_progress_cap": "a deadline of a rank whose storage I/O progresses (its open regular files) may be extended "
+                       "up to this many times its timeout; none: never extended",
     "compile_timeout": "seconds one torch.compile (re)compilation may take (other deadlines pause meanwhile), "
                        "or none (not tracked)",
 }

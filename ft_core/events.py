@@ -343,18 +343,17 @@ class MonitorLate(Event, frozen=True, tag=EventName.MONITOR_LATE.value):
 
 
 class DeadlineExtended(Event, frozen=True, tag=EventName.DEADLINE_EXTENDED.value):
-    """A rank was past its section deadline but moving bytes (slow storage): the deadline is extended.
+    """A rank past a deadline whose storage I/O progressed (slow storage): extended, up to ``cap`` x ``timeout``.
 
-    Written once per open section, at the first extension; later ones (while the bytes keep moving)
-    are not recorded. Past ``cap`` times ``timeout`` the rank is declared hung all the same.
-    """
+    Written once per run of the deadline's timer, at its first extension."""
 
     rank: int
     pid: int
-    section: str
-    timeout: float  # the section's timeout (seconds)
-    bytes: int  # bytes the rank read and wrote since the monitor's previous look
-    cap: float  # the section may run at most cap x timeout (io_progress_cap)
+    reason: HangReason  # which rule's deadline: heartbeat, section, out_of_section, initial_heartbeat
+    section: str  # the section of a ``section`` deadline; "" for the others
+    timeout: float  # the deadline's timeout (seconds)
+    bytes: int  # bytes read or written through the rank's (and its children's) regular files since the last look
+    cap: float  # the deadline may run at most cap x timeout from its start (io_progress_cap)
 
 
 class LauncherStarted(Event, frozen=True, tag=EventName.LAUNCHER_STARTED.value):

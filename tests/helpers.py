@@ -71,6 +71,12 @@ def kill_group(proc: subprocess.Popen) -> None:
 SEAM_CHECK_ARGS = ["--standalone", "--nproc-per-node", "1", "--ft-no-prewarm", "no_such_script.py"]
 
 
+def killed(proc: subprocess.Popen, timeout: float = 60) -> bool:
+    """Whether ``proc`` ends, within ``timeout`` seconds, killed by SIGKILL (as the monitor ends a hung rank)."""
+    proc.wait(timeout=timeout)
+    return proc.returncode == -9
+
+
 def assert_one_seam_error(text: str, missing: str) -> None:
     """``text`` (the launcher's stderr) is the one clear error of a torch whose seam ``missing`` moved."""
     import torch

@@ -4,7 +4,7 @@
 * :mod:`.watched_rank` -- the rules of one rank: open sections, deadlines, the CPU probe;
 * :mod:`.defences` -- against bad peers: accept, shed, caps, rejection, the descriptor reserve;
 * :mod:`.handlers` -- one handler per message type (the handshake first);
-* :mod:`.slow_storage` -- a section's deadline extended while its rank moves bytes;
+* :mod:`.slow_storage` -- a deadline extended while the rank's storage I/O progresses;
 * :mod:`.hang` -- what happens to one hung rank (detected, stack dump, terminated);
 * :mod:`.process` -- :class:`MonitorProcess` and ``run_in_subprocess`` (``python -m ft_core.monitor``);
 * :mod:`.standalone` -- a node monitor for runs without ``ft_launcher`` (plain torchrun, srun, python).

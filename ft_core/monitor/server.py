@@ -22,8 +22,8 @@ overloaded node) is granted to every rank as grace -- the monitor's clock
 by the same amount -- and recorded as a ``monitor_late`` event. A rank past
 its deadline that is runnable but not getting a CPU is starved, not hung: it
 is judged once it is asleep or blocked, or has run (see
-:func:`~ft_core.monitor.watched_rank.cpu_probe`); one that moves bytes in a
-section gets more time (see :mod:`.slow_storage`).
+:func:`~ft_core.monitor.watched_rank.cpu_probe`); one whose saves progress on
+slow storage gets more time (see :mod:`.slow_storage`).
 
 Hostile or broken peers cost the other ranks nothing (see :mod:`.defences`:
 accept, shed, caps, rejection, the descriptor reserve).

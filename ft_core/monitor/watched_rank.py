@@ -22,9 +22,10 @@ from ft_core.events import HangReason, RankEvidence
 from ft_core.monitor.hang import Expiry, Hang
 from ft_core.timeouts import COMPILE_SECTION, STEP_SECTION, HeartbeatTimeouts, SectionTimeouts
 from ft_core.utils import procutil
+from ft_core.utils.storage_io import StorageSample
 from ft_core.warmup import WarmupRule, warmup_step_timeout
 
-__all__ = ["CPU_PROBE", "OpenSection", "WatchedRank", "cpu_probe"]
+__all__ = ["CPU_PROBE", "IoWatch", "OpenSection", "WatchedRank", "cpu_probe"]
 
 log = logging.getLogger("ft_core.monitor")
 
@@ -40,10 +41,21 @@ class OpenSection:
     started: float
     #: A ``step`` in warm-up (WarmupRule): timed by :func:`~ft_core.timeouts.warmup_step_timeout`.
     warmup: bool = False
-    #: The deadline once extended for I/O progress (see :meth:`.slow_storage.SlowStorage.extend`).
+
+
+@dataclasses.dataclass
+class IoWatch:
+    """Slow storage at one deadline of a rank (see :mod:`.slow_storage`): what the monitor saw, how far it extended.
+
+    Kept per rule (heartbeat, a section, out of section) for one run of its timer: a deadline whose
+    timer restarted (a heartbeat came, the section was opened again) starts a new watch.
+    """
+
+    since: float  # when the watched deadline's timer started
+    #: The regular files the rank's process tree had open at the monitor's last look: progress is measured from it.
+    look: Optional[StorageSample] = None
+    #: The deadline once extended for storage progress (see :meth:`.slow_storage.SlowStorage.extend`).
     extended_to: Optional[float] = None
-    #: The rank's I/O byte count at the monitor's last look, and when: the progress is measured from it.
-    io_look: Optional[tuple[float, int]] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +91,8 @@ class WatchedRank:
     open_sections: dict[str, OpenSection] = dataclasses.field(default_factory=dict)
     #: When the last tracked section closed; None while one is open and before the first one.
     out_of_section_since: Optional[float] = None
+    #: Slow storage, per deadline rule (reason, section): see :meth:`io_watch`.
+    io_watches: dict[tuple[HangReason, Optional[str]], IoWatch] = dataclasses.field(default_factory=dict)
     #: Set while the rank is past a deadline but runnable: judged once it has had some CPU.
     cpu_probe: Optional[_CpuProbe] = None
     #: Set once a deadline passed; the rank is never watched again.
@@ -115,12 +129,17 @@ class WatchedRank:
         """
         self.touch(now)
         section = self.open_sections.pop(name, None)
+        self.io_watches.pop((HangReason.SECTION, name), None)
         was_open = section is not None
         if section is not None and name == COMPILE_SECTION:
-            for other in self.open_sections.values():
-                other.started += now - section.started
-                if other.extended_to is not None:
-                    other.extended_to += now - section.started
+            paused = now - section.started
+            for other_name, other in self.open_sections.items():
+                watch = self.io_watches.get((HangReason.SECTION, other_name))
+                if watch is not None and watch.since == other.started:
+                    watch.since += paused
+                    if watch.extended_to is not None:
+                        watch.extended_to += paused
+                other.started += paused
         if section is not None and name == "step":
             self.steps += 1
             self.last_step_seconds = now - section.started
@@ -171,15 +190,29 @@ class WatchedRank:
         for name, section in self.open_sections.items():
             timeout = self._warmup_timeout() if section.warmup else self.sections.section.get(name)
             if timeout is not None:
-                deadline = section.extended_to if section.extended_to is not None else section.started + timeout
-                candidates.append(Expiry(deadline, HangReason.SECTION, name, timeout, section.started))
+                candidates.append(Expiry(section.started + timeout, HangReason.SECTION, name, timeout, section.started))
         # Out-of-section time runs only from the end of a section (None before the first
         # one): start-up is covered by the initial heartbeat timeout (NVRx does the same).
         since = self.out_of_section_since
         if not self.open_sections and since is not None and self.sections.out_of_section is not None:
             candidates.append(Expiry(since + self.sections.out_of_section, HangReason.OUT_OF_SECTION, None,
                                      self.sections.out_of_section, since))
-        return min(candidates, key=lambda c: c.deadline) if candidates else None
+        return min((self._extended(c) for c in candidates), key=lambda c: c.deadline) if candidates else None
+
+    def io_watch(self, expiry: Expiry) -> IoWatch:
+        """The slow-storage watch of ``expiry``'s rule, new when its timer restarted since the last one."""
+        key = (expiry.reason, expiry.section)
+        watch = self.io_watches.get(key)
+        if watch is None or watch.since != expiry.since:
+            watch = self.io_watches[key] = IoWatch(expiry.since)
+        return watch
+
+    def _extended(self, expiry: Expiry) -> Expiry:
+        """``expiry`` at its deadline as extended for storage progress, if it was."""
+        watch = self.io_watches.get((expiry.reason, expiry.section))
+        if watch is None or watch.since != expiry.since or watch.extended_to is None:
+            return expiry
+        return dataclasses.replace(expiry, deadline=max(expiry.deadline, watch.extended_to))
 
 
 def cpu_probe(rank: WatchedRank, expiry: Expiry, now: float) -> Optional[float]:

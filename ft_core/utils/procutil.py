@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, Optional
 
-__all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "io_bytes",
-           "listens_on_tcp_port", "pid_alive", "process_group_members", "set_child_subreaper", "set_process_title",
+__all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "listens_on_tcp_port",
+           "pid_alive", "process_group_members", "process_tree", "set_child_subreaper", "set_process_title",
            "wait_child_exited"]
 
 _PR_SET_PDEATHSIG = 1
@@ -152,21 +152,6 @@ def is_stopped(pid: int) -> bool:
         return False
 
 
-def io_bytes(pid: int) -> Optional[int]:
-    """Bytes ``pid`` has read and written so far (``rchar + wchar`` of Linux ``/proc/<pid>/io``, all threads).
-
-    Counted when a ``read``/``write`` returns, whatever the file system (page cache, NFS, Lustre), so a
-    save crawling over slow storage advances it; a rank blocked in a collective or a lock does not.
-    None when the kernel does not say (no such process, no permission, no ``/proc``).
-    """
-    try:
-        with open(f"/proc/{pid}/io", "rb") as handle:
-            fields = dict(line.split(b":", 1) for line in handle.read().splitlines() if b":" in line)
-        return int(fields[b"rchar"]) + int(fields[b"wchar"])
-    except (OSError, KeyError, ValueError):
-        return None
-
-
 def cpu_sample(pid: int) -> Optional[CpuSample]:
     """CPU time and run state of ``pid``'s threads (Linux ``/proc``); None when the kernel does not say."""
     cpu_ns = 0
@@ -250,3 +235,26 @@ def process_group_members(pgids: Collection[int]) -> dict[int, list[int]]:
         if fields is not None and len(fields) > 2 and fields[0] != b"Z" and fields[2] in wanted:
             members.setdefault(wanted[fields[2]], []).append(int(entry))
     return members
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its live (not zombie) descendants, parents first (Linux ``/proc``: every process's parent pid).
+
+    Read from every ``/proc/<pid>/stat`` rather than ``/proc/<pid>/task/<tid>/children``: that file needs
+    ``CONFIG_PROC_CHILDREN``, which not every kernel has. Processes that come and go meanwhile are skipped.
+    """
+    children: dict[int, list[int]] = {}
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return [pid]
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(entry)
+        if fields is not None and len(fields) > 1 and fields[0] != b"Z" and fields[1].isdigit():
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    tree = [pid]
+    for member in tree:  # grows while it is walked: breadth first
+        tree.extend(children.get(member, ()))
+    return tree

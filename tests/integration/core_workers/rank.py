@@ -15,9 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+import threading
 import time
 
 from ft_core.client import RankMonitorClient
+from ft_core.utils import procutil
 
 
 def hang_without_heartbeat() -> None:
@@ -30,19 +33,57 @@ def hang_in_step(client: RankMonitorClient) -> None:
 
 
 def save(client: RankMonitorClient, args: argparse.Namespace) -> None:
-    """A checkpoint save on slow storage: 64 KiB chunks with pauses, inside ``checkpointing``."""
-    client.start_section("checkpointing")
+    """A checkpoint save on slow storage: 64 KiB chunks every 0.1 s, in ``--section`` (or out of every section).
+
+    ``--writer child`` forks an async checkpoint writer (as Megatron's and torch DCP's process-based async
+    saves do) and waits for it; ``--chatter`` keeps a logging thread writing meanwhile; ``--then hang``
+    stays hung (no heartbeat, no storage I/O) once the writing stops.
+    """
+    if args.chatter:
+        threading.Thread(target=_chatter, args=(args,), daemon=True).start()
+    if args.section:
+        client.start_section(args.section)
+    else:  # out of every section: out-of-section time runs from the end of a step
+        client.start_section("step")
+        client.end_section("step")
+    if args.writer == "child":
+        pid = os.fork()
+        if pid == 0:
+            procutil.die_with_parent()  # the test's cleanup kills the rank's group only while the rank runs
+            _write(args)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    else:
+        _write(args)
+    if args.then == "hang":
+        hang_without_heartbeat()
+    if args.section:
+        client.end_section(args.section)
+    client.send_heartbeat()
+    client.shutdown_workload_monitoring()
+
+
+def _write(args: argparse.Namespace) -> None:
+    """Write ``--write-to`` steadily for ``--write-seconds`` (-1: forever; 0: hang with no I/O)."""
     if args.write_seconds == 0:
-        hang_without_heartbeat()  # hung with no I/O
+        hang_without_heartbeat()
     chunk = b"x" * (64 << 10)
     start = time.monotonic()
     with open(args.write_to, "wb") as handle:
         while args.write_seconds < 0 or time.monotonic() - start < args.write_seconds:
             handle.write(chunk)
             handle.flush()
-            time.sleep(0.05)
-    client.end_section("checkpointing")
-    client.shutdown_workload_monitoring()
+            time.sleep(0.1)
+
+
+def _chatter(args: argparse.Namespace) -> None:
+    """A logging thread: a line every 50 ms to stdout (a pipe), to stdout redirected to a file, or to a log file."""
+    if args.chatter == "stdout-file":  # as torchrun --redirect and tee do
+        os.dup2(os.open(args.chatter_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), 1)
+    stream = open(args.chatter_file, "a") if args.chatter == "log" else sys.stdout  # noqa: SIM115 - lives as long
+    while True:
+        print("still here, waiting", file=stream, flush=True)
+        time.sleep(0.05)
 
 
 def train(client: RankMonitorClient, args: argparse.Namespace) -> int:
@@ -86,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--fallback", type=json.loads, default=None, help="fallback_config as JSON")
     parser.add_argument("--stop-file", help="heartbeat_forever: stop heartbeating (hang) once this file exists")
     parser.add_argument("--step-times", default="", help="'steps': seconds of each step section, comma-separated")
-    parser.add_argument("--then", choices=["finish", "hang"], default="finish", help="'steps': after the steps")
+    parser.add_argument("--then", choices=["finish", "hang"], default="finish", help="'steps', 'save': after the steps, the writing")
     parser.add_argument("--duration", type=float, default=5.0, help="train: seconds of training")
     parser.add_argument("--startup", type=float, default=0.0, help="train: seconds before the first step")
     parser.add_argument("--hang-after", type=float, default=None, help="train: hang after this many seconds")
@@ -96,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--write-to", help="save: the file the checkpoint is written to")
     parser.add_argument("--write-seconds", type=float, default=0.0,
                         help="save: seconds of slow writing in the section (-1: forever; 0: hang with no I/O)")
+    parser.add_argument("--section", default="checkpointing", help="save: the section ('': out of every section)")
+    parser.add_argument("--writer", choices=("self", "child"), default="self", help="save: who writes")
+    parser.add_argument("--chatter", choices=("stdout", "stdout-file", "log"), help="save: a thread writes logs")
+    parser.add_argument("--chatter-file", help="save: the file of --chatter stdout-file or log")
     return parser
 
 
@@ -105,7 +150,6 @@ def main() -> None:
     megatron_args = None
     if args.scenario.startswith("megatron_"):
         # Stands in for Megatron-LM's global args module, set up before FT init as Megatron-LM does.
-        import sys
         import types
 
         megatron_args = types.SimpleNamespace(curr_iteration=100)

@@ -27,7 +27,7 @@ SAMPLES: list[ev.Event] = [
     ev.TimeoutsUpdated(time=1.0, rank=0, timeouts={"section": {"step": 3.0}, "out_of_section": None}),
     ev.ConnectionRejected(time=1.0, pid=13, reason="wrong job token"),
     ev.MonitorLate(time=1.0, late=3.2, grace=3.2, ranks=[0, 1]),
-    ev.DeadlineExtended(time=1.0, rank=2, pid=4242, section="checkpointing", timeout=30.0, bytes=1 << 20, cap=3.0),
+    ev.DeadlineExtended(time=1.0, rank=2, pid=4242, reason=ev.HangReason.SECTION, section="checkpointing", timeout=30.0, bytes=1 << 20, cap=3.0),
     ev.LauncherStarted(time=1.0, run_id="job", min_nodes=1, max_nodes=2, nproc_per_node=4, max_restarts=3,
                        rdzv_backend="c10d", monitor_pid=10, config={"rank_heartbeat_timeout": 5.0}),
     ev.CycleStart(time=1.0, cycle=1, restarts=1, group_rank=0, group_world_size=2, world_size=8,

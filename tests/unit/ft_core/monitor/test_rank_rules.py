@@ -4,30 +4,14 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
 
 import pytest
+from monitor_rank import T0, watched
 
-from ft_core.config import FaultToleranceConfig
 from ft_core.events import HangDetected, HangReason
 from ft_core.monitor.hang import DUMP_POLL, Expiry, Hang, HangState
 from ft_core.monitor.watched_rank import CPU_PROBE, WatchedRank, cpu_probe
-from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts
-
-T0 = 1000.0  # monotonic time of the connection
-
-
-def watched(initial: Optional[float] = None, subsequent: Optional[float] = None,
-            sections: Optional[dict[str, Optional[float]]] = None, out_of_section: Optional[float] = None,
-            warmup: int = 0) -> WatchedRank:
-    # The monitor's config holds the same timeouts (a warm-up step falls back on the configured ones).
-    cfg = FaultToleranceConfig(num_warmup_iterations=warmup, initial_rank_heartbeat_timeout=initial,
-                               rank_heartbeat_timeout=subsequent, rank_section_timeouts=dict(sections or {}),
-                               rank_out_of_section_timeout=out_of_section)
-    return WatchedRank(
-        rank=1, local_rank=1, pid=4321, cfg=cfg, restart_count=0,
-        connected_at=T0, hb=HeartbeatTimeouts(initial, subsequent),
-        sections=SectionTimeouts(dict(sections or {}), out_of_section), dump_path=None, out_of_section_since=T0)
+from ft_core.timeouts import SectionTimeouts
 
 
 def expiry_of(rank: WatchedRank) -> tuple:
