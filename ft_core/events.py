@@ -535,32 +535,30 @@ _DECODER = msgspec.json.Decoder(AnyEvent)
 
 
 class EventWriter:
-    """Appends records to a JSON-lines file, each as one ``write()`` of a whole line.
+    """Appends records to a JSON-lines file, each as one ``write()`` of a whole line on a fresh line.
 
-    The file is opened with ``O_APPEND`` and written without a user-space
-    buffer, so a reader (or a crash) never sees a torn line and several
-    writers may share one file. It is created with mode 0600 and never
-    through a symlink (:func:`~ft_core.jobdir.open_private_log`: records
-    hold paths, arguments and stacks). A line left unfinished by a writer
-    that died mid-write (a full disk) is ended first, so the next record
-    stays readable. ``node`` is stamped on every record written.
+    ``O_APPEND`` and no user-space buffer: several writers may share one file (ranks append to the
+    monitor's). On a fatal signal the kernel stops a regular-file ``write()`` between pages, so a
+    killed writer can leave part of a record; each record starts with a newline of its own
+    ("\\n" + record + "\\n", one ``write()``), so that part is one corrupt line readers skip (as
+    the blank lines between records): it costs the killed writer's record only, never the next
+    record of a writer that had the file open. Created 0600, never through a symlink
+    (:func:`~ft_core.jobdir.open_private_log`: records hold paths, arguments and stacks).
+    ``node`` is stamped on every record written.
     """
 
     def __init__(self, path: str, node: Optional[str] = None) -> None:
         self.path = os.path.abspath(path)
         self.node = node
         self._fd: Optional[int] = open_private_log(self.path)
-        size = os.fstat(self._fd).st_size
-        if size and os.pread(self._fd, 1, size - 1) != b"\n":
-            os.write(self._fd, b"\n")
 
     def write(self, record: Event) -> Event:
         """Append ``record`` (with this writer's ``node``); returns what was written."""
         if self.node is not None and record.node != self.node:
             record = msgspec.structs.replace(record, node=self.node)
         if self._fd is not None:
-            line = memoryview(_ENCODER.encode(record) + b"\n")
-            while line:  # a regular file takes the whole line unless the disk is full
+            line = memoryview(b"\n" + _ENCODER.encode(record) + b"\n")
+            while line:  # a regular file takes the whole line unless the disk is full or a fatal signal came
                 line = line[os.write(self._fd, line):]
         return record
 

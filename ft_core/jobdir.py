@@ -301,10 +301,10 @@ def open_private_log(path: str) -> int:
     Logs are shared by several writers (launchers of one job, respawned
     monitors), so they cannot be created exclusively; ``O_NOFOLLOW`` and the
     owner check keep a planted symlink or another user's file out. A wider
-    mode of our own file is tightened to 0600. Returns a read-write
+    mode of our own file is tightened to 0600. Returns a write-only
     descriptor opened with ``O_APPEND``.
     """
-    fd = _open_own_regular_file(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+    fd = _open_own_regular_file(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
     if stat.S_IMODE(os.fstat(fd).st_mode) != PRIVATE_FILE_MODE:
         os.fchmod(fd, PRIVATE_FILE_MODE)
     return fd

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import re
-from typing import Optional
+from typing import Annotated, Optional
+
+import msgspec
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
@@ -14,6 +17,7 @@ from ft_core.straggler_scoring import StragglerAction
 from ft_core.utils.validation import (
     ValidationError,
     boolean,
+    convert,
     file_path,
     int_in_range,
     non_negative_seconds,
@@ -24,14 +28,17 @@ __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "LauncherOptions", "add_launcher_args
 
 DEFAULT_NO_RESTART_EXIT_CODE = 93
 _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+#: torch's default of torchrun's ``--shutdown-timeout`` (``torch.distributed.launcher.api.LaunchConfig``).
+SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
 
 
 @dataclasses.dataclass(frozen=True)
 class LauncherOptions:
     """Validated launcher settings."""
 
-    #: After SIGTERM/SIGINT is forwarded to the workers, SIGKILL them after this many seconds.
-    term_timeout: float = 15.0
+    #: After SIGTERM/SIGINT is forwarded to the workers, SIGKILL them after this many seconds: time
+    #: for a preemption save. NVRx's default; SLURM's KillWait or Kubernetes' grace period bound it anyway.
+    term_timeout: float = 1800.0
     #: Workers stopped for a restart get SIGTERM, then SIGKILL after this many seconds.
     workers_stop_timeout: float = 5.0
     #: Exit code meaning "do not requeue": no progress, or shutdown requested by a rank.
@@ -103,13 +110,17 @@ def _stop_timeouts(args: argparse.Namespace) -> dict[str, float]:
     torchrun's flag is its one grace period from SIGTERM to SIGKILL (torch applies it when
     the job ends); here there are two more (after a forwarded signal, and when stopping
     workers for a restart): it is the default of both, and a flag of ours given beside it
-    wins for its own phase.
+    wins for its own phase. Not given, it is ``$TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` when set,
+    as in torch. So: ``--term-timeout`` > ``--shutdown-timeout`` > the variable > 1800 s.
     """
     defaults = LauncherOptions()
     term, stop = args.term_timeout, args.workers_stop_timeout
     shutdown = getattr(args, "shutdown_timeout", None)  # None: not given (torchrun's default is "unset")
     if shutdown is not None:
         shutdown = non_negative_seconds("--shutdown-timeout", shutdown, coerce=True)
+    elif SHUTDOWN_TIMEOUT_ENV in os.environ:
+        shutdown = _shutdown_timeout_env(os.environ[SHUTDOWN_TIMEOUT_ENV])
+    if shutdown is not None:
         term = shutdown if term is None else term
         stop = shutdown if stop is None else stop
     return {
@@ -120,18 +131,36 @@ def _stop_timeouts(args: argparse.Namespace) -> dict[str, float]:
     }
 
 
+def _shutdown_timeout_env(value: str) -> float:
+    """``$TORCH_ELASTIC_SHUTDOWN_TIMEOUT``, checked before torch reads it with ``int()`` (a bare ValueError)."""
+    seconds = convert(SHUTDOWN_TIMEOUT_ENV, value, Annotated[int, msgspec.Meta(ge=0)],
+                      "a whole number of seconds >= 0 (torch reads it with int())", coerce=True)
+    return float(seconds)
+
+
+def _describe_torchrun_shutdown_timeout(parser: argparse.ArgumentParser) -> None:
+    """torchrun's ``--shutdown-timeout`` help, as it applies in ft_launcher (torch's text names only its 30 s)."""
+    action = parser._option_string_actions.get("--shutdown-timeout")  # noqa: SLF001 - argparse has no public lookup
+    if action is not None:
+        action.help = (f"torchrun's grace period from SIGTERM to SIGKILL when the job ends (default: "
+                       f"${SHUTDOWN_TIMEOUT_ENV}, else torch's 30), and the default of --term-timeout and "
+                       "--workers-stop-timeout when they are not given")
+
+
 def add_launcher_args(parser: argparse.ArgumentParser) -> None:
     """Add the launcher's fault-tolerance flags to a torchrun argument parser."""
     defaults = LauncherOptions()
+    _describe_torchrun_shutdown_timeout(parser)
     group = parser.add_argument_group("ft_launcher", "Restart policy, signals and event log.")
     # Defaults None: "not given", so that torchrun's --shutdown-timeout can set both (see _stop_timeouts).
     group.add_argument("--term-timeout", "--term_timeout", default=None, metavar="SECONDS",
                        help="after SIGTERM/SIGINT is forwarded to the workers, SIGKILL them after this many "
-                            f"seconds (default: {defaults.term_timeout}; torchrun's --shutdown-timeout sets it too)")
+                            "seconds: the time a rank has to save before preemption (default: --shutdown-timeout, "
+                            f"else ${SHUTDOWN_TIMEOUT_ENV}, else {defaults.term_timeout:g} as in NVRx)")
     group.add_argument("--workers-stop-timeout", "--workers_stop_timeout", default=None, metavar="SECONDS",
                        help="workers stopped for a restart get SIGTERM, then SIGKILL after this many seconds "
-                            f"(default: {defaults.workers_stop_timeout}; torchrun's --shutdown-timeout sets it "
-                            "too)")
+                            f"(default: --shutdown-timeout, else ${SHUTDOWN_TIMEOUT_ENV}, else "
+                            f"{defaults.workers_stop_timeout:g})")
     group.add_argument("--ft-no-restart-exit-code", "--ft_no_restart_exit_code",
                        default=defaults.no_restart_exit_code, metavar="CODE",
                        help="exit code when the job stops for lack of progress or because a rank requested "

@@ -10,8 +10,10 @@ Megatron-LM job needs one line in the job script and no edit of Megatron-LM's fi
 ``python -m ft_integrations.nvrx_alias`` prints :data:`SHIM_PATH`. The shim holds only
 ``nvidia_resiliency_ext.fault_tolerance`` and NVRx's public submodules of it (``config``,
 ``data``, ``timeouts_calc``, ``rank_monitor_client``); the names it serves are ``ft_core``'s
-public API (``RankMonitorClient``, ``FaultToleranceConfig``, ``WorkloadAction``, ...). It shadows a real NVRx installation on purpose: NVRx's client
-cannot talk to this monitor.
+public API (``RankMonitorClient``, ``FaultToleranceConfig``, ``WorkloadAction``, ...).
+Those it serves in place of an installed NVRx's on purpose (NVRx's client cannot
+talk to this monitor); everything else of an installed NVRx (``checkpointing``,
+``inprocess``, ``__version__``, ...) stays NVRx's (:mod:`.real_nvrx`).
 """
 
 from __future__ import annotations

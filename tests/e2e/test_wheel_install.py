@@ -135,7 +135,7 @@ def test_a_hung_rank_is_caught_and_restarted_then_the_report_reads_the_log(scrat
                  "--ft-rank-heartbeat-timeout=3", f"--ft-events-file={events}", "hang.py"], scratch)
     assert proc.returncode == 0, proc.stderr[-6000:]
     assert "metrics endpoint: http://" in proc.stderr  # the metrics extra is installed and serves
-    records = [json.loads(line) for line in events.read_text().splitlines()]
+    records = [json.loads(line) for line in events.read_text().splitlines() if line.strip()]
     hangs = [r for r in records if r["event"] == "hang_detected"]
     assert [(h["rank"], h["reason"]) for h in hangs] == [(1, "heartbeat")], proc.stderr[-6000:]
     assert [r["kind"] for r in records if r["event"] == "restart"] == ["hang"]

@@ -35,7 +35,9 @@ FT_TEST_FORWARD_TIME  seconds each step spends in a "forward" phase marked with 
 FT_TEST_SLOW_RANK     global rank whose forward phase lasts FT_TEST_SLOW_FACTOR (default 1.6) times longer, in
                       the cycles FT_TEST_FAULT_CYCLES selects
 FT_TEST_CHECKPOINT    report this checkpointed iteration at step 0 (default: none)
-FT_TEST_ON_SIGTERM    "exit0" (exit 0 on SIGTERM) | "ignore"; default: Python's default
+FT_TEST_ON_SIGTERM    "exit0" (exit 0 on SIGTERM) | "ignore" | "save" (a preemption save: write
+                      FT_TEST_SAVE_FILE.rank<N> over FT_TEST_SAVE_TIME seconds, default 20, then exit 0);
+                      default: Python's default
 FT_TEST_FALLBACK      JSON object: the fallback_config this worker offers the monitor
 FT_TEST_MARK_FINISHED "1": every rank creates the finished flag (FAULT_TOL_FINISHED_FLAG_FILE) after its last step
 FT_TEST_REPORT_FINISHED "all" | a global rank: the ranks whose client shutdown reports training complete
@@ -76,6 +78,22 @@ def record(**fields) -> None:
             os.write(fd, line.encode())  # one write: lines of concurrent workers never interleave
         finally:
             os.close(fd)
+
+
+def save_on_sigterm(*_) -> None:
+    """A slow preemption save: one chunk every 0.1 s, "complete" last, then the file is put in place."""
+    path = f"{os.environ['FT_TEST_SAVE_FILE']}.rank{RANK}"
+    record(event="save_started", time=time.time())
+    chunks = int(float(os.environ.get("FT_TEST_SAVE_TIME", "20")) * 10)
+    with open(path + ".tmp", "w") as handle:
+        for chunk in range(chunks):
+            handle.write(f"chunk {chunk}\n")
+            handle.flush()
+            time.sleep(0.1)
+        handle.write("complete\n")
+    os.replace(path + ".tmp", path)
+    record(event="saved", time=time.time())
+    os._exit(0)
 
 
 def cycle_fault() -> str:
@@ -176,6 +194,8 @@ def main() -> int:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
     elif on_sigterm == "ignore":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    elif on_sigterm == "save":
+        signal.signal(signal.SIGTERM, save_on_sigterm)
     record(event="started", time=STARTED, prewarmed="ft_core.launcher.zygote" in sys.modules,
            dynamo="torch._dynamo" in sys.modules)
     if os.environ.get("FT_TEST_CHILD") == "1":

@@ -6,6 +6,7 @@ import json
 import os
 import typing
 
+import msgspec
 import pytest
 
 from ft_core import events as ev
@@ -89,7 +90,7 @@ def test_the_json_keeps_plain_names_and_values(tmp_path):
     with ev.EventWriter(path, node="host:7") as out:
         out.write(ev.Restart(time=3.0, cycle=0, kind=ev.RestartKind.HANG, reason="r", restarts=1, max_restarts=2))
         out.write(ev.WorkerExit(time=3.0, cycle=0, local_rank=1, pid=5, cause="crash", signal="SIGKILL"))
-    restart, worker_exit = (json.loads(line) for line in open(path, encoding="utf-8"))
+    restart, worker_exit = (json.loads(line) for line in open(path, encoding="utf-8") if line.strip())
     assert restart == {"event": "restart", "time": 3.0, "node": "host:7", "cycle": 0, "kind": "hang",
                        "reason": "r", "restarts": 1, "max_restarts": 2}
     # "exit_code or signal": the unset one (and an unknown rank) is left out, as before.
@@ -141,6 +142,31 @@ def test_unknown_and_corrupt_lines_are_skipped_not_fatal(tmp_path, caplog):
     assert "skipping" in caplog.text
 
 
+def test_a_torn_line_costs_only_its_own_record_even_for_a_writer_that_had_the_file_open(tmp_path):
+    # A writer SIGKILLed mid-write() leaves part of its record (no newline); the monitor, whose
+    # writer opened the file before, appends its next record: that record must stay readable.
+    path = tmp_path / "events.jsonl"
+    first = ev.MonitorStarted(time=1.0, pid=1, socket="s")
+    after = ev.RankTerminated(time=2.0, rank=0, pid=2, signal="SIGKILL")
+    torn = json.dumps({"event": "checkpoint_loaded", "time": 1.5, "path": "x" * 100})[:40].encode()
+    with ev.EventWriter(str(path)) as monitor:
+        monitor.write(first)
+        with open(path, "ab") as killed:
+            killed.write(torn)
+        monitor.write(after)
+    assert ev.read_records(str(path)) == ([first, after], path.stat().st_size)
+    assert [e["event"] for e in ev.read_events(str(path))[0]] == ["monitor_started", "rank_terminated"]
+
+
+def test_the_reader_skips_a_torn_line_and_blank_lines_and_reads_the_good_one_after(tmp_path, caplog):
+    path = tmp_path / "events.jsonl"
+    good = ev.Progress(time=1.0, iteration=1, source="file", cycle=0)
+    path.write_bytes(b'\n{"event": "checkpoint_loaded", "time": 1.5, "pa\n\n' + msgspec.json.encode(good) + b"\n\n")
+    assert ev.read_records(str(path)) == ([good], path.stat().st_size)
+    assert ev.read_events(str(path))[0] == [msgspec.to_builtins(good)]
+    assert "skipping" in caplog.text
+
+
 def test_reading_a_missing_file_returns_nothing(tmp_path):
     assert ev.read_records(str(tmp_path / "none.jsonl"), 5) == ([], 5)
     assert ev.read_events(str(tmp_path / "none.jsonl")) == ([], 0)
@@ -159,7 +185,9 @@ def test_each_record_is_one_write_of_a_whole_line(tmp_path, monkeypatch):
         monkeypatch.setattr(os, "write", spy)
         out.write(SAMPLES[3])  # the largest record: a hang with its stack
         monkeypatch.undo()
-    assert len(writes) == 1 and writes[0].endswith(b"\n") and writes[0].count(b"\n") == 1
+    # On a fresh line of its own: whatever a killed writer left unfinished before it cannot swallow it.
+    assert len(writes) == 1 and writes[0].startswith(b"\n") and writes[0].endswith(b"\n")
+    assert writes[0].count(b"\n") == 2
     assert open(path, "rb").read() == writes[0]
 
 

@@ -62,10 +62,28 @@ def test_missing_config_file_is_reported(capsys, tmp_path):
     assert "nope.yaml" in capsys.readouterr().err
 
 
-def _launcher(*argv: str) -> subprocess.CompletedProcess:
-    """``python -m ft_core.launcher argv...`` as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "ft_core.launcher", *argv], env=python_env(), cwd=REPO_ROOT,
+def _launcher(*argv: str, **env: str) -> subprocess.CompletedProcess:
+    """``python -m ft_core.launcher argv...`` as a user runs it, with ``env`` added to the environment."""
+    return subprocess.run([sys.executable, "-m", "ft_core.launcher", *argv], env=python_env(**env), cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=120)
+
+
+def test_help_says_which_grace_period_applies_after_sigterm(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per flag: no hyphenated breaks
+    text = build_parser().format_help()
+    assert ("SIGKILL them after this many seconds: the time a rank has to save before preemption (default: "
+            "--shutdown-timeout, else $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 1800 as in NVRx)") in text
+    assert ("torchrun's grace period from SIGTERM to SIGKILL when the job ends (default: "
+            "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else torch's 30), and the default of --term-timeout") in text
+
+
+def test_a_bad_torch_elastic_shutdown_timeout_is_one_line_before_torch_reads_it(tmp_path):
+    result = _launcher(f"--log-dir={tmp_path}", "--nproc-per-node=1", "train.py",
+                       TORCH_ELASTIC_SHUTDOWN_TIMEOUT="-5")
+    assert result.returncode == 2
+    assert result.stderr == ("ft_launcher: error: TORCH_ELASTIC_SHUTDOWN_TIMEOUT: invalid value '-5'; allowed: a "
+                             "whole number of seconds >= 0 (torch reads it with int())\n")
+    assert not list(tmp_path.iterdir())  # nothing was started
 
 
 @pytest.mark.parametrize(("argv", "message"), [

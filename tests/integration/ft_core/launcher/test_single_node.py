@@ -9,7 +9,7 @@ import signal
 import psutil
 import pytest
 from helpers import wait_for
-from launcher_helpers import LauncherGroup, exit_event
+from launcher_helpers import FAST_FLAGS, LauncherGroup, exit_event
 
 from ft_core.launcher.report import build_report, load_records
 
@@ -236,7 +236,27 @@ def test_shutdown_request_wins_over_the_requesting_rank_exiting(launchers):
     assert "ShutdownWorkload" in exit_event(node)["reason"]
 
 
+def test_a_20_s_preemption_save_is_not_cut_short(launchers, tmp_path):
+    # SLURM's SIGTERM before preemption: each rank saves for 20 s (the old default killed it at 15 s).
+    # The defaults users get: no --term-timeout, and their
+    # heartbeat timeout (the ranks do not heartbeat while saving). Without torch: a rank blocked in a
+    # gloo all-reduce would run its Python handler only when the call returns.
+    save = tmp_path / "ckpt"
+    node = launchers.start(base_flags=tuple(f for f in FAST_FLAGS if not f.startswith("--ft-rank-heartbeat")),
+                           FT_TEST_FAULT="forever", FT_TEST_TORCH="0", FT_TEST_ON_SIGTERM="save",
+                           FT_TEST_SAVE_FILE=str(save), FT_TEST_SAVE_TIME="20")
+    node.wait_event("rank_connected", 120, count=2)
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.wait(120) == 128 + signal.SIGTERM, node.output()[-3000:]
+    for rank in (0, 1):
+        lines = (tmp_path / f"ckpt.rank{rank}").read_text().splitlines()
+        assert lines == [f"chunk {i}" for i in range(200)] + ["complete"]
+    assert {e.get("exit_code") for e in node.events("worker_exit")} == {0}
+    assert "training not finished" in exit_event(node)["reason"]
+
+
 def test_workers_ignoring_sigterm_are_killed_after_term_timeout(launchers):
+    # An explicit --term-timeout still bounds the wait for a rank that never stops.
     node = launchers.start("--term-timeout=1", FT_TEST_FAULT="forever", FT_TEST_ON_SIGTERM="ignore")
     node.wait_event("rank_connected", 120, count=2)
     node.proc.send_signal(signal.SIGTERM)

@@ -16,6 +16,12 @@ from ft_core.launcher.options import DEFAULT_NO_RESTART_EXIT_CODE, LauncherOptio
 from ft_core.utils.validation import ValidationError
 
 
+@pytest.fixture(autouse=True)
+def _no_torch_shutdown_timeout(monkeypatch):
+    """The defaults users get: torch's variable only where a test sets it."""
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+
+
 def _options(*argv: str) -> LauncherOptions:
     """Parse with the launcher's flags and the config's ``--ft-*`` flags, as ft_launcher does."""
     parser = argparse.ArgumentParser()
@@ -130,7 +136,7 @@ def test_torchrun_shutdown_timeout_sets_both_grace_periods():
     options = _options_with_torchrun_shutdown("--shutdown-timeout=40")
     assert (options.term_timeout, options.workers_stop_timeout) == (40.0, 40.0)
     untouched = _options_with_torchrun_shutdown()
-    assert (untouched.term_timeout, untouched.workers_stop_timeout) == (15.0, 5.0)
+    assert (untouched.term_timeout, untouched.workers_stop_timeout) == (1800.0, 5.0)
 
 
 def test_a_flag_of_ours_beside_torchrun_shutdown_timeout_wins_for_its_own_phase():
@@ -138,6 +144,36 @@ def test_a_flag_of_ours_beside_torchrun_shutdown_timeout_wins_for_its_own_phase(
     assert (options.term_timeout, options.workers_stop_timeout) == (40.0, 3.0)
     with pytest.raises(ValidationError, match="^--shutdown-timeout: invalid value -1"):
         _options_with_torchrun_shutdown("--shutdown-timeout=-1")
+
+
+def test_a_preemption_save_gets_nvrx_s_grace_period_by_default():
+    # A rank saving for minutes after SIGTERM must not be killed mid-save; SLURM's KillWait and
+    # Kubernetes' grace period bound the wait anyway.
+    assert _options().term_timeout == LauncherOptions().term_timeout == 1800.0
+
+
+def test_torch_elastic_shutdown_timeout_is_the_default_of_torchrun_s_flag(monkeypatch):
+    # Precedence: --term-timeout > --shutdown-timeout > $TORCH_ELASTIC_SHUTDOWN_TIMEOUT > 1800 (as torch reads it).
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "45")
+    options = _options_with_torchrun_shutdown()
+    assert (options.term_timeout, options.workers_stop_timeout) == (45.0, 45.0)
+    options = _options_with_torchrun_shutdown("--shutdown-timeout=40")
+    assert (options.term_timeout, options.workers_stop_timeout) == (40.0, 40.0)
+    options = _options_with_torchrun_shutdown("--shutdown-timeout=40", "--term-timeout=20")
+    assert (options.term_timeout, options.workers_stop_timeout) == (20.0, 40.0)
+    options = _options_with_torchrun_shutdown("--term-timeout=20", "--workers-stop-timeout=2")
+    assert (options.term_timeout, options.workers_stop_timeout) == (20.0, 2.0)
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "", "2.5", "inf"])
+def test_a_bad_torch_elastic_shutdown_timeout_names_the_variable(monkeypatch, value):
+    # torch itself reads the variable with int() (and accepts -1): only whole seconds >= 0 are allowed.
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value)
+    with pytest.raises(ValidationError, match=rf"^TORCH_ELASTIC_SHUTDOWN_TIMEOUT: invalid value {value!r}; "
+                                              r"allowed: a whole number of seconds >= 0"):
+        _options_with_torchrun_shutdown()
+    # Given, torchrun's flag is used instead: the variable is not read (as in torch).
+    assert _options_with_torchrun_shutdown("--shutdown-timeout=7").term_timeout == 7.0
 
 
 def test_the_fault_policy_rules_are_flags_and_zero_switches_each_off():

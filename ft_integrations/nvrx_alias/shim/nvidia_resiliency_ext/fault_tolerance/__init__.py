@@ -6,11 +6,16 @@ Every name of ``ft_core``'s public API, resolved on first use like ``ft_core``'s
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import ft_core
+from ft_integrations.nvrx_alias.real_nvrx import extend_subpackage
 
 __all__ = list(ft_core.__all__)
+
+# NVRx installed too: its modules of fault_tolerance that the alias does not hold stay importable.
+extend_subpackage(sys.modules[__name__])
 
 
 def __getattr__(name: str) -> Any:
