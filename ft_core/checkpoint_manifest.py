@@ -51,6 +51,7 @@ __all__ = [
     "Version",
     "checksum",
     "choose_checkpoint",
+    "has_bad_mark",
     "manifest_path",
     "mark_bad",
     "read_manifest",
@@ -252,6 +253,11 @@ def mark_bad(checkpoint: str, reason: str) -> None:
     content = _condemned_content(checkpoint)
     files = [dataclasses.asdict(entry) for entry in content] if content is not None else None
     atomic_write_json(checkpoint.rstrip("/") + _BAD_SUFFIX, {"reason": reason, "time": time.time(), "files": files})
+
+
+def has_bad_mark(checkpoint: str) -> bool:
+    """Whether ``checkpoint`` has a mark of :func:`mark_bad` beside it (without reading the checkpoint)."""
+    return os.path.exists(checkpoint.rstrip("/") + _BAD_SUFFIX)
 
 
 def _condemned_content(checkpoint: str) -> Optional[tuple[FileEntry, ...]]:

@@ -405,7 +405,7 @@ class RankMonitorClient:
         """
         if not self.is_initialized or self._backlog.lost:
             return
-        report = ReportException(exception_name(exc), user_frames(exc.__traceback__), self._iteration)
+        report = ReportException(exception_name(exc), user_frames(exc.__traceback__), self._current_iteration())
         try:
             self._send_state(encode(report))
         except RankMonitorClientError:

@@ -240,6 +240,7 @@ class RankException(Event, frozen=True, tag=EventName.RANK_EXCEPTION.value):
     exception_type: str
     frames: list[str]
     iteration: Optional[int] = None
+    first_iteration: Optional[int] = None  # the first the rank reported this cycle (the monitor's): where it resumed
 
 
 class CheckpointLoaded(Event, frozen=True, tag=EventName.CHECKPOINT_LOADED.value):
@@ -526,8 +527,7 @@ AnyEvent = Union[
     MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported, RankException,
     TimeoutsUpdated, ConnectionRejected, MonitorLate, DeadlineExtended, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
     WorkersSucceeded, Restart, FaultFingerprint, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
-    SignalReceived, LauncherExit, RanksSnapshot, Diagnosis, ResumeChosen, CheckpointLoaded, CheckpointRejected,
-    CheckpointMarkedBad, FaultDecision,
+    SignalReceived, LauncherExit, RanksSnapshot, Diagnosis, ResumeChosen, CheckpointLoaded, CheckpointRejected, CheckpointMarkedBad, FaultDecision,
 ]
 
 _ENCODER = msgspec.json.Encoder()

@@ -14,9 +14,9 @@ The rules, strongest first (each one can be switched off, see :class:`FaultPolic
    resume from the newest older good one). Once per checkpoint.
 2. **Deterministic fault.** The same fingerprint ``max_identical_faults`` times
    in a row (same kind, exception type and innermost user frames, same
-   iteration, same culprit ranks; an exception, or a hang with the culprit's
-   stack: a crash or a signal says nothing of where it happened, so it never
-   counts) with no newer checkpoint in between: stop, with
+   iteration, same culprit ranks unless every rank raised it alike; an exception,
+   or a hang with the culprit's stack: a crash or a signal says nothing of where
+   it happened, so it never counts) with no newer checkpoint in between: stop, with
    the do-not-requeue exit code and a headline naming the exception, the rank
    and the iteration.
 3. **Bad node.** ``suspect_node_faults`` faults in a row whose culprit is on the
@@ -121,7 +121,10 @@ class Fingerprint:
     ``frames``: the innermost frames in user code (``file:line function``), for an
     exception the raising ones, for a hang the culprit's stack; ``resumed_from`` and
     ``resumed_step``: the checkpoint the cycle started from; ``new_checkpoint``: the
-    cycle wrote a checkpoint newer than that before the fault.
+    cycle wrote a checkpoint newer than that before the fault. ``alike``: several ranks
+    reported this same exception (type, frames, iteration) and none another: a fault of
+    the job, not of a rank (a NaN check on every rank), so which rank died first
+    (``culprits``) is chance and not part of the fault (:meth:`same_fault`).
     """
 
     kind: FaultKind
@@ -134,6 +137,7 @@ class Fingerprint:
     resumed_from: Optional[str] = None
     resumed_step: Optional[int] = None
     new_checkpoint: bool = False
+    alike: bool = False
 
     @property
     def steps_after_resume(self) -> Optional[int]:
@@ -141,16 +145,23 @@ class Fingerprint:
             return None
         return self.iteration - self.resumed_step
 
-    def identity(self) -> tuple[object, ...]:
-        """What makes two faults the same fault (deterministic): not the node, not the time."""
-        return (self.kind, self.exception_type, self.frames, self.signal, self.iteration, self.culprits)
+    def same_fault(self, other: Fingerprint) -> bool:
+        """Whether two faults are the same fault (deterministic): not the node, not the time.
+
+        The culprit ranks count unless either fault was reported alike by several ranks: the
+        first rank to die is then chance (rank 0 in one cycle, rank 1 in the next), and a
+        cycle whose launcher saw only the first rank's report is still the same fault.
+        """
+        return ((self.kind, self.exception_type, self.frames, self.signal, self.iteration)
+                == (other.kind, other.exception_type, other.frames, other.signal, other.iteration)
+                and (self.alike or other.alike or self.culprits == other.culprits))
 
     def describe(self) -> str:
         """The fault in a few words: ``ValueError at train.py:42 in training_step on rank 1 at iteration 30``."""
         what = self.exception_type or (f"signal {self.signal}" if self.signal else self.kind.value)
         where = f" at {self.frames[0]}" if self.frames else ""
         ranks = f" on rank{'s' if len(self.culprits) > 1 else ''} {', '.join(map(str, self.culprits))}" \
-            if self.culprits else ""
+            f"{' alike' if self.alike else ''}" if self.culprits else ""
         step = f" at iteration {self.iteration}" if self.iteration is not None else ""
         return f"{what}{where}{ranks}{step}"
 
@@ -189,7 +200,7 @@ def _bad_checkpoint(history: Sequence[Fingerprint], cfg: FaultPolicy, marked: fr
     pair = history[-2:]
     early = all(f.steps_after_resume is not None and 0 <= f.steps_after_resume <= cfg.suspect_checkpoint_steps
                 and not f.new_checkpoint for f in pair)
-    if early and pair[0].resumed_from == last.resumed_from and pair[0].identity() == last.identity():
+    if early and pair[0].resumed_from == last.resumed_from and pair[0].same_fault(last):
         return FaultVerdict(FaultAction.MARK_CHECKPOINT_BAD, f"{last.describe()}, twice within "
                        f"{cfg.suspect_checkpoint_steps} steps of resuming from {last.resumed_from}",
                        checkpoint=last.resumed_from)
@@ -208,7 +219,7 @@ def _deterministic(history: Sequence[Fingerprint], cfg: FaultPolicy) -> Optional
     placed = last.kind is FaultKind.EXCEPTION or (last.kind is FaultKind.HANG and bool(last.frames))
     if not placed or last.iteration is None:
         return None
-    same = all(f.identity() == last.identity() for f in recent)
+    same = all(f.same_fault(last) for f in recent)
     # A checkpoint written in between means the job moved on: the repeat may be a new, later fault.
     no_progress = not any(f.new_checkpoint for f in recent[1:])
     if same and no_progress:
@@ -225,7 +236,7 @@ def _bad_node(history: Sequence[Fingerprint], cfg: FaultPolicy, spare_waiting: b
     recent = history[-count:]
     nodes = [set(f.nodes) for f in recent]
     common = set.intersection(*nodes) if all(nodes) else set()
-    if len(common) != 1 or len({f.identity() for f in recent}) == 1:
+    if len(common) != 1 or all(f.same_fault(recent[-1]) for f in recent):
         return None  # not one node, or one fault repeating (rule 2's business)
     node = next(iter(common))
     reason = f"{count} different faults in a row on node {node}"

@@ -36,10 +36,8 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 from typing_extensions import override
 
 from ft_core.autoresume import finished_flag_path, training_finished
-from ft_core.checkpoint_manifest import mark_bad
 from ft_core.events import (
     CheckpointLoaded,
-    CheckpointMarkedBad,
     CheckpointRejected,
     CheckpointReported,
     ConnectionRejected,
@@ -190,7 +188,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         assert self._cycle is not None
         self._hangs.clear()
         self._exceptions.clear()
-        self._loaded, self._resumed_from_snapshot = None, False
+        self._begin_resume()
         self._failed.clear()
         self._connected.clear()
         self._gone_at.clear()
@@ -390,19 +388,6 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         except Exception as exc:  # noqa: BLE001 - the rendezvous store may be gone: then the node stays
             log.warning("cannot tell whether this node could leave the job: %s", exc)
             return False
-
-    def _mark_checkpoint_bad(self, cycle: int, checkpoint: str, reason: str) -> None:
-        """Carry out the fault policy's rule 1 on this node: the next resume skips ``checkpoint``.
-
-        The path came from a rank's record: only an absolute path that exists here is marked (on
-        another node's local disk it is that node's to mark; every node acts on the same decision).
-        """
-        if not (os.path.isabs(checkpoint) and os.path.exists(checkpoint)):
-            log.warning("checkpoint %r to be marked bad is not on this node: left to the node that has it", checkpoint)
-            return
-        mark_bad(checkpoint, reason)
-        self._svc.events.write(CheckpointMarkedBad(cycle=cycle, checkpoint=checkpoint, reason=reason))
-        log.warning("checkpoint %s marked bad, the next resume falls back to an older one: %s", checkpoint, reason)
 
     def _training_finished(self) -> Optional[str]:
         """Why training is finished, or None: the finished flag exists, or every rank of the job reported it.

@@ -25,10 +25,11 @@ from ft_core.events import (
     RestartKind,
 )
 from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultKind, Fingerprint, innermost_user_frames
-from ft_core.launcher.agent_state import AgentState, Trigger
+from ft_core.launcher.agent_state import Trigger
 from ft_core.launcher.coordination import Decision
 from ft_core.launcher.culprit import CulpritExchange
 from ft_core.launcher.outcome import exit_status
+from ft_core.launcher.resumed_checkpoint import ResumedCheckpoint
 from ft_core.utils.deadline import wait_until
 
 __all__ = ["EXCEPTION_REPORT_WAIT", "SNAPSHOT_MARGIN", "SNAPSHOT_POLL", "HangDiagnosis"]
@@ -45,13 +46,14 @@ SNAPSHOT_POLL = 0.005
 EXCEPTION_REPORT_WAIT = 0.5
 
 
-class HangDiagnosis(AgentState):
+class HangDiagnosis(ResumedCheckpoint):
     """The agent's diagnosis of a faulty cycle (see the module docstring)."""
 
     def _fingerprint(self, trigger: Trigger) -> Optional[Fingerprint]:
         """This node's fingerprint of the fault that ends the cycle (:mod:`ft_core.fault_policy`), recorded.
 
-        The culprit of a crash is the rank that failed first. An exception a worker reported
+        The culprit of a crash is the rank that failed first, unless several ranks reported
+        the same exception and none another (a fault of the job, ``alike``). An exception a worker reported
         is the strongest evidence, unless another rank of the cycle had died without a report
         before the reporting rank did: then the exception is a reaction (its collective lost a
         peer) and the silent death is the fault (see :meth:`_reaction`). In a hang's cycle the
@@ -65,8 +67,13 @@ class HangDiagnosis(AgentState):
         first = self._exceptions[0] if self._exceptions else None
         if first is not None and trigger.kind is not RestartKind.HANG and not self._reaction(first, silent):
             kind = FaultKind.NONFINITE_LOSS if first.exception_type == NONFINITE_LOSS_ERROR else FaultKind.EXCEPTION
-            fingerprint = Fingerprint(kind, culprits=(first.rank,), nodes=node, iteration=first.iteration,
-                                      exception_type=first.exception_type, frames=tuple(first.frames))
+            # Several ranks, one exception (type, frames, iteration) and no other: the job's fault, not a rank's.
+            ranks = {e.rank for e in self._exceptions}
+            alike = len(ranks) > 1 and all((e.exception_type, e.frames, e.iteration)
+                                           == (first.exception_type, first.frames, first.iteration) for e in self._exceptions)
+            fingerprint = Fingerprint(kind, culprits=tuple(sorted(ranks)) if alike else (first.rank,), nodes=node,
+                                      iteration=first.iteration, exception_type=first.exception_type,
+                                      frames=tuple(first.frames), alike=alike)
         elif trigger.kind is RestartKind.HANG:
             # A rank whose stack shows it waiting in a collective is a waiter (as the diagnosis judges, which
             # comes after this decision): the suspects are the others, if any.
@@ -86,11 +93,9 @@ class HangDiagnosis(AgentState):
                                       culprits=() if rank is None else (rank,), nodes=node, signal=sig)
         else:
             return None
-        # The checkpoint this cycle resumed from, for rule 1 of the fault policy; none when a newer
-        # in-memory snapshot replaced it (the disk checkpoint's content was then not what the cycle ran on).
-        if self._loaded is not None and not self._resumed_from_snapshot:
-            fingerprint = dataclasses.replace(fingerprint, resumed_from=self._loaded.checkpoint,
-                                              resumed_step=self._loaded.step)
+        resumed = self._resumed_from()  # for rule 1 of the fault policy
+        if resumed is not None:
+            fingerprint = dataclasses.replace(fingerprint, resumed_from=resumed[0], resumed_step=resumed[1])
         self._svc.events.write(FaultFingerprint(
             cycle=self._cycle_number(), kind=fingerprint.kind.value, culprits=list(fingerprint.culprits),
             nodes=list(fingerprint.nodes), iteration=fingerprint.iteration,

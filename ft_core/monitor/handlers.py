@@ -212,8 +212,9 @@ class MessageHandlers:
         problem = check_exception_report(msg)
         if problem is not None:
             raise ProtocolError(f"rank {rank.rank}: {problem}")
+        first = msg.iteration if rank.first_iteration is None else rank.first_iteration
         self._record(RankException(rank=rank.rank, pid=rank.pid, exception_type=msg.exception_type,
-                                   frames=list(msg.frames), iteration=msg.iteration))
+                                   frames=list(msg.frames), iteration=msg.iteration, first_iteration=first))
 
     def _goodbye(self, conn: Connection, rank: WatchedRank, msg: Goodbye) -> None:
         conn.graceful, conn.training_finished = True, msg.training_finished

@@ -88,6 +88,8 @@ class WatchedRank:
     first_activity: Optional[float] = None
     last_activity: Optional[float] = None
     iteration: Optional[int] = None
+    #: The first iteration the rank reported on this connection (= this cycle): where it resumed.
+    first_iteration: Optional[int] = None
     open_sections: dict[str, OpenSection] = dataclasses.field(default_factory=dict)
     #: When the last tracked section closed; None while one is open and before the first one.
     out_of_section_since: Optional[float] = None
@@ -114,6 +116,8 @@ class WatchedRank:
             self.first_activity = now
         if iteration is not None:
             self.iteration = iteration
+            if self.first_iteration is None:
+                self.first_iteration = iteration
 
     def section_start(self, name: str, now: float, iteration: Optional[int] = None) -> None:
         """Open ``name``; during warm-up a ``step`` is timed as :class:`~ft_core.timeouts.WarmupRule` says."""

@@ -24,40 +24,17 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from collections.abc import Callable
 from typing import Any, Optional
 
 from ft_core.checkpoint_manifest import read_manifest, write_dir_manifest
+from ft_core.megatron_tracker import checkpoint_dir, iteration_of, tracker_iteration
 from ft_integrations.checkpoint_guard import LoadResult, load_verified
-from ft_integrations.megatron.state import TRACKER_FILENAME
 
 __all__ = ["ManifestWriter", "candidates", "checkpoint_dir", "iteration_of", "load_verified_checkpoint"]
 
 log = logging.getLogger("ft_integrations.megatron")
-
-_ITER_DIR = re.compile(r"^iter_(\d{7,})$")
-
-
-def checkpoint_dir(save_dir: str, iteration: int) -> str:
-    """Megatron's directory of ``iteration``'s checkpoint: ``<save_dir>/iter_NNNNNNN``."""
-    return os.path.join(save_dir, f"iter_{iteration:07d}")
-
-
-def iteration_of(path: str) -> Optional[int]:
-    """The iteration of an ``iter_NNNNNNN`` directory; None for another name."""
-    match = _ITER_DIR.match(os.path.basename(os.path.normpath(path)))
-    return int(match.group(1)) if match else None
-
-
-def _tracker_iteration(load_dir: str) -> Optional[int]:
-    """The tracker's iteration; None when absent, unreadable or ``release`` (not an ``iter_N`` directory)."""
-    try:
-        with open(os.path.join(load_dir, TRACKER_FILENAME), encoding="utf-8") as handle:
-            return int(handle.read().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def candidates(load_dir: str) -> list[str]:
@@ -67,7 +44,7 @@ def candidates(load_dir: str) -> list[str]:
     ``iter_N`` directories older than the tracker's that have a manifest (written by
     these hooks: a directory of unknown origin is never loaded in its place), newest first.
     """
-    latest = _tracker_iteration(load_dir)
+    latest = tracker_iteration(load_dir)
     if latest is None:
         return []
     older = []

@@ -26,8 +26,10 @@ from megatron.core import parallel_state
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "..", "examples", "megatron"))
 from train import (  # noqa: E402
+    CORRUPTIONS,
     MLPTask,
     _injecting,
+    corrupted_weights,
     cpu_save_strategy,
     hang_forever,
     read_checkpoint,
@@ -110,7 +112,10 @@ def save_checkpoint(args: argparse.Namespace, model: Any, iteration: int, strate
     # megatron/training/checkpointing.py: save_checkpoint()
     ASYNC_SAVES.maybe_finalize(args, blocking=True)  # one async save in flight at a time
     ft_integration.on_checkpointing_start()
-    write_checkpoint(args, model, iteration, strategy, tracker=not args.async_save)
+    first_cycle = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) == 0
+    corrupt = CORRUPTIONS["nan"] if first_cycle and iteration == args.inject_nan_weights_at_iter else None
+    with corrupted_weights(model, corrupt):  # every rank's shard
+        write_checkpoint(args, model, iteration, strategy, tracker=not args.async_save)
     if args.async_save:
         ASYNC_SAVES.schedule(args, iteration)
     ft_integration.on_checkpointing_end(is_async_finalization=False)
@@ -145,8 +150,13 @@ def train(args: argparse.Namespace, task: MLPTask, iteration: int, strategy: Any
         ft_integration.on_training_step_start()
         if _injecting(args, args.inject_hang_in_step_at_iter, iteration):
             hang_forever("training step", iteration)
+        if _injecting(args, args.inject_crash_at_iter, iteration):
+            raise RuntimeError(f"injected crash at iteration {iteration}")
         optimizer.zero_grad(set_to_none=True)
-        task.loss(iteration).backward()
+        loss = task.loss(iteration)
+        if torch.isnan(loss):  # Megatron-LM's --check-for-nan-in-loss-and-grad (on by default): every rank alike
+            raise RuntimeError("found NaN in local forward loss calculation")
+        loss.backward()
         optimizer.step()
         time.sleep(args.step_time)
         ft_integration.on_training_step_end()

@@ -130,3 +130,34 @@ def test_a_script_beside_the_package_is_user_code_and_torch_is_not():
     frames = user_frames(failure.value.__traceback__)
     assert frames[0].startswith("test_fault_policy.py:") and frames[0].endswith(" training_step"), frames
     assert not any("distributed_c10d.py" in f for f in frames)
+
+
+def nan_check(culprit: int, *, alike: bool, iteration: int = 40) -> Fingerprint:
+    """Megatron-LM's NaN check, raised at the first step after resuming from checkpoint 40."""
+    return Fingerprint(FaultKind.EXCEPTION, culprits=(0, 1) if alike else (culprit,), nodes=("n1",),
+                       iteration=iteration, exception_type="RuntimeError", frames=("pretrain.py:158 train",),
+                       resumed_from="/ckpt/iter_0000040", resumed_step=40, alike=alike)
+
+
+def test_a_fault_every_rank_raised_alike_is_the_same_fault_whichever_rank_died_first():
+    # Issue 34: rank 0 exited first in one cycle, rank 1 in the next; a cycle's launcher may have
+    # seen only the first rank's report. Either way, the same fault from the same checkpoint.
+    for first, second in ((nan_check(0, alike=True), nan_check(1, alike=True)),
+                          (nan_check(0, alike=True), nan_check(1, alike=False)),
+                          (nan_check(1, alike=False), nan_check(0, alike=True))):
+        assert first.same_fault(second) and second.same_fault(first)
+        verdict = decide_fault([first, second])
+        assert (verdict.action, verdict.checkpoint) == (FaultAction.MARK_CHECKPOINT_BAD, "/ckpt/iter_0000040")
+        # Once marked, the same fault again is the deterministic-fault rule's: stop.
+        marked = frozenset({"/ckpt/iter_0000040"})
+        assert decide_fault([first, second], marked_bad=marked).action is FaultAction.STOP
+    assert "on ranks 0, 1 alike at iteration 40" in nan_check(0, alike=True).describe()
+
+
+def test_one_ranks_faults_on_different_ranks_stay_different_faults():
+    # No report said "alike": the culprit rank is part of the fault (two transients on two ranks).
+    first, second = nan_check(0, alike=False), nan_check(1, alike=False)
+    assert not first.same_fault(second)
+    assert decide_fault([first, second]).action is FaultAction.RESTART
+    # Alike, but at another iteration: another fault.
+    assert not nan_check(0, alike=True).same_fault(nan_check(0, alike=True, iteration=41))

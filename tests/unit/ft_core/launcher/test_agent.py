@@ -6,6 +6,7 @@ and fingerprints a hang's cycle by the hang, not by a waiter's exception.
 
 from __future__ import annotations
 
+import os
 import threading
 import types
 
@@ -133,6 +134,35 @@ def test_after_a_resume_from_a_snapshot_the_disk_checkpoint_is_not_named():
                                        iteration=27)]
     fingerprint = agent._fingerprint(Trigger(RestartKind.CRASH, "rank 0 exited with code 1", 1.0))
     assert fingerprint is not None and (fingerprint.resumed_from, fingerprint.resumed_step) == (None, None)
+
+
+def test_every_rank_raising_alike_has_no_first_culprit_and_megatrons_resume_is_inferred(tmp_path):
+    # Unmodified Megatron-LM: no checkpoint_loaded record. The tracker of --load named 40 when the cycle
+    # started, and the ranks' first reported iteration (the monitor's) confirms the resume from iter_0000040.
+    os.makedirs(tmp_path / "iter_0000040")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("40\n")
+    written: list[object] = []
+    agent = fingerprinting_agent(written)
+    agent._worker_group.spec = types.SimpleNamespace(args=("-u", "pretrain_gpt.py", "--load", str(tmp_path)))
+    agent._begin_resume()
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("50\n")  # a later save moves it: not the resume
+    agent._failed = {1: (103, 1)}  # local rank 1 is rank 3
+    agent._exceptions = [RankException(rank=r, pid=100 + r, exception_type="RuntimeError",
+                                       frames=["pretrain.py:158 train"], iteration=40, first_iteration=40)
+                         for r in (3, 2)]
+    fingerprint = agent._fingerprint(Trigger(RestartKind.CRASH, "rank 3 exited with code 1", 1.0))
+    assert fingerprint is not None and (fingerprint.culprits, fingerprint.alike) == ((2, 3), True)
+    assert (fingerprint.resumed_from, fingerprint.resumed_step) == (str(tmp_path / "iter_0000040"), 40)
+    # One rank's report only, or ranks that raised differently: the first rank is the culprit.
+    agent._exceptions = agent._exceptions[:1] + [RankException(rank=2, pid=102, exception_type="RuntimeError",
+                                                               frames=["pretrain.py:99 train"], iteration=40)]
+    fingerprint = agent._fingerprint(Trigger(RestartKind.CRASH, "rank 3 exited with code 1", 1.0))
+    assert fingerprint is not None and (fingerprint.culprits, fingerprint.alike) == ((3,), False)
+    # A rank that reported an earlier iteration first did not resume from 40: nothing is inferred.
+    agent._exceptions = [RankException(rank=3, pid=103, exception_type="RuntimeError",
+                                       frames=["pretrain.py:158 train"], iteration=41, first_iteration=0)]
+    fingerprint = agent._fingerprint(Trigger(RestartKind.CRASH, "rank 3 exited with code 1", 1.0))
+    assert fingerprint is not None and fingerprint.resumed_from is None
 
 
 STACK = f"""Current thread 0x00007f (most recent call first):
