@@ -20,7 +20,15 @@ from typing import Any, Optional
 from ft_core.client_backlog import SendBacklog
 from ft_core.client_errors import LauncherUnavailableError, RankMonitorClientError
 from ft_core.data import WorkloadControlRequest
-from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV, read_private_file, token_path
+from ft_core.jobdir import (
+    LAUNCHER_SOCKET_ENV,
+    MONITOR_SOCKET_ENV,
+    TOKEN_ENV,
+    UnsafePathError,
+    read_private_file,
+    resolve_socket_link,
+    token_path,
+)
 from ft_core.protocol import (
     Ack,
     FrameDecoder,
@@ -44,14 +52,22 @@ REQUEST_TIMEOUT = 30.0
 
 
 def monitor_socket_path() -> str:
-    """The node monitor's socket (``FT_RANK_MONITOR_IPC_SOCKET``), or the error that says how to set it."""
+    """The node monitor's socket (``FT_RANK_MONITOR_IPC_SOCKET``), or the error that says how to set it.
+
+    A path in a shared directory is our symlink to the socket in the monitor's private job
+    directory (:func:`~ft_core.jobdir.link_socket`): the real socket is returned, so that the
+    token file and the stack dumps are looked for beside it.
+    """
     socket_path = os.environ.get(MONITOR_SOCKET_ENV)
     if not socket_path:
         raise RankMonitorClientError(
             f"{MONITOR_SOCKET_ENV} is not set: launch with ft_launcher, or start a monitor with "
             f"RankMonitorServer.run_in_subprocess(cfg, path) and export {MONITOR_SOCKET_ENV}=path"
         )
-    return socket_path
+    try:
+        return resolve_socket_link(socket_path)
+    except UnsafePathError as exc:
+        raise RankMonitorClientError(f"{MONITOR_SOCKET_ENV}={socket_path}: {exc}") from None
 
 
 def connect(socket_path: str, decoder: FrameDecoder, *, token: str, rank: int, timeouts: Optional[dict[str, Any]],

@@ -409,13 +409,8 @@ class FaultToleranceConfig:
             self.stack_dump_signal = _AUTO_DUMP_SIGNALS[0]
         for name in _FIELD_NAMES:
             setattr(self, name, checked_value(name, getattr(self, name)))
-        if (self.stack_dump_signal is not None and self.stack_dump_signal == self.rank_termination_signal
-                and not chosen_dump_signal):
-            # NVRx users may terminate with SIGUSR2, our default dump signal: move the dump, as it was not chosen.
-            self.stack_dump_signal = next(sig for sig in _AUTO_DUMP_SIGNALS if sig != self.rank_termination_signal)
-            log.warning("fault_tolerance: rank_termination_signal is %s, the default stack_dump_signal: stack dumps "
-                        "use %s instead (set stack_dump_signal to choose another, or none)",
-                        self.rank_termination_signal.name, self.stack_dump_signal.name)
+        if not chosen_dump_signal:
+            self._move_auto_dump_signal()
         if self.stack_dump_signal is not None and self.stack_dump_signal == self.rank_termination_signal:
             # The rank's dump handler would catch the termination signal too: the hung rank would survive.
             raise ConfigError(
@@ -424,6 +419,25 @@ class FaultToleranceConfig:
                 problem=f"{self.stack_dump_signal.name} is also rank_termination_signal: the rank's dump "
                         "handler would catch it and a hung rank would not end",
             )
+        object.__setattr__(self, "_auto_dump_signal", not chosen_dump_signal)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # NVRx's code assigns fields: a termination signal moves the default dump signal as the constructor does.
+        object.__setattr__(self, name, value)
+        if self.__dict__.get("_auto_dump_signal"):
+            if name == "rank_termination_signal":
+                self._move_auto_dump_signal()
+            elif name == "stack_dump_signal":
+                object.__setattr__(self, "_auto_dump_signal", False)
+
+    def _move_auto_dump_signal(self) -> None:
+        """Move the default dump signal out of the termination signal's way (NVRx users may terminate with it)."""
+        if self.stack_dump_signal == self.rank_termination_signal:
+            moved = next(sig for sig in _AUTO_DUMP_SIGNALS if sig != self.rank_termination_signal)
+            log.warning("fault_tolerance: rank_termination_signal is %s, the default stack_dump_signal: stack dumps "
+                        "use %s instead (set stack_dump_signal to choose another, or none)",
+                        self.stack_dump_signal.name, moved.name)
+            object.__setattr__(self, "stack_dump_signal", moved)
 
     @property
     def is_progress_tracking_enabled(self) -> bool:

@@ -98,13 +98,16 @@ def load_mapping(mapping: Mapping[str, Any], ignore_not_recognized: bool = True)
     if unknown and not ignore_not_recognized:
         raise _unknown_keys_error(others, nvrx_only)
     if nvrx_only:
-        log.warning("fault_tolerance: ignoring %d key(s) of NVRx's FaultToleranceConfig that ft-suite does "
-                    "not implement: %s", len(nvrx_only), ", ".join(nvrx_only))
+        log.warning("fault_tolerance: %d key(s) of NVRx's FaultToleranceConfig that ft-suite does not implement "
+                    "are kept as attributes with no effect: %s", len(nvrx_only), ", ".join(nvrx_only))
     if others:
         log.warning("fault_tolerance: ignoring unknown key(s) %s (ignore_not_recognized=False makes them an "
                     "error)", _described_unknown_keys(others))
     known = {key: value for key, value in mapping.items() if key in names}
-    return LoadedConfig(FaultToleranceConfig(**known), frozenset(known))
+    cfg = FaultToleranceConfig(**known)
+    for key in nvrx_only:  # readable as given (NVRx code reads them back), with no effect here
+        setattr(cfg, key, mapping[key])
+    return LoadedConfig(cfg, frozenset(known))
 
 
 def load_json(text: str) -> LoadedConfig:

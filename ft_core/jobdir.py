@@ -41,6 +41,7 @@ symlink where we are about to write. So:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import fcntl
@@ -48,6 +49,7 @@ import logging
 import os
 import pwd
 import shutil
+import socket
 import stat
 import tempfile
 from typing import Optional
@@ -57,6 +59,7 @@ __all__ = [
     "JOB_DIR_PREFIX",
     "JobDir",
     "JobDirClaim",
+    "SocketLink",
     "LAUNCHER_EVENTS_FILE",
     "LAUNCHER_SOCKET_ENV",
     "MONITOR_SOCKET_ENV",
@@ -73,6 +76,9 @@ __all__ = [
     "remove_stale_job_dirs",
     "runtime_root",
     "keep_stack",
+    "is_shared_dir",
+    "link_socket",
+    "resolve_socket_link",
     "saved_stack_path",
     "saved_stacks_dir",
     "stack_dump_dir",
@@ -411,3 +417,94 @@ def remove_stale_job_dirs(root: str) -> list[str]:
         log.info("removed %d job director%s left by launchers that no longer run: %s", len(removed),
                  "y" if len(removed) == 1 else "ies", ", ".join(removed))
     return removed
+
+
+# -- a monitor socket asked for in a shared directory (NVRx's habit: /tmp/_rmon_r0.socket) ----------
+def is_shared_dir(path: str) -> bool:
+    """Whether ``path`` is a shared sticky directory such as ``/tmp`` (never a job directory)."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and bool(info.st_mode & stat.S_ISVTX)
+
+
+@dataclasses.dataclass
+class SocketLink:
+    """A monitor socket asked for in a shared directory: a symlink there to the socket of a private job dir.
+
+    The job's token, event log and stack dumps never land in the shared
+    directory: they live in the claimed job directory beside the real socket
+    (:func:`resolve_socket_link` leads ranks there).
+    """
+
+    link: str
+    claim: JobDirClaim
+
+    @property
+    def socket_path(self) -> str:
+        """The real socket, in the private job directory."""
+        return self.claim.job_dir.monitor_socket
+
+    def release(self) -> None:
+        """Remove the link (if it is still ours, to our socket) and the job directory (idempotent)."""
+        with contextlib.suppress(OSError):
+            if os.lstat(self.link).st_uid == os.geteuid() and os.readlink(self.link) == self.socket_path:
+                os.unlink(self.link)
+        self.claim.release()
+
+
+def link_socket(link: str) -> SocketLink:
+    """Claim a private job directory and point ``link`` (in a shared directory) at its monitor socket.
+
+    An entry already at ``link`` is replaced only if it is ours and no
+    process serves it (a dead monitor's socket or link).
+
+    Raises:
+        UnsafePathError: ``link`` belongs to another user.
+        RuntimeError: a live monitor serves ``link``.
+    """
+    link = os.path.abspath(link)
+    claim = claim_job_dir()
+    try:
+        _remove_dead_entry(link)
+        os.symlink(claim.job_dir.monitor_socket, link)  # fails if anyone re-created the entry meanwhile
+    except BaseException:
+        claim.release()
+        raise
+    return SocketLink(link, claim)
+
+
+def _remove_dead_entry(path: str) -> None:
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if info.st_uid != os.geteuid():
+        raise UnsafePathError(f"{path} is owned by {_owner(info.st_uid)}, not by the current user: another user "
+                              "may have planted it to receive the job token; remove it or choose another path")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            os.unlink(path)
+            return
+    raise RuntimeError(f"another process is already serving {path}")
+
+
+def resolve_socket_link(path: str) -> str:
+    """The socket a monitor path names: ``path`` itself, or where our symlink there points (:func:`link_socket`).
+
+    Raises:
+        UnsafePathError: ``path`` is a symlink of another user's (it could lead a rank to a foreign socket).
+    """
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return path
+    if not stat.S_ISLNK(info.st_mode):
+        return path
+    if info.st_uid != os.geteuid():
+        raise UnsafePathError(f"{path} is a symlink owned by {_owner(info.st_uid)}, not by the current user; "
+                              "refusing to follow it to a socket that may not be the job's monitor")
+    return os.path.join(os.path.dirname(os.path.abspath(path)), os.readlink(path))

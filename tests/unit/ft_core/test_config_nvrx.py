@@ -109,8 +109,8 @@ def test_from_kwargs_skips_nvrx_keys_with_one_warning(caplog):
     cfg = FaultToleranceConfig.from_kwargs(rank_heartbeat_timeout=7, enable_nic_monitor=True, segment=4)
     assert cfg.rank_heartbeat_timeout == 7.0
     assert _config_warnings(caplog) == [
-        "fault_tolerance: ignoring 2 key(s) of NVRx's FaultToleranceConfig that ft-suite does not implement: "
-        "enable_nic_monitor, segment"]
+        "fault_tolerance: 2 key(s) of NVRx's FaultToleranceConfig that ft-suite does not implement are kept as "
+        "attributes with no effect: enable_nic_monitor, segment"]
     assert load_mapping({"rank_heartbeat_timeout": 7, "segment": 4}).explicit_keys == {"rank_heartbeat_timeout"}
 
 
@@ -184,3 +184,32 @@ def test_nvrx_termination_signal_sigusr2_moves_the_default_dump_signal_with_one_
     assert FaultToleranceConfig(rank_termination_signal="SIGUSR2", stack_dump_signal=None).stack_dump_signal is None
     with pytest.raises(ConfigError, match=r"stack_dump_signal: SIGUSR2 is also rank_termination_signal"):
         FaultToleranceConfig(rank_termination_signal="SIGUSR2", stack_dump_signal="SIGUSR2")
+
+
+def test_from_args_takes_an_nvrx_namespace_keeping_nvrx_only_values_readable():
+    # NVRx's add_argparse_args gives ft_<key> for each of its keys; NVRx code reads its own keys back.
+    url = "https://dataflow.example.test/index/posting"
+    args = argparse.Namespace(ft_cfg_path=None, ft_safety_factor="0.567", ft_attribution_export_url=url,
+                              ft_rank_section_timeouts="custom1:111.1,custom2:222.2", ft_not_a_key_anywhere="x")
+    cfg = FaultToleranceConfig.from_args(args)
+    assert (cfg.safety_factor, cfg.rank_section_timeouts) == (0.567, {"custom1": 111.1, "custom2": 222.2})
+    assert cfg.attribution_export_url == url  # kept as given, no effect
+    assert not hasattr(cfg, "not_a_key_anywhere")  # a namespace attribute of neither is not used
+    assert "attribution_export_url" not in cfg.to_dict()  # nor passed on to the monitor
+
+
+def test_assigning_sigusr2_termination_moves_the_default_dump_signal_and_the_yaml_round_trips(tmp_path):
+    cfg = FaultToleranceConfig()
+    cfg.rank_termination_signal = signal.SIGUSR2  # NVRx's tests set fields by assignment
+    assert cfg.stack_dump_signal is signal.SIGUSR1  # moved, as the constructor does
+    path = tmp_path / "ft.yaml"
+    cfg.to_yaml_file(path)
+    assert FaultToleranceConfig.from_yaml_file(path) == cfg
+    # A dump signal the user assigned is chosen: it is not moved, and the clash stays an error.
+    chosen = FaultToleranceConfig()
+    chosen.stack_dump_signal = signal.SIGUSR2
+    chosen.rank_termination_signal = signal.SIGUSR2
+    assert chosen.stack_dump_signal is signal.SIGUSR2
+    chosen.to_yaml_file(path)
+    with pytest.raises(ConfigError, match=r"stack_dump_signal: SIGUSR2 is also rank_termination_signal"):
+        FaultToleranceConfig.from_yaml_file(path)
