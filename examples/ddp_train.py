@@ -100,8 +100,10 @@ def main() -> None:
 
         if step % args.save_every == 0 or step == args.steps:
             if step >= args.learn_after:
-                # A collective: every rank calls it at the same step. Learned values never
-                # fall below what the sections already needed, and ride in the checkpoint.
+                # A collective: every rank calls it at the same step, before the save that keeps
+                # the values. Learned values never fall below what the sections already needed;
+                # "setup" is learned only by a resumed run (it loaded "ft_state"), and out of
+                # section never below the launch value (docs/client.md, Learned timeouts).
                 client.calculate_and_set_section_timeouts(skip_if_not_ready=True)
             client.start_section("checkpointing")
             if rank == 0:

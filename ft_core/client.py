@@ -7,11 +7,9 @@ Example (the monitor is started by ``ft_launcher``, or by hand)::
     client = RankMonitorClient()
     client.init_workload_monitoring()          # reads FT_RANK_MONITOR_IPC_SOCKET
     for step in range(steps):
-        client.start_section("step")
-        train_step()
-        client.end_section("step")
+        client.start_section("step"); train_step(); client.end_section("step")
         client.send_heartbeat()
-    client.calculate_and_set_section_timeouts(skip_if_not_ready=True)
+    client.calculate_and_set_section_timeouts(skip_if_not_ready=True)  # before saving: the save keeps them
     checkpoint["ft"] = client.state_dict()
     client.shutdown_workload_monitoring()
 
@@ -62,6 +60,7 @@ from ft_core.fault_policy import exception_name, user_frames
 from ft_core.jobdir import LAUNCHER_SOCKET_ENV as LAUNCHER_SOCKET_ENV
 from ft_core.jobdir import MONITOR_SOCKET_ENV as MONITOR_SOCKET_ENV
 from ft_core.jobdir import TOKEN_ENV as TOKEN_ENV
+from ft_core.learning_rules import floor_out_of_section, learns_startup, section_learning
 from ft_core.megatron_args import megatron_args, megatron_iteration
 from ft_core.protocol import (
     EndAllSections,
@@ -148,6 +147,7 @@ class RankMonitorClient:
         self.is_initialized = False
         self.rank: Optional[int] = None
         self._loaded_state: Optional[dict[str, Any]] = None
+        self._resumed = False  # a checkpoint's state was loaded: start-up may be learned (ft_core.learning_rules)
         #: The connection and the learning, between init and shutdown (None otherwise: the hot paths' init check).
         self._session: Optional[_Session] = None
         self._decoder = FrameDecoder()
@@ -417,16 +417,17 @@ class RankMonitorClient:
         self._send_state(encode(ReportCheckpoint(int(iteration))))
 
     # -- timeouts ---------------------------------------------------------
-    def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False, calc_initial: bool = True) -> bool:
+    def calculate_and_set_hb_timeouts(self, skip_if_not_ready: bool = False, calc_initial: Optional[bool] = None) -> bool:
         """Learn heartbeat timeouts from observed intervals (a collective across ranks).
 
-        ``calc_initial=False`` keeps the ``initial`` timeout (a fresh start must not learn it
-        for a resume). Returns False when skipped for lack of data (``skip_if_not_ready``).
+        ``calc_initial`` None: the ``initial`` timeout is learned only in a run that loaded a checkpoint's
+        state (a fresh start's says nothing about a resume's). False when skipped (``skip_if_not_ready``).
         """
         session = self._require_init("calculate_and_set_hb_timeouts")
         assert self.hb_timeouts is not None
+        initial = learns_startup(self._resumed) if calc_initial is None else calc_initial
         try:
-            new = session.calc.calculate_hb_timeouts(self.hb_timeouts, skip_if_not_ready, calc_initial)
+            new = session.calc.calculate_hb_timeouts(self.hb_timeouts, skip_if_not_ready, initial)
         except TimeoutsNotReadyError as exc:
             raise RankMonitorClientError(str(exc)) from None
         if new is None:
@@ -438,20 +439,20 @@ class RankMonitorClient:
     def calculate_and_set_section_timeouts(
         self,
         selected_sections: Optional[list[str]] = None,
-        calc_out_of_section: bool = True,
+        calc_out_of_section: Optional[bool] = None,
         skip_if_not_ready: bool = False,
     ) -> bool:
-        """Learn section timeouts (all tracked sections by default; a collective across ranks).
+        """Learn section timeouts (a collective; False when nothing was, with ``skip_if_not_ready``).
 
-        The out-of-section stretch still running at the call counts. With
-        ``skip_if_not_ready`` the sections no rank has data for keep their
-        value and the others are updated; returns False when nothing was.
+        Defaults (None, :mod:`ft_core.learning_rules`): every tracked section (``setup`` only once a checkpoint's
+        state was loaded); out of section (the stretch still running counts) only if set at launch, never below it.
         """
         session = self._require_init("calculate_and_set_section_timeouts")
-        assert self.section_timeouts is not None
+        assert self.section_timeouts is not None and self.cfg is not None
         learnable = frozenset(self.section_timeouts.section)  # "compile" has its own timeout: not learned
-        names = learnable if selected_sections is None else selected_sections
-        unknown = sorted(set(names) - learnable)
+        plan = section_learning(learnable, selected_sections, calc_out_of_section, resumed=self._resumed,
+                                launch_value=self.cfg.rank_out_of_section_timeout)
+        unknown = sorted(set(plan.sections) - learnable)
         if unknown:
             raise RankMonitorClientError(
                 f"selected_sections: {unknown} are not tracked; tracked sections come from "
@@ -459,12 +460,12 @@ class RankMonitorClient:
             )
         try:
             new = session.calc.calculate_section_timeouts(
-                self.section_timeouts, names, calc_out_of_section, skip_if_not_ready)
+                self.section_timeouts, plan.sections, plan.out_of_section, skip_if_not_ready)
         except TimeoutsNotReadyError as exc:
             raise RankMonitorClientError(str(exc)) from None
         if new is None:
             return False
-        self.section_timeouts = new
+        self.section_timeouts = floor_out_of_section(new, plan.out_of_section_floor)
         self._send_timeouts()
         return True
 
@@ -490,13 +491,15 @@ class RankMonitorClient:
         Any subset of ``current_timeouts`` loads (``{}``, ``heartbeat`` or
         ``section`` alone); only calculated values apply. Before init they are
         sent with the handshake, after init at once. A state without
-        ``current_timeouts`` is ignored with a warning. A malformed value
+        ``current_timeouts`` is ignored (``{}``, a fresh start's, silently; others with a warning);
+        one with it makes the run a resume (start-up is learned). A malformed value
         (string, NaN, infinity, <= 0, wrong type) raises
         :class:`RankMonitorClientError` naming it, and nothing is loaded.
         """
         if isinstance(state, Mapping) and CURRENT_TIMEOUTS_KEY not in state:
-            log.warning("load_state_dict: the state has no %r key (keys: %s); nothing loaded",
-                        CURRENT_TIMEOUTS_KEY, sorted(map(str, state)))
+            if state:  # ``{}`` is a fresh start's ``ckpt.get("ft_state", {})``: nothing to load, nothing wrong
+                log.warning("load_state_dict: the state has no %r key (keys: %s); nothing loaded",
+                            CURRENT_TIMEOUTS_KEY, sorted(map(str, state)))
             return
         try:
             hb, sections = timeouts_from_state_dict(state)
@@ -505,6 +508,7 @@ class RankMonitorClient:
             raise RankMonitorClientError(f"load_state_dict: {exc}; nothing was loaded") from None
         # By maximum, in place (a live TimeoutsCalc holds it): what the job has seen is never forgotten.
         self.job_life.merge(job_life)
+        self._resumed = True
         loaded = timeouts_state_dict(hb, sections, self.job_life)
         if not self.is_initialized:
             # Partial states accumulate until init, as NVRx's loaded heartbeat/section timeouts do.
@@ -580,9 +584,6 @@ class RankMonitorClient:
         else:
             self._send_oneway(frame)
 
-    def _round_trip(self, msg: Message) -> Message:
-        return self._round_trip_raw(encode(msg))
-
     def _round_trip_raw(self, frame: bytes) -> Message:
         session = self._session
         assert session is not None, "every caller checked the client is initialised"
@@ -596,4 +597,4 @@ class RankMonitorClient:
     def _send_timeouts(self) -> None:
         self._watch_compiles()  # learned timeouts from now on: a recompile must not count as a step
         if not self._backlog.lost:
-            self._round_trip(UpdateTimeouts(self.state_dict()))
+            self._round_trip_raw(encode(UpdateTimeouts(self.state_dict())))

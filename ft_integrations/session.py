@@ -39,6 +39,7 @@ from typing import Any, Optional, Union
 from ft_core import autoresume
 from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.jobdir import FINISHED_FLAG_ENV  # re-exported: the integrations' name for it
+from ft_core.learning_rules import learnable_sections, learns_startup, out_of_section_watched
 from ft_core.timeouts import (
     CURRENT_TIMEOUTS_KEY,
     JOB_LIFE_KEY,
@@ -317,7 +318,7 @@ class FaultToleranceSession:
         try:
             if self.schedule.learns is MonitoringMode.HEARTBEATS:
                 changed = self.client.calculate_and_set_hb_timeouts(skip_if_not_ready=True,
-                                                                    calc_initial=self._learns_startup())
+                                                                    calc_initial=learns_startup(self._resumed()))
             else:
                 names, out_of_section = self._sections_to_learn()
                 if not names and not out_of_section:
@@ -350,26 +351,27 @@ class FaultToleranceSession:
         current = self.client.state_dict()[CURRENT_TIMEOUTS_KEY]
         return {part: value for part, value in current.items() if part != JOB_LIFE_KEY}
 
-    def _learns_startup(self) -> bool:
-        """Whether this run may learn the phases a resume lengthens (``setup``, the initial heartbeat)."""
+    def _resumed(self) -> bool:
+        """Whether this run counts as a resume for the start-up rule (:func:`~ft_core.learning_rules.learns_startup`)."""
         return not self.schedule.setup_needs_checkpoint_load or self._persistent_checkpoint_loaded
 
     def _sections_to_learn(self) -> tuple[list[str], bool]:
         timeouts = self.client.section_timeouts
         assert timeouts is not None, "learning runs only on a connected client"
         schedule = self.schedule
-        setup_ok = self._learns_startup()
+        resumed = self._resumed()
+        setup_ok = learns_startup(resumed)
         step_ok = self.steps_completed >= schedule.step_needs_steps
-        excluded = {Section.SETUP} if not setup_ok else set()
+        excluded = set()
         if not step_ok:
             excluded.add(Section.STEP)
         if not schedule.learn_checkpointing:
             excluded.add(Section.CHECKPOINTING)
-        names = sorted(name for name in timeouts.section if name not in excluded)
-        # Only where the monitor watches it: learning must not switch on a timeout the launcher disabled.
+        # The core's rules (ft_core.learning_rules), with what this run knows: "setup" only in a resume,
+        # out of section only where the monitor watches it. The session decides; the client only applies.
+        names = learnable_sections(timeouts.section, resumed=resumed, excluded=excluded)
         cfg = self.client.cfg
-        watched = (cfg is not None and cfg.rank_out_of_section_timeout is not None) \
-            or timeouts.is_out_of_section_calculated
+        watched = out_of_section_watched(cfg.rank_out_of_section_timeout if cfg is not None else None, timeouts)
         complete = not schedule.out_of_section_needs_complete_run \
             or (setup_ok and step_ok and self.saves_completed > 0)
         return names, watched and self._boundary_seen and complete

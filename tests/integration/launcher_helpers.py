@@ -132,8 +132,9 @@ class JobResult:
     timed_out: bool
 
 
-def run_job(cmd: list[str], env: dict[str, str], timeout: float, log_path: Path) -> JobResult:
-    """Run ``cmd`` in its own session; on every path kill what is left and fail on orphans.
+def run_job(cmd: list[str], env: dict[str, str], timeout: float, log_path: Path,
+            cwd: Optional[Path] = None) -> JobResult:
+    """Run ``cmd`` in its own session (in ``cwd``, default the repository); kill what is left, fail on orphans.
 
     Descendants are sampled while the job runs, so a process that was re-parented to
     init (an orphan) is still noticed at the end.
@@ -141,7 +142,7 @@ def run_job(cmd: list[str], env: dict[str, str], timeout: float, log_path: Path)
     tracker = ProcessTracker()
     timed_out = False
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd or REPO_ROOT, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         tracker.add_root(proc.pid)
         try:

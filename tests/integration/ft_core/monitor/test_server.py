@@ -426,7 +426,8 @@ def test_heartbeats_learn_the_same_gaps_as_timeouts_calc(start_monitor, monkeypa
             client.send_heartbeat()
             reference.update_on_heartbeat(hb_time=clock[0])
         assert (client._session.calc.first_hb_delay, client._session.calc.max_hb_interval) == (4.0, 7.0)
-        assert client.calculate_and_set_hb_timeouts()
+        # calc_initial=True: the initial delay too (by default only a resumed run learns it).
+        assert client.calculate_and_set_hb_timeouts(calc_initial=True)
         expected = reference.calculate_hb_timeouts(client_module.HeartbeatTimeouts(60.0, 60.0))
         assert (client.hb_timeouts.initial, client.hb_timeouts.subsequent) == (expected.initial, expected.subsequent)
         assert (client.hb_timeouts.initial, client.hb_timeouts.subsequent) == (8.0, 14.0)
