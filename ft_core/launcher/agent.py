@@ -36,7 +36,6 @@ from torch.distributed.elastic.rendezvous.api import RendezvousClosedError, Rend
 from typing_extensions import override
 
 from ft_core.autoresume import finished_flag_path, training_finished
-from ft_core.checkpoint_manifest import mark_bad
 from ft_core.events import (
     CheckpointLoaded,
     CheckpointMarkedBad,
@@ -68,6 +67,7 @@ from ft_core.events import (
 from ft_core.fault_policy import FaultAction, FaultPolicy, Fingerprint
 from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV
 from ft_core.launcher.agent_state import Services, Trigger
+from ft_core.launcher.bad_marks import mark_bad_here
 from ft_core.launcher.checkpointed_iteration import CheckpointedIterationTracker
 from ft_core.launcher.coordination import (
     CycleInfo,
@@ -130,7 +130,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         #: The exceptions this cycle's workers reported failing with (a fault's fingerprint), in arrival order.
         self._exceptions: list[RankException] = []
         self._loaded: Optional[CheckpointLoaded] = None
-        self._resumed_from_snapshot = False
+        self._resumed_snapshot: Optional[ResumeChosen] = None
         #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
         self._failed: dict[int, tuple[int, int]] = {}
         self._failed_at = 0.0
@@ -190,7 +190,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         assert self._cycle is not None
         self._hangs.clear()
         self._exceptions.clear()
-        self._loaded, self._resumed_from_snapshot = None, False
+        self._loaded, self._resumed_snapshot = None, None
         self._failed.clear()
         self._connected.clear()
         self._gone_at.clear()
@@ -392,17 +392,9 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
             return False
 
     def _mark_checkpoint_bad(self, cycle: int, checkpoint: str, reason: str) -> None:
-        """Carry out the fault policy's rule 1 on this node: the next resume skips ``checkpoint``.
-
-        The path came from a rank's record: only an absolute path that exists here is marked (on
-        another node's local disk it is that node's to mark; every node acts on the same decision).
-        """
-        if not (os.path.isabs(checkpoint) and os.path.exists(checkpoint)):
-            log.warning("checkpoint %r to be marked bad is not on this node: left to the node that has it", checkpoint)
-            return
-        mark_bad(checkpoint, reason)
-        self._svc.events.write(CheckpointMarkedBad(cycle=cycle, checkpoint=checkpoint, reason=reason))
-        log.warning("checkpoint %s marked bad, the next resume falls back to an older one: %s", checkpoint, reason)
+        """Carry out the fault policy's rule 1 on this node: the next resume skips ``checkpoint`` (or snapshot)."""
+        if mark_bad_here(checkpoint, reason, self._svc.monitor.socket_path):
+            self._svc.events.write(CheckpointMarkedBad(cycle=cycle, checkpoint=checkpoint, reason=reason))
 
     def _training_finished(self) -> Optional[str]:
         """Why training is finished, or None: the finished flag exists, or every rank of the job reported it.
@@ -477,7 +469,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                     self._svc.events.write(ev)
                 case ResumeChosen():  # written by global rank 0 (ft_core.snapshots)
                     if self._cycle is not None and ev.cycle == self._cycle.cycle:
-                        self._resumed_from_snapshot = ev.source is ResumeSource.SNAPSHOT
+                        self._resumed_snapshot = ev if ev.source is ResumeSource.SNAPSHOT else None
                     self._svc.events.write(ev)
                 case CheckpointRejected():  # written by ranks (ft_core.rank_records)
                     self._svc.events.write(ev)

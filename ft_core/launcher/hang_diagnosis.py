@@ -86,9 +86,12 @@ class HangDiagnosis(AgentState):
                                       culprits=() if rank is None else (rank,), nodes=node, signal=sig)
         else:
             return None
-        # The checkpoint this cycle resumed from, for rule 1 of the fault policy; none when a newer
-        # in-memory snapshot replaced it (the disk checkpoint's content was then not what the cycle ran on).
-        if self._loaded is not None and not self._resumed_from_snapshot:
+        # What this cycle resumed from, for rule 1 of the fault policy: the in-memory snapshot when one
+        # replaced the disk checkpoint (whose content was then not what the cycle ran on), else that checkpoint.
+        if self._resumed_snapshot is not None:
+            fingerprint = dataclasses.replace(fingerprint, resumed_from=self._resumed_snapshot.snapshot,
+                                              resumed_step=self._resumed_snapshot.step)
+        elif self._loaded is not None:
             fingerprint = dataclasses.replace(fingerprint, resumed_from=self._loaded.checkpoint,
                                               resumed_step=self._loaded.step)
         self._svc.events.write(FaultFingerprint(
