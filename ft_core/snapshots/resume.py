@@ -7,8 +7,10 @@ whatever the training backend). The agreed snapshot is the newest ``(step, linea
 every rank holds; when a rank holds none (a replaced node, a torn write, another world
 size) there is none, and the job resumes from its disk checkpoint as without snapshots.
 A snapshot is chosen only when it is newer than the disk checkpoint, and only when it
-then loads on every rank. Global rank 0 records the choice and its reason in one
-``resume_chosen`` event (:class:`ft_core.events.ResumeChosen`).
+then loads and holds finite values on every rank (else the next older one is agreed on:
+:meth:`ft_core.snapshots.node.NodeSnapshots.resume`); a snapshot the fault policy condemned
+is never offered (:mod:`ft_core.snapshots.condemned`). Global rank 0 records the choice, its
+reason and the snapshot's name in one ``resume_chosen`` event (:class:`ft_core.events.ResumeChosen`).
 """
 
 from __future__ import annotations

@@ -10,8 +10,9 @@ overflows the weights, so the loss of the next step is infinite.
 
 ``--damage-state=STEP:KIND --snapshot-every=N``: in cycle 0, at the end of step STEP (before
 the callback's in-memory snapshot of that step), every rank damages its live state the same
-way (``nan_weights`` or ``huge_momentum``), and rank 0 crashes at the start of the next
-step: the snapshot of STEP holds the damage, the older ones and the disk checkpoints do not.
+way (``nan_weights`` or ``huge_momentum``), and once every rank's snapshot of STEP is written
+rank 0 crashes at the start of the next step: the snapshot of STEP holds the damage, the
+older ones and the disk checkpoints do not.
 
 ``--raise-at=STEP --raise-rank=R``: rank R raises ``ValueError`` in ``training_step`` at
 global step STEP, in every cycle (a deterministic fault).
@@ -113,8 +114,13 @@ class DamageState(Callback):
                 trainer.optimizers[0].load_state_dict(state["optimizer_states"][0])
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if CYCLE == 0 and RANK == 0 and trainer.global_step == self.step:
-            os._exit(3)
+        if CYCLE == 0 and trainer.global_step == self.step:
+            # Every rank's snapshot of the step whole first (its writer thread would die with the process).
+            (ft,) = [c for c in trainer.callbacks if isinstance(c, FaultToleranceCallback)]
+            assert ft._snapshots is not None and ft._snapshots.node.writer is not None
+            assert ft._snapshots.node.writer.wait(60)
+            if RANK == 0:
+                os._exit(3)
 
 
 class Report(Callback):
