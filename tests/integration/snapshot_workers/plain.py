@@ -6,8 +6,9 @@ rank holds) and, on a restart, resumes from ``load_snapshot()`` (no disk checkpo
 Appends ``{rank, cycle, resumed_step, store, weight}`` to ``SNAP_OUT`` at start and at the end.
 ``SNAP_STEPS``: steps to reach; ``SNAP_KILL_AT``: global rank 1 SIGKILLs itself after that step in cycle 0.
 ``SNAP_NAN_AT``: in cycle 0 every rank's weight turns NaN at that step (its snapshot holds the NaN).
-``SNAP_BAD_STEP``: a worker resumed from the snapshot of that step raises ``ValueError`` at the next
-step, in every cycle (a snapshot that loads and is finite, yet bad).
+``SNAP_BAD_STEP``: global rank 1, resumed from the snapshot of that step, raises ``ValueError`` at the
+next step, in every cycle (a snapshot that loads and is finite, yet bad; one rank, so that every
+such fault names the same culprit).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ if state is not None:
     weight, step = state["weight"], state["step"]
 snapshots = process_snapshots()
 record(resumed_step=step, store=snapshots.store.path if snapshots is not None else None)
-resumed_bad = state is not None and step == bad_step
+resumed_bad = state is not None and step == bad_step and rank == 1
 while step < steps:
     step += 1
     client.set_iteration(step)

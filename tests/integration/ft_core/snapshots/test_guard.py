@@ -47,7 +47,7 @@ def test_a_snapshot_holding_nan_is_skipped_for_the_older_one(tmp_path):
 def test_a_snapshot_that_fails_the_next_step_twice_is_condemned_and_the_job_resumes_without_it(tmp_path):
     out = tmp_path / "out.jsonl"
     with LauncherGroup(tmp_path) as group:
-        # Rank 1 dies after step 7 of cycle 0; a worker resumed from the snapshot of step 6 raises at step 7.
+        # Rank 1 dies after step 7 of cycle 0; resumed from the snapshot of step 6, it raises at step 7.
         node = group.start("--max-restarts=3", script=(PLAIN,), SNAP_OUT=str(out), SNAP_STEPS="12",
                            SNAP_KILL_AT="7", SNAP_BAD_STEP="6")
         assert node.wait(180) == 0, node.output()[-4000:]

@@ -76,14 +76,14 @@ def test_a_deterministic_value_error_stops_after_two_cycles_with_the_do_not_requ
     assert not of(events, "checkpoint_marked_bad")
     runs = reports(tmp_path)
     # Cycle 1 resumed from the disk checkpoint of 16 or, with the default in-memory snapshots, from a newer
-    # snapshot: both ranks from the same step, and the fingerprints then name no disk checkpoint (a fault
-    # after a snapshot's resume is no evidence against the disk checkpoint).
+    # snapshot: both ranks from the same step, and the fingerprint then names the snapshot, not the disk
+    # checkpoint (a fault after a snapshot's resume is no evidence against the disk checkpoint).
     assert runs[(0, 0)]["start_step"] == runs[(1, 0)]["start_step"] == 0
     resumed = runs[(0, 1)]["start_step"]
     assert runs[(1, 1)]["start_step"] == resumed and 16 <= resumed < 30, runs
     chosen = [e for e in of(events, "resume_chosen") if e["cycle"] == 1]
     if chosen and chosen[0]["source"] == "snapshot":
-        assert chosen[0]["step"] == resumed and "resumed_from" not in fingerprints[1]
+        assert chosen[0]["step"] == resumed and fingerprints[1]["resumed_from"] == chosen[0]["snapshot"]
     assert not (tmp_path / "finished.flag").exists()
 
 
