@@ -323,15 +323,15 @@ class ResumeChosen(Event, frozen=True, tag=EventName.RESUME_CHOSEN.value):
 
     cycle: int  # TORCHELASTIC_RESTART_COUNT of the workers that chose
     source: ResumeSource
-    #: The step resumed from (None: a fresh start).
-    step: Optional[int]
+    step: Optional[int]  # the step resumed from (None: a fresh start)
     reason: str
     world_size: int
     #: The disk checkpoint's step (None: none loaded), and the newest step every rank holds a verified snapshot of.
     disk_step: Optional[int] = None
     snapshot_step: Optional[int] = None
-    #: Unix time the chosen snapshot was taken (the report's recomputation with snapshots starts there).
+    #: When the chosen snapshot was taken (the report's recomputation starts there), and its name (a fingerprint's).
     snapshot_time: Optional[float] = None
+    snapshot: Optional[str] = None
 
 
 # -- records of the launcher ----------------------------------------------------

@@ -11,7 +11,9 @@ The rules, strongest first (each one can be switched off, see :class:`FaultPolic
 1. **Bad checkpoint.** A non-finite loss right after a resume, or the same
    fault twice within ``suspect_checkpoint_steps`` steps of resuming from the
    same checkpoint: mark that checkpoint bad and restart (the integrations then
-   resume from the newest older good one). Once per checkpoint.
+   resume from the newest older good one). Once per checkpoint. An in-memory
+   snapshot resumed from is a checkpoint here too (``resumed_from`` names it:
+   :mod:`ft_core.snapshots.condemned`).
 2. **Deterministic fault.** The same fingerprint ``max_identical_faults`` times
    in a row (same kind, exception type and innermost user frames, same
    iteration, same culprit ranks unless every rank raised it alike; an exception,

@@ -128,7 +128,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         #: The exceptions this cycle's workers reported failing with (a fault's fingerprint), in arrival order.
         self._exceptions: list[RankException] = []
         self._loaded: Optional[CheckpointLoaded] = None
-        self._resumed_from_snapshot = False
+        self._resumed_snapshot: Optional[ResumeChosen] = None
         #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
         self._failed: dict[int, tuple[int, int]] = {}
         self._failed_at = 0.0
@@ -462,7 +462,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                     self._svc.events.write(ev)
                 case ResumeChosen():  # written by global rank 0 (ft_core.snapshots)
                     if self._cycle is not None and ev.cycle == self._cycle.cycle:
-                        self._resumed_from_snapshot = ev.source is ResumeSource.SNAPSHOT
+                        self._resumed_snapshot = ev if ev.source is ResumeSource.SNAPSHOT else None
                     self._svc.events.write(ev)
                 case CheckpointRejected():  # written by ranks (ft_core.rank_records)
                     self._svc.events.write(ev)

@@ -20,6 +20,7 @@ from ft_core.events import (
     RankException,
     RanksSnapshot,
     RestartKind,
+    ResumeChosen,
 )
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.coordination import CycleInfo, JobCoordinator
@@ -72,8 +73,8 @@ class AgentState:
     _exceptions: list[RankException]
     #: The checkpoint this cycle's workers resumed from (their ``checkpoint_loaded`` record), if they said.
     _loaded: Optional[CheckpointLoaded]
-    #: This cycle's ranks resumed from an in-memory snapshot newer than ``_loaded`` (their ``resume_chosen``).
-    _resumed_from_snapshot: bool
+    #: The in-memory snapshot this cycle's ranks resumed from instead of ``_loaded`` (their ``resume_chosen``).
+    _resumed_snapshot: Optional[ResumeChosen]
     #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
     _failed: dict[int, tuple[int, int]]
     _failed_at: float

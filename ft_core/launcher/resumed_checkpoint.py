@@ -18,9 +18,9 @@ import logging
 import os
 from typing import Optional
 
-from ft_core.checkpoint_manifest import mark_bad
 from ft_core.events import CheckpointMarkedBad
 from ft_core.launcher.agent_state import AgentState
+from ft_core.launcher.bad_marks import mark_bad_here
 from ft_core.megatron_tracker import (
     TRACKER_FILENAME,
     inferred_resume,
@@ -29,6 +29,7 @@ from ft_core.megatron_tracker import (
     roll_back,
     tracker_iteration,
 )
+from ft_core.snapshots.condemned import parse_snapshot_name
 
 __all__ = ["ResumedCheckpoint"]
 
@@ -44,40 +45,37 @@ class ResumedCheckpoint(AgentState):
 
     def _begin_resume(self) -> None:
         """Forget the last cycle's resume; read Megatron-LM's tracker before this cycle's workers start."""
-        self._loaded, self._resumed_from_snapshot = None, False
+        self._loaded, self._resumed_snapshot = None, None
         self._load_dir = load_dir([str(arg) for arg in self._worker_group.spec.args])
         self._tracker_at_start = tracker_iteration(self._load_dir) if self._load_dir else None
 
     def _resumed_from(self) -> Optional[tuple[str, Optional[int]]]:
         """``(checkpoint, step)`` this cycle's ranks resumed from: as they said, else as inferred; None if unknown.
 
-        None too when a newer in-memory snapshot replaced the disk checkpoint (its content was
-        then not what the cycle ran on).
+        The in-memory snapshot when one replaced the disk checkpoint (whose content was then not
+        what the cycle ran on): its name (``snapshot:<step>:<lineage>``), never the disk checkpoint.
         """
-        if self._resumed_from_snapshot:
-            return None
+        if self._resumed_snapshot is not None:
+            name = self._resumed_snapshot.snapshot
+            return None if name is None else (name, self._resumed_snapshot.step)
         if self._loaded is not None:
             return self._loaded.checkpoint, self._loaded.step
         return inferred_resume(self._load_dir, self._tracker_at_start, (e.first_iteration for e in self._exceptions))
 
     def _mark_checkpoint_bad(self, cycle: int, checkpoint: str, reason: str) -> None:
-        """Carry out the fault policy's rule 1 on this node: the next resume skips ``checkpoint``.
+        """Carry out the fault policy's rule 1 on this node: the next resume skips ``checkpoint`` (or snapshot).
 
-        The path came from a rank's record or the inference: only an absolute path that exists
-        here is marked (on another node's local disk it is that node's to mark; every node acts on
-        the same decision). When this node's ranks never said what they loaded (unmodified
-        Megatron-LM), its tracker is moved back too: nothing else would skip the checkpoint.
+        :func:`.bad_marks.mark_bad_here` marks what this node holds. When this node's ranks never
+        said what they loaded (unmodified Megatron-LM), its tracker is moved back too: nothing else
+        would skip the checkpoint.
         """
-        if not (os.path.isabs(checkpoint) and os.path.exists(checkpoint)):
-            log.warning("checkpoint %r to be marked bad is not on this node: left to the node that has it", checkpoint)
+        if not mark_bad_here(checkpoint, reason, self._svc.monitor.socket_path):
             return
-        mark_bad(checkpoint, reason)
-        fallback = "the next resume falls back to an older one"
-        if self._loaded is None:
+        if self._loaded is None and self._resumed_snapshot is None and parse_snapshot_name(checkpoint) is None:
             older = roll_back(checkpoint)
             if older is not None:
                 tracker = os.path.join(os.path.dirname(os.path.normpath(checkpoint)), TRACKER_FILENAME)
-                fallback = (f"Megatron-LM's {tracker} now names iteration {older} (as it was: "
-                            f"{tracker}.bad-{iteration_of(checkpoint)})")
-        self._svc.events.write(CheckpointMarkedBad(cycle=cycle, checkpoint=checkpoint, reason=f"{reason}; {fallback}"))
-        log.warning("checkpoint %s marked bad, %s: %s", checkpoint, fallback, reason)
+                reason = (f"{reason}; Megatron-LM's {tracker} now names iteration {older} (as it was: "
+                          f"{tracker}.bad-{iteration_of(checkpoint)})")
+                log.warning("Megatron-LM's %s moved back to iteration %d, past %s", tracker, older, checkpoint)
+        self._svc.events.write(CheckpointMarkedBad(cycle=cycle, checkpoint=checkpoint, reason=reason))

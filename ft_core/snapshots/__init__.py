@@ -7,6 +7,7 @@
 * :mod:`~ft_core.snapshots.interval`: ``snapshot_every="auto"``, the interval from the measured cost;
 * :mod:`~ft_core.snapshots.resume`: the ranks' agreement on the newest step every rank holds, the
   choice between it and the disk checkpoint, and the ``resume_chosen`` event;
+* :mod:`~ft_core.snapshots.condemned`: a snapshot's name, and the marks of the ones the fault policy condemned;
 * :mod:`~ft_core.snapshots.node`: :class:`NodeSnapshots`, what the integrations and the client use.
 
 Submodules import torch only where they need it, inside functions.

@@ -22,11 +22,12 @@ from collections.abc import Callable
 from typing import Any, Optional
 
 from ft_core.events import ResumeSource
+from ft_core.finite import nonfinite_tensors, whole_state
 from ft_core.jobdir import MONITOR_SOCKET_ENV
 from ft_core.snapshots.interval import AUTO, AutoInterval, SnapshotCost, SnapshotEvery
 from ft_core.snapshots.resume import Agreement, agree, all_ranks_max, all_ranks_ok, choose, record_choice
 from ft_core.snapshots.space import shortfall, snapshot_dir_for_socket
-from ft_core.snapshots.store import SLOTS, SnapshotStore
+from ft_core.snapshots.store import SLOTS, Snapshot, SnapshotStore
 from ft_core.snapshots.writer import SnapshotWriter, copy_state, state_bytes
 
 __all__ = ["NodeSnapshots", "load_snapshot", "process_snapshots", "save_snapshot"]
@@ -96,28 +97,33 @@ class NodeSnapshots:
     def cycle(self) -> int:
         return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
-    def resume(self, disk_step: Optional[int], load: Optional[Callable[[str], Any]] = None) -> Optional[Any]:
+    def resume(self, disk_step: Optional[int], load: Optional[Callable[[str], Any]] = None,
+               weights: Optional[Callable[[Any], Any]] = whole_state) -> Optional[Any]:
         """The agreed snapshot's state when it is newer than ``disk_step`` and loads on every rank; else None.
 
-        A collective: every rank calls it, before training, with the same ``disk_step``. Starts the
-        writer, which first discards the slots not resumed from (off this thread: freeing a state's
-        pages is no part of a resume); global rank 0 records the choice.
+        A collective: every rank calls it, before training, with the same ``disk_step``. A snapshot
+        is guarded as a disk checkpoint is: one that does not load on some rank, or whose
+        ``weights(state)`` hold NaN or infinity on some rank (:func:`ft_core.finite.nonfinite_tensors`;
+        ``weights=None``: not checked), is skipped like a torn one, and the ranks agree on the next
+        older one (or the disk checkpoint); one the fault policy condemned is never offered
+        (:mod:`ft_core.snapshots.condemned`). Starts the writer, which first discards the slots not
+        resumed from (off this thread: freeing a state's pages is no part of a resume); global rank
+        0 records the choice.
         """
-        self.agreement = agreement = agree(self.store)
-        source, reason = choose(agreement, disk_step)
-        state = None
-        if agreement.snapshot is not None:  # the same on every rank: so is the collective below
-            path = agreement.snapshot.path
-            if source is ResumeSource.SNAPSHOT:
-                try:
-                    state = load(path) if load is not None else self.store.load(agreement.snapshot)
-                except Exception as exc:  # noqa: BLE001 - a snapshot that does not load is skipped, on every rank
-                    log.warning("snapshot %s does not load: %s: %s", path, type(exc).__name__, exc)
-            # Every rank resumes from it, or none does (a rank that did not load it, or chose its disk
-            # checkpoint because it saw another step there).
-            if not all_ranks_ok(state is not None) and source is ResumeSource.SNAPSHOT:
+        skipped: dict[tuple[int, str], str] = {}
+        while True:  # each turn skips one more of the at most SLOTS snapshots a rank holds
+            self.agreement = agreement = agree(self.store, frozenset(skipped))
+            source, reason = choose(agreement, disk_step)
+            snapshot = agreement.snapshot
+            if source is not ResumeSource.SNAPSHOT or snapshot is None:
                 state = None
-                source, reason = ResumeSource.DISK, f"{reason}, but not every rank loaded it: resuming from disk"
+                break
+            state, problem = self._load_checked(snapshot, load, weights)
+            if all_ranks_ok(problem is None):  # every rank resumes from it, or none does
+                break
+            skipped[snapshot.step, snapshot.lineage] = f"step {snapshot.step}: {problem or 'rejected by another rank'}"
+        if skipped:
+            reason += f" (skipped the snapshot of {'; of '.join(skipped.values())})"
         self.source = source
         keep = agreement.snapshot.slot if state is not None and agreement.snapshot is not None else None
         self._start_writer(keep, discard=True)
@@ -125,6 +131,21 @@ class NodeSnapshots:
             record_choice(self.socket_path, self.cycle, source, reason, agreement, disk_step)
         log.info("resume: %s (%s)", source.value, reason)
         return state
+
+    def _load_checked(self, snapshot: Snapshot, load: Optional[Callable[[str], Any]],
+                      weights: Optional[Callable[[Any], Any]]) -> tuple[Any, Optional[str]]:
+        """The state of ``snapshot`` and None, or None and why it must not be resumed from (this rank's view)."""
+        path = snapshot.path
+        try:
+            state = load(path) if load is not None else self.store.load(snapshot)
+        except Exception as exc:  # noqa: BLE001 - a snapshot that does not load is skipped, on every rank
+            log.warning("snapshot %s does not load: %s: %s", path, type(exc).__name__, exc)
+            return None, f"does not load: {type(exc).__name__}: {exc}"
+        bad = nonfinite_tensors(weights(state)) if weights is not None else []
+        if bad:
+            log.warning("snapshot %s holds non-finite values in %s: not resumed from", path, ", ".join(bad))
+            return None, f"non-finite values in {', '.join(bad)}"
+        return state, None
 
     def _start_writer(self, keep: Optional[int], discard: bool = False) -> SnapshotWriter:
         if self.writer is not None:
@@ -252,15 +273,19 @@ def process_snapshots() -> Optional[NodeSnapshots]:
     return NodeSnapshots.for_process()
 
 
-def load_snapshot(disk_step: Optional[int] = None) -> Optional[Any]:
+def load_snapshot(disk_step: Optional[int] = None, *,
+                  weights: Optional[Callable[[Any], Any]] = whole_state) -> Optional[Any]:
     """The state of the newest snapshot every rank holds when it is newer than ``disk_step``; else None.
 
     A collective (through a gloo group when ``torch.distributed`` is initialized): call it on every
     rank before training, with the step of the disk checkpoint the job would resume from (None:
     none). None also when the job was not launched by ``ft_launcher``, which owns the snapshots.
+    A snapshot whose ``weights(state)`` (by default every tensor of it) hold NaN or infinity is
+    skipped for an older one, as a torn one is; ``weights=None`` skips that check. Arm a
+    :class:`~ft_integrations.checkpoint_guard.LossWatch` after a resume from one, as after a disk load.
     """
     snapshots = process_snapshots()
-    return snapshots.resume(disk_step) if snapshots is not None else None
+    return snapshots.resume(disk_step, weights=weights) if snapshots is not None else None
 
 
 def save_snapshot(state_dict: Any, step: int, wait: bool = False) -> bool:

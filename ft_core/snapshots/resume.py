@@ -7,20 +7,26 @@ whatever the training backend). The agreed snapshot is the newest ``(step, linea
 every rank holds; when a rank holds none (a replaced node, a torn write, another world
 size) there is none, and the job resumes from its disk checkpoint as without snapshots.
 A snapshot is chosen only when it is newer than the disk checkpoint, and only when it
-then loads on every rank. Global rank 0 records the choice and its reason in one
-``resume_chosen`` event (:class:`ft_core.events.ResumeChosen`).
+then loads and holds finite values on every rank (else the next older one is agreed on:
+:meth:`ft_core.snapshots.node.NodeSnapshots.resume`); a snapshot the fault policy condemned
+is never offered (:mod:`ft_core.snapshots.condemned`). Global rank 0 records the choice, its
+reason and the snapshot's name in one ``resume_chosen`` event (:class:`ft_core.events.ResumeChosen`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Optional
 
 from ft_core.events import ResumeChosen, ResumeSource
 from ft_core.rank_records import write_rank_record
+from ft_core.snapshots.condemned import condemned, snapshot_name
 from ft_core.snapshots.store import Snapshot, SnapshotStore
 
 __all__ = ["Agreement", "agree", "all_ranks_max", "all_ranks_ok", "choose", "record_choice"]
+
+log = logging.getLogger("ft_core.snapshots")
 
 _MAX_LISTED = 4  # ranks named in a reason
 
@@ -60,16 +66,23 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def agree(store: SnapshotStore) -> Agreement:
+def agree(store: SnapshotStore, skip: frozenset[tuple[int, str]] = frozenset()) -> Agreement:
     """Agree with every rank on the newest snapshot all of them hold (a collective: call it on every rank).
 
     The ranks exchange what their slots' manifests list (cheap), then check the checksums of the
     candidates every rank lists, newest first, one all-reduce each, until one passes on every
-    rank: usually one CRC-32 pass over one slot per rank.
+    rank: usually one CRC-32 pass over one slot per rank. A rank offers no snapshot the fault
+    policy condemned (:mod:`ft_core.snapshots.condemned`) nor one of ``skip`` (``(step, lineage)``:
+    rejected at this resume already, by its load or its finite check).
     """
     import torch.distributed as dist
 
-    mine = {(s.step, s.lineage): s for s in store.listed()}
+    try:
+        skip = skip | condemned(store.directory)
+        mine = {(s.step, s.lineage): s for s in store.listed() if (s.step, s.lineage) not in skip}
+    except (OSError, ValueError) as exc:  # the marks say which snapshots are bad: unread, none is trusted
+        log.warning("snapshots not offered for the resume: the marks of condemned snapshots are unreadable: %s", exc)
+        mine = {}
     offered = sorted(mine)
     if _distributed():
         everyone: list[Any] = [None] * dist.get_world_size()
@@ -141,6 +154,7 @@ def record_choice(socket_path: str, cycle: int, source: ResumeSource, reason: st
         cycle=cycle, source=source, step=snapshot.step if used and snapshot is not None else disk_step, reason=reason,
         world_size=agreement.world_size, disk_step=disk_step,
         snapshot_step=snapshot.step if snapshot is not None else None,
-        snapshot_time=snapshot.written if used and snapshot is not None else None)
+        snapshot_time=snapshot.written if used and snapshot is not None else None,
+        snapshot=snapshot_name(snapshot.step, snapshot.lineage) if used and snapshot is not None else None)
     write_rank_record(record, socket_path)
     return record

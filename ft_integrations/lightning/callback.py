@@ -383,7 +383,7 @@ class FaultToleranceCallback(Callback):
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Between the restore of the model and callbacks and that of the loops and optimizers: every rank.
         if self._snapshots is not None and self._snapshots.resume(trainer):
-            self._verified_load = None  # the state is a newer snapshot's: the loss says nothing of the checkpoint
+            self._verified_load = self._snapshots.resumed()  # a newer snapshot's state: the NaN watch covers it
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

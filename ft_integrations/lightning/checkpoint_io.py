@@ -42,7 +42,7 @@ class CheckpointWriteObserver(Protocol):
         ...
 
 
-def _weights(checkpoint: dict[str, Any]) -> dict[str, Any]:
+def checkpoint_weights(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """What must be finite in a Lightning checkpoint: the model and the optimizers (a callback may keep ``inf``)."""
     return {key: checkpoint[key] for key in ("state_dict", "optimizer_states") if key in checkpoint}
 
@@ -96,7 +96,7 @@ class FaultToleranceCheckpointIO(CheckpointIO):
         requested = os.fspath(path)
         result = load_verified(requested, fallback_candidates(requested),
                                lambda candidate: self.checkpoint_io.load_checkpoint(candidate, *args, **kwargs),
-                               weights=_weights if self.check_finite else None)
+                               weights=checkpoint_weights if self.check_finite else None)
         self.observer.on_checkpoint_loaded_verified(result)
         return result.state
 

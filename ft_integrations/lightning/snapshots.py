@@ -27,10 +27,13 @@ from typing import Any, Optional
 from ft_core.checkpoint_manifest import read_manifest
 from ft_core.events import ResumeSource
 from ft_core.jobdir import MONITOR_SOCKET_ENV
+from ft_core.snapshots.condemned import snapshot_name
 from ft_core.snapshots.interval import AUTO, SnapshotEvery, snapshot_every_arg
 from ft_core.snapshots.node import NodeSnapshots
 from ft_core.snapshots.resume import all_ranks_max, all_ranks_ok
+from ft_integrations.checkpoint_guard import LoadResult
 from ft_integrations.lightning._pl import pl, rank_zero_warn
+from ft_integrations.lightning.checkpoint_io import checkpoint_weights
 
 __all__ = ["LightningSnapshots", "snapshot_every_arg"]
 
@@ -128,7 +131,7 @@ class LightningSnapshots:
         step = manifest.global_step if manifest is not None else None
         if not all_ranks_ok(step is not None):
             return None
-        state = self.node.resume(step)
+        state = self.node.resume(step, weights=checkpoint_weights)
         if state is not None:
             self._rng = state.pop(_RNG_KEY, None)
         return state
@@ -145,7 +148,7 @@ class LightningSnapshots:
             connector = trainer._checkpoint_connector
             loaded = connector._loaded_checkpoint
             step = loaded.get("global_step") if loaded else None
-            state = self.node.resume(None if step is None else int(step))
+            state = self.node.resume(None if step is None else int(step), weights=checkpoint_weights)
             if state is not None:
                 self._rng = state.pop(_RNG_KEY, None)
                 connector._loaded_checkpoint = state
@@ -157,6 +160,18 @@ class LightningSnapshots:
             _set_rng_states(self._rng)
             self._rng = None
         return self.node.source is ResumeSource.SNAPSHOT
+
+    def resumed(self) -> Optional[LoadResult]:
+        """The snapshot the run resumed from (its name and step), for the NaN watch as after a disk load; else None.
+
+        A snapshot's resume is guarded as a disk checkpoint's: a non-finite loss in the steps after it
+        raises :class:`~ft_core.fault_policy.NonFiniteLossError`, and the fault policy condemns the snapshot.
+        """
+        agreement = self.node.agreement
+        snapshot = agreement.snapshot if agreement is not None and self.node.source is ResumeSource.SNAPSHOT else None
+        if snapshot is None:
+            return None
+        return LoadResult(None, snapshot_name(snapshot.step, snapshot.lineage), [], snapshot.step)
 
     def maybe_take(self, trainer: pl.Trainer) -> bool:
         """At the end of a training batch: take a snapshot when one is due (on every rank: it may gather)."""

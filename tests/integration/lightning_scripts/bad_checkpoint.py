@@ -8,6 +8,12 @@ and ``huge_momentum`` rewrite it whole, with a valid manifest, holding a NaN wei
 SGD momentum of 1e38: finite, so it passes every load check, and its first update
 overflows the weights, so the loss of the next step is infinite.
 
+``--damage-state=STEP:KIND --snapshot-every=N``: in cycle 0, at the end of step STEP (before
+the callback's in-memory snapshot of that step), every rank damages its live state the same
+way (``nan_weights`` or ``huge_momentum``), and once every rank's snapshot of STEP is written
+rank 0 crashes at the start of the next step: the snapshot of STEP holds the damage, the
+older ones and the disk checkpoints do not.
+
 ``--raise-at=STEP --raise-rank=R``: rank R raises ``ValueError`` in ``training_step`` at
 global step STEP, in every cycle (a deterministic fault).
 
@@ -92,6 +98,31 @@ class Damage(Callback):
         os._exit(3)
 
 
+class DamageState(Callback):
+    """Cycle 0: at the end of ``step`` every rank damages its live state; at the next step's start rank 0 crashes."""
+
+    def __init__(self, step: int, kind: str) -> None:
+        self.step, self.kind = step, kind
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if CYCLE == 0 and trainer.global_step == self.step:
+            state = {"state_dict": pl_module.state_dict(keep_vars=True),
+                     "optimizer_states": [trainer.optimizers[0].state_dict()]}
+            with torch.no_grad():
+                {"nan_weights": _nan_weight, "huge_momentum": _huge_momentum}[self.kind](state)
+            if self.kind == "huge_momentum":  # state_dict() holds the buffers themselves: write them back
+                trainer.optimizers[0].load_state_dict(state["optimizer_states"][0])
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if CYCLE == 0 and trainer.global_step == self.step:
+            # Every rank's snapshot of the step whole first (its writer thread would die with the process).
+            (ft,) = [c for c in trainer.callbacks if isinstance(c, FaultToleranceCallback)]
+            assert ft._snapshots is not None and ft._snapshots.node.writer is not None
+            assert ft._snapshots.node.writer.wait(60)
+            if RANK == 0:
+                os._exit(3)
+
+
 class Report(Callback):
     def __init__(self, out_dir: str) -> None:
         self.path = os.path.join(out_dir, f"report_r{RANK}_c{CYCLE}.json")
@@ -116,18 +147,26 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=2)
     parser.add_argument("--crash-step", type=int, default=8)
     parser.add_argument("--corrupt", default="{}", help='{"<step>": "truncate|nan_weights|huge_momentum"}')
+    parser.add_argument("--damage-state", default="", help="STEP:nan_weights|huge_momentum")
+    parser.add_argument("--snapshot-every", default="auto")
     parser.add_argument("--raise-at", type=int, default=-1)
     parser.add_argument("--raise-rank", type=int, default=1)
     parser.add_argument("--ckpt-dir", required=True)
     parser.add_argument("--out-dir", required=True)
     args = parser.parse_args()
     torch.manual_seed(0)
+    every = args.snapshot_every if args.snapshot_every == "auto" else int(args.snapshot_every)
+    damage_state = []
+    if args.damage_state:
+        step, kind = args.damage_state.split(":")
+        damage_state.append(DamageState(int(step), kind))
     data = TensorDataset(torch.randn(512, 8), torch.randn(512, 1))
     trainer = Trainer(
         accelerator="cpu", strategy="ddp", devices=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         max_steps=args.max_steps, logger=False, enable_progress_bar=False, enable_model_summary=False,
         limit_val_batches=0, default_root_dir=args.out_dir,
-        callbacks=[FaultToleranceCallback(calculate_timeouts=False, autoresume=True),
+        callbacks=[*damage_state,  # before the fault-tolerance callback: its snapshot of the step holds the damage
+                   FaultToleranceCallback(calculate_timeouts=False, autoresume=True, snapshot_every=every),
                    Damage(args.ckpt_dir, args.crash_step, json.loads(args.corrupt)), Report(args.out_dir),
                    ModelCheckpoint(dirpath=args.ckpt_dir, save_top_k=-1, save_last=True,
                                    every_n_train_steps=args.every)],

@@ -5,6 +5,10 @@ Every rank all-reduces a step's update over gloo, saves a snapshot every 2 steps
 rank holds) and, on a restart, resumes from ``load_snapshot()`` (no disk checkpoint).
 Appends ``{rank, cycle, resumed_step, store, weight}`` to ``SNAP_OUT`` at start and at the end.
 ``SNAP_STEPS``: steps to reach; ``SNAP_KILL_AT``: global rank 1 SIGKILLs itself after that step in cycle 0.
+``SNAP_NAN_AT``: in cycle 0 every rank's weight turns NaN at that step (its snapshot holds the NaN).
+``SNAP_BAD_STEP``: global rank 1, resumed from the snapshot of that step, raises ``ValueError`` at the
+next step, in every cycle (a snapshot that loads and is finite, yet bad; one rank, so that every
+such fault names the same culprit).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from ft_core.snapshots.node import load_snapshot, process_snapshots, save_snapsh
 
 rank, cycle = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 steps, kill_at = int(os.environ["SNAP_STEPS"]), int(os.environ.get("SNAP_KILL_AT", "-1"))
+nan_at, bad_step = int(os.environ.get("SNAP_NAN_AT", "-1")), int(os.environ.get("SNAP_BAD_STEP", "-1"))
 dist.init_process_group("gloo")
 client = RankMonitorClient()
 client.init_workload_monitoring()
@@ -39,11 +44,17 @@ if state is not None:
     weight, step = state["weight"], state["step"]
 snapshots = process_snapshots()
 record(resumed_step=step, store=snapshots.store.path if snapshots is not None else None)
+resumed_bad = state is not None and step == bad_step and rank == 1
 while step < steps:
     step += 1
+    client.set_iteration(step)
+    if resumed_bad:
+        raise ValueError(f"bad state resumed from the snapshot of step {bad_step}")
     update = torch.ones(1024)
     dist.all_reduce(update)
     weight += update
+    if cycle == 0 and step == nan_at:
+        weight[0] = float("nan")
     client.send_heartbeat()
     if step % 2 == 0:
         save_snapshot({"weight": weight, "step": step}, step, wait=True)

@@ -76,12 +76,53 @@ def test_a_deterministic_value_error_stops_after_two_cycles_with_the_do_not_requ
     assert not of(events, "checkpoint_marked_bad")
     runs = reports(tmp_path)
     # Cycle 1 resumed from the disk checkpoint of 16 or, with the default in-memory snapshots, from a newer
-    # snapshot: both ranks from the same step, and the fingerprints then name no disk checkpoint (a fault
-    # after a snapshot's resume is no evidence against the disk checkpoint).
+    # snapshot: both ranks from the same step, and the fingerprint then names the snapshot, not the disk
+    # checkpoint (a fault after a snapshot's resume is no evidence against the disk checkpoint).
     assert runs[(0, 0)]["start_step"] == runs[(1, 0)]["start_step"] == 0
     resumed = runs[(0, 1)]["start_step"]
     assert runs[(1, 1)]["start_step"] == resumed and 16 <= resumed < 30, runs
     chosen = [e for e in of(events, "resume_chosen") if e["cycle"] == 1]
     if chosen and chosen[0]["source"] == "snapshot":
-        assert chosen[0]["step"] == resumed and "resumed_from" not in fingerprints[1]
+        assert chosen[0]["step"] == resumed and fingerprints[1]["resumed_from"] == chosen[0]["snapshot"]
     assert not (tmp_path / "finished.flag").exists()
+
+
+@pytest.mark.timeout(480)
+@pytest.mark.parametrize("kind", ["nan_weights", "huge_momentum"])
+def test_a_bad_snapshot_is_skipped_or_condemned_and_the_job_finishes_without_it(tmp_path, kind):
+    # Disk checkpoints at step 7 (and 14), a snapshot every 2 steps. Cycle 0 damages its live state at the
+    # end of step 10, so the snapshot of 10 holds the damage (not the older ones, nor the disk checkpoint),
+    # and crashes before it trains on it.
+    #   nan_weights   -> cycle 1's finite check skips the snapshot of 10: resumes from the snapshot of 8.
+    #   huge_momentum -> finite: cycle 1 resumes from it, the loss 2 steps later is infinite, the NaN watch
+    #                    raises; the snapshot is condemned (not the disk checkpoint): cycle 2 resumes from
+    #                    disk (step 7), the older snapshot having been discarded at cycle 1's resume.
+    ckpt = tmp_path / "ckpt"
+    result, events = launch_script(tmp_path, "bad_checkpoint.py", f"--ckpt-dir={ckpt}", f"--out-dir={tmp_path}",
+                                   "--max-steps=16", "--every=7", "--snapshot-every=2",
+                                   f"--damage-state=10:{kind}", max_restarts=3)
+    assert result.returncode == 0, result.output[-6000:]
+    chosen = {e["cycle"]: e for e in of(events, "resume_chosen")}
+    runs = reports(tmp_path)
+    if kind == "nan_weights":
+        assert [e["cycle"] for e in of(events, "cycle_start")] == [0, 1]
+        assert (chosen[1]["source"], chosen[1]["step"]) == ("snapshot", 8), chosen[1]
+        assert chosen[1]["snapshot"] == "snapshot:8:0.1"
+        assert "skipped the snapshot of step 10: non-finite values in state_dict.layer.weight" in chosen[1]["reason"]
+        assert not of(events, "checkpoint_marked_bad")
+        starts = {0: 0, 1: 8}
+    else:
+        assert [e["cycle"] for e in of(events, "cycle_start")] == [0, 1, 2]
+        assert (chosen[1]["source"], chosen[1]["step"], chosen[1]["snapshot"]) == ("snapshot", 10, "snapshot:10:0.1")
+        fingerprint = of(events, "fault_fingerprint")[-1]
+        assert (fingerprint["kind"], fingerprint["resumed_from"], fingerprint["resumed_step"]) == \
+            ("nonfinite_loss", "snapshot:10:0.1", 10)
+        (marked,) = of(events, "checkpoint_marked_bad")
+        assert marked["checkpoint"] == "snapshot:10:0.1" and "non-finite loss" in marked["reason"], marked
+        assert (chosen[2]["source"], chosen[2]["step"]) == ("disk", 7), chosen[2]
+        starts = {0: 0, 1: 10, 2: 7}
+    assert {k: r["start_step"] for k, r in runs.items()} == {(rank, c): s for c, s in starts.items() for rank in (0, 1)}
+    last = max(starts)
+    assert runs[0, last]["end_step"] == runs[1, last]["end_step"] == 16
+    assert not list(ckpt.glob("*.bad.json"))  # a snapshot's fault never marks the disk checkpoint
+    assert (tmp_path / "finished.flag").exists()

@@ -21,6 +21,8 @@ from ft_core.events import (
     HangReason,
     RankException,
     RestartKind,
+    ResumeChosen,
+    ResumeSource,
 )
 from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultKind
 from ft_core.launcher.agent import FtElasticAgent
@@ -75,7 +77,7 @@ def fingerprinting_agent(written: list[object]) -> FtElasticAgent:
     agent = FtElasticAgent.__new__(FtElasticAgent)
     agent._svc = types.SimpleNamespace(events=types.SimpleNamespace(write=written.append, node="hostA:7"))
     agent._cycle, agent._hangs, agent._loaded, agent._exceptions = None, {}, None, []
-    agent._resumed_from_snapshot = False
+    agent._resumed_snapshot = None
     agent._connected, agent._gone_at, agent._failed_at = set(), {}, 0.0
     agent._worker_group = types.SimpleNamespace(workers=[types.SimpleNamespace(local_rank=r, global_rank=r + 2)
                                                          for r in (0, 1)])
@@ -122,18 +124,24 @@ def test_a_fingerprint_names_the_checkpoint_the_cycle_resumed_from_and_a_nan_los
     assert (record.kind, record.resumed_from, record.resumed_step) == ("nonfinite_loss", "/c/step=20.ckpt", 20)
 
 
-def test_after_a_resume_from_a_snapshot_the_disk_checkpoint_is_not_named():
+def test_after_a_resume_from_a_snapshot_the_fingerprint_names_the_snapshot_not_the_disk_checkpoint():
     # The ranks loaded the disk checkpoint of step 20, then a newer in-memory snapshot replaced it: a
-    # fault right after is no evidence against the disk checkpoint (rule 1 must not mark it bad).
+    # fault right after is evidence against the snapshot (rule 1 may condemn it), none against the disk
+    # checkpoint (rule 1 must not mark it bad).
     written: list[object] = []
     agent = fingerprinting_agent(written)
     agent._failed = {0: (100, 1)}
     agent._loaded = CheckpointLoaded(rank=0, cycle=2, checkpoint="/c/step=20.ckpt", step=20, time=1.0)
-    agent._resumed_from_snapshot = True
+    agent._resumed_snapshot = ResumeChosen(cycle=2, source=ResumeSource.SNAPSHOT, step=26, reason="newer",
+                                           world_size=2, disk_step=20, snapshot_step=26, snapshot="snapshot:26:1.1")
     agent._exceptions = [RankException(rank=0, pid=100, exception_type="ValueError", frames=["train.py:10 step"],
                                        iteration=27)]
     fingerprint = agent._fingerprint(Trigger(RestartKind.CRASH, "rank 0 exited with code 1", 1.0))
-    assert fingerprint is not None and (fingerprint.resumed_from, fingerprint.resumed_step) == (None, None)
+    assert fingerprint is not None
+    assert (fingerprint.resumed_from, fingerprint.resumed_step, fingerprint.steps_after_resume) == (
+        "snapshot:26:1.1", 26, 1)
+    (record,) = written
+    assert isinstance(record, FaultFingerprint) and record.resumed_from == "snapshot:26:1.1"
 
 
 def test_every_rank_raising_alike_has_no_first_culprit_and_megatrons_resume_is_inferred(tmp_path):
