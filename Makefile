@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ft-installed
 
-.PHONY: setup bytecode etcd-server prometheus test lint demo bench docs chromium clean test-nvrx-unit test-torch214 test-torch-seams-old
+.PHONY: setup bytecode etcd-server prometheus test lint demo bench docs chromium clean test-nvrx-unit test-torch214 test-torch-seams-old test-gpu
 
 setup: $(STAMP)
 
@@ -47,6 +47,10 @@ lint: setup
 
 test: lint etcd-server prometheus
 	$(PY) -m pytest -q -rs
+
+# The tests that need a CUDA device (skipped elsewhere), on a GPU node.
+test-gpu: setup
+	$(PY) -m pytest -q -rs -m cuda
 
 # The documentation site: a strict build (a broken link, a page missing from the nav or an
 # unresolved API reference fails), then screenshots of two built pages with headless Chromium
