@@ -1,7 +1,7 @@
 """One rank taking ``snapshot_every="auto"`` snapshots of a state of ``SNAP_MB`` MiB, for the room tests.
 
-The rank (no launcher, no process group: one local rank) allocates its state (pages
-touched), then runs 30 steps of :class:`~ft_core.snapshots.node.NodeSnapshots` with the
+The rank (no launcher; a gloo process group when ``WORLD_SIZE`` > 1, one local rank
+each) allocates its state (pages touched), then runs 30 steps of :class:`~ft_core.snapshots.node.NodeSnapshots` with the
 default ``auto`` interval: with ``SNAP_PATH=learn`` a snapshot is taken at step 3 as the
 Lightning callback takes one at the step it learns timeouts at, then the auto interval's
 (the probe at step 10, ...); with ``SNAP_PATH=probe`` only the auto interval's.
@@ -40,8 +40,11 @@ if cgroup:
     with open(os.path.join(cgroup, os.environ["SNAP_LIMIT_FILE"]), "w", encoding="ascii") as limit:
         limit.write(str(used + int(os.environ["SNAP_BUDGET_MB"]) * (1 << 20)))
 
+rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+if world_size > 1:
+    torch.distributed.init_process_group("gloo")
 job = JobDir(os.environ["SNAP_JOB_DIR"]).create()
-node = NodeSnapshots(SnapshotStore(os.environ["SNAP_DIR"], 0, 1), job.monitor_socket, 0, AutoInterval())
+node = NodeSnapshots(SnapshotStore(os.environ["SNAP_DIR"], rank, world_size), job.monitor_socket, 0, AutoInterval())
 node.resume(None)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 taken = []
@@ -55,5 +58,7 @@ for step in range(1, 31):
         taken.append(step)
         assert node.writer is not None and node.writer.wait(60)
 node.close()
+if world_size > 1:
+    torch.distributed.destroy_process_group()
 print(json.dumps({"before_kib": before, "after_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
                   "taken": taken, "off": node.every == 0}), flush=True)

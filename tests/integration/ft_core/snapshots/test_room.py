@@ -16,7 +16,7 @@ import subprocess
 import uuid
 
 import pytest
-from helpers import REPO_ROOT, kill_group, python_env, spawn_python, wait_for
+from helpers import REPO_ROOT, free_port, kill_group, python_env, spawn_python, wait_for
 
 ROOM = os.path.join(REPO_ROOT, "tests", "integration", "snapshot_workers", "room.py")
 MIB = 1 << 20
@@ -26,17 +26,30 @@ BIG_MB = 48
 SMALL_MB = 2
 
 
-def _run(tmp_path, state_mb: int, path: str, snapshot_dir: str, **extra: str) -> tuple[dict, str]:
+def _env(tmp_path, state_mb: int, path: str, snapshot_dir: str, **extra: str) -> dict[str, str]:
     env = python_env(SNAP_MB=str(state_mb), SNAP_PATH=path, SNAP_DIR=snapshot_dir,
                      SNAP_JOB_DIR=str(tmp_path / f"job-{uuid.uuid4().hex[:8]}"), **extra)
     env.pop("LOCAL_WORLD_SIZE", None)  # one rank on the node: the default outside a launcher's worker
-    proc = spawn_python([ROOM], env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return env
+
+
+def _finish(procs: list[subprocess.Popen]) -> list[tuple[dict, str]]:
     try:
-        out, err = proc.communicate(timeout=180)
+        done = [proc.communicate(timeout=180) for proc in procs]
     finally:
-        kill_group(proc)
-    assert proc.returncode == 0, err[-4000:]
-    return json.loads(out.strip().splitlines()[-1]), err
+        for proc in procs:
+            kill_group(proc)
+    for proc, (_, err) in zip(procs, done):
+        assert proc.returncode == 0, err[-4000:]
+    return [(json.loads(out.strip().splitlines()[-1]), err) for out, err in done]
+
+
+def _start(env: dict[str, str]) -> subprocess.Popen:
+    return spawn_python([ROOM], env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _run(tmp_path, state_mb: int, path: str, snapshot_dir: str, **extra: str) -> tuple[dict, str]:
+    return _finish([_start(_env(tmp_path, state_mb, path, snapshot_dir, **extra))])[0]
 
 
 def _state_files(directory: str) -> list[str]:
@@ -137,3 +150,20 @@ def test_within_the_memory_cgroup_budget_snapshots_are_taken(tmp_path, memory_cg
                        **memory_cgroup)
     assert not result["off"] and _off_lines(err) == []
     assert result["taken"][:2] == [3, 10], result
+
+
+@pytest.mark.timeout(240)
+def test_one_rank_without_room_and_no_rank_copies(tmp_path, small_shm):
+    # Rank 0's snapshot directory has room (the test's filesystem); rank 1's is the 64 MiB tmpfs.
+    roomy = str(tmp_path / "snapshots")
+    port = str(free_port())
+    procs = []
+    for rank, directory in enumerate((roomy, small_shm)):
+        procs.append(_start(_env(tmp_path, BIG_MB, "learn", directory, RANK=str(rank), WORLD_SIZE="2",
+                                 MASTER_ADDR="127.0.0.1", MASTER_PORT=port)))
+    (first, first_err), (second, second_err) = _finish(procs)
+    for result in (first, second):
+        assert result["taken"] == [] and result["off"]
+        assert (result["after_kib"] - result["before_kib"]) * 1024 < BIG_MB * MIB / 2, result
+    assert _off_lines(first_err) == [] and len(_off_lines(second_err)) == 1  # one line, from the rank without room
+    assert _state_files(roomy) == [] and _state_files(small_shm) == []
