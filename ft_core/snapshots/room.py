@@ -28,8 +28,8 @@ import os
 import sys
 from typing import Any, Optional
 
-__all__ = ["COPIES", "ROOM_MARGIN", "ROOM_SHARE", "Limits", "Refusal", "StateSize", "read_limits", "refusal",
-           "state_size"]
+__all__ = ["COPIES", "ROOM_MARGIN", "ROOM_SHARE", "Limits", "Refusal", "StateSize", "cgroup_free", "memory_available",
+           "read_limits", "refusal", "state_size"]
 
 #: Copies of a state in ``/dev/shm`` per rank: the two slots, and the snapshot a resume loaded, which stays
 #: mapped while the training keeps tensors of it.
@@ -178,11 +178,25 @@ def _read_int(path: str) -> Optional[int]:
     return int(text) if text.isdigit() else None  # "max" (v2): no limit
 
 
+def _inactive_file(level: str, key: str) -> int:
+    """The cgroup's inactive page cache (``memory.stat``): counted in its usage, yet reclaimed before it hits its limit."""
+    try:
+        with open(os.path.join(level, "memory.stat"), encoding="ascii") as handle:
+            for line in handle:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def cgroup_free(root: str = "/sys/fs/cgroup") -> Optional[tuple[int, str]]:
     """The least room under a memory limit of this process's cgroup and its ancestors, and the limit's file.
 
     cgroup v2 (``0::<path>`` in ``/proc/self/cgroup``): ``memory.max - memory.current`` at each
-    level; else v1's memory controller: ``memory.limit_in_bytes - memory.usage_in_bytes``. None
+    level; else v1's memory controller: ``memory.limit_in_bytes - memory.usage_in_bytes``; the
+    inactive page cache counts as room (as ``docker stats`` counts it out of the usage). None
     when no level has a limit, or the files cannot be read.
     """
     try:
@@ -195,17 +209,18 @@ def cgroup_free(root: str = "/sys/fs/cgroup") -> Optional[tuple[int, str]]:
         _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
         # A v2 hierarchy mounted at ``root`` (not the hybrid layout's ``root/unified``, without memory).
         if controllers == "" and os.path.exists(os.path.join(root, "cgroup.controllers")):
-            v2 = (root, path, "memory.max", "memory.current")
+            v2 = (root, path, "memory.max", "memory.current", "inactive_file")
         elif "memory" in controllers.split(","):
-            v1 = (os.path.join(root, "memory"), path, "memory.limit_in_bytes", "memory.usage_in_bytes")
+            v1 = (os.path.join(root, "memory"), path, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                  "total_inactive_file")
     found = None
-    for base, path, limit_file, usage_file in (v for v in (v2, v1) if v is not None):
+    for base, path, limit_file, usage_file, cache_key in (v for v in (v2, v1) if v is not None):
         level = os.path.join(base, path.strip("/"))
         while True:
             limit, usage = _read_int(os.path.join(level, limit_file)), _read_int(os.path.join(level, usage_file))
             # v1 writes "no limit" as a huge number (the page-rounded LONG_MAX): above the RAM, no limit.
             if limit is not None and usage is not None and limit < (1 << 62):
-                free = max(0, limit - usage)
+                free = max(0, limit - usage + _inactive_file(level, cache_key))
                 if found is None or free < found[0]:
                     found = (free, os.path.join(level, limit_file))
             if os.path.normpath(level) == os.path.normpath(base):

@@ -9,7 +9,16 @@ import numpy
 import pytest
 import torch
 
-from ft_core.snapshots.room import COPIES, ROOM_MARGIN, ROOM_SHARE, Limits, read_limits, refusal, state_size
+from ft_core.snapshots.room import (
+    COPIES,
+    ROOM_MARGIN,
+    ROOM_SHARE,
+    Limits,
+    cgroup_free,
+    read_limits,
+    refusal,
+    state_size,
+)
 
 GIB = 1 << 30
 ROOMY = Limits(shm_free=1 << 50, memory_available=1 << 50, cgroup_free=None)
@@ -76,3 +85,30 @@ def test_the_readings_of_this_machine(tmp_path):
     limits = read_limits(str(tmp_path / "not" / "made" / "yet"))  # the store's directories come at its first write
     assert limits.shm_free is not None and limits.shm_free > 0
     assert limits.memory_available is not None and limits.memory_available > 0
+
+
+def _own_cgroup_v1_path() -> str | None:
+    with open("/proc/self/cgroup", encoding="ascii") as handle:
+        for line in handle.read().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "memory" in controllers.split(","):
+                return path
+    return None
+
+
+def test_the_least_room_of_the_cgroup_and_its_ancestors_counts_and_inactive_cache_is_room(tmp_path):
+    # A copy of this process's v1 memory hierarchy path with files the test writes: the walk, not the kernel.
+    path = _own_cgroup_v1_path()
+    if path is None or path.strip("/").count("/") < 1:
+        pytest.skip("this process is in no v1 memory cgroup two levels below the root")
+    own = tmp_path / "memory" / path.strip("/")
+    own.mkdir(parents=True)
+    parent = own.parent
+    (own / "memory.limit_in_bytes").write_text(str(8 * GIB))
+    (own / "memory.usage_in_bytes").write_text(str(1 * GIB))
+    (parent / "memory.limit_in_bytes").write_text(str(4 * GIB))  # the pod's limit, under the container's
+    (parent / "memory.usage_in_bytes").write_text(str(3 * GIB))
+    (parent / "memory.stat").write_text(f"cache 5\ntotal_inactive_file {GIB // 2}\n")
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text(str(9223372036854771712))  # the root: no limit
+    free, where = cgroup_free(str(tmp_path))
+    assert free == GIB + GIB // 2 and where == str(parent / "memory.limit_in_bytes")
