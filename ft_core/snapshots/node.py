@@ -26,9 +26,10 @@ from ft_core.finite import nonfinite_tensors, whole_state
 from ft_core.jobdir import MONITOR_SOCKET_ENV
 from ft_core.snapshots.interval import AUTO, AutoInterval, SnapshotCost, SnapshotEvery
 from ft_core.snapshots.resume import Agreement, agree, all_ranks_max, all_ranks_ok, choose, record_choice
-from ft_core.snapshots.space import shortfall, snapshot_dir_for_socket
+from ft_core.snapshots.room import StateSize, read_limits, refusal, state_size
+from ft_core.snapshots.space import snapshot_dir_for_socket
 from ft_core.snapshots.store import SLOTS, Snapshot, SnapshotStore
-from ft_core.snapshots.writer import SnapshotWriter, copy_state, state_bytes
+from ft_core.snapshots.writer import SnapshotWriter, copies_done, copy_state, side_stream
 
 __all__ = ["NodeSnapshots", "load_snapshot", "process_snapshots", "save_snapshot"]
 
@@ -63,12 +64,12 @@ class NodeSnapshots:
         #: Snapshots handed to a writer by this process, and the costs of the last ones measured.
         self._submitted = 0
         self._costs: collections.deque[tuple[int, SnapshotCost]] = collections.deque(maxlen=3)
-        #: Bytes this rank found missing in shared memory for its double buffer (auto: snapshots go off).
-        self._short = 0
         #: ``auto`` turned snapshots off (no room): the job agreed, and none is taken from then on.
         self._off = False
         #: The last copy handed to the writer, reused by the next one (host memory: one state's size).
         self._staging: Any = None
+        #: The CUDA stream the copies of CUDA tensors are made on (made at the first such copy).
+        self._stream: Any = None
 
     @property
     def every(self) -> int:
@@ -192,24 +193,22 @@ class NodeSnapshots:
         if busy and latest is not None and (cost is None or latest.total_s > cost.total_s):
             cost = latest
         started = time.perf_counter()
-        proposed, any_busy, short = all_ranks_max([self.auto.propose(cost), int(busy), self._short])
+        proposed, any_busy = all_ranks_max([self.auto.propose(cost), int(busy)])
         self._decision_s = time.perf_counter() - started
-        if short:
-            self._turn_off(short)
-            return False
         if self.auto.agree(proposed) and self.store.rank == 0:
             log.info("snapshot_every='auto': a snapshot every %d steps from step %d (rank 0: %s; steps of %.3f s; "
                      "the largest interval any rank asked for)", self.auto.every, step,
                      _described(cost), self.auto.step_s or 0.0)
         return not any_busy and step % self.auto.every == 0
 
-    def _turn_off(self, short: int) -> None:
-        if self.store.rank == 0:
-            log.warning("snapshot_every='auto': in-memory snapshots are off: %s lacks %.0f MB for the snapshots of "
-                        "every rank on a node (three copies of a state each, in half of the room); give it more "
-                        "room, or pass snapshot_every=N to take them anyway",
-                        self.store.directory, short / (1 << 20))
-        self.auto, self._every, self._staging, self._off = None, 0, None, True
+    @property
+    def off(self) -> bool:
+        """``auto`` turned snapshots off for the job: there was no room for them."""
+        return self._off
+
+    def turn_off(self) -> None:
+        """No snapshot from now on (``auto`` found no room); the store's slots are removed, the buffers freed."""
+        self.auto, self._every, self._staging, self._stream, self._off = None, 0, None, None, True
         self.close()
         self.store.discard()
 
@@ -218,37 +217,56 @@ class NodeSnapshots:
 
         ``wait``: return once it is written (or failed: see ``writer.error``). ``started``: when the
         training thread began building ``state`` (``time.perf_counter()``), part of the snapshot's cost.
+        With ``auto``, a collective: the ranks first agree there is room (:meth:`_room`), before any copy.
         """
+        if self._off:
+            return False
         started = time.perf_counter() if started is None else started
-        writer = self.writer if self.writer is not None else self._start_writer(None)
         self._last_step = step
+        size = state_size(state)  # metadata only: nothing copied yet
+        if self.auto is not None and not self._room(size):
+            return False
+        writer = self.writer if self.writer is not None else self._start_writer(None)
         if not writer.idle:  # only this thread submits: idle stays true until the submit below
             writer.skip(step)
             return False
+        if size.cuda and self._stream is None:
+            self._stream = side_stream()
+        stream = self._stream if size.cuda else None
         # The writer is done with the previous copy: copy into it (no fresh pages to fault in).
-        self._staging = copy_state(state, reuse=self._staging)
-        if self.auto is not None and self._no_room():
-            return False
+        self._staging = copy_state(state, reuse=self._staging, stream=stream)
+        ready = copies_done(stream) if stream is not None else None
         self._blocking_s = time.perf_counter() - started
-        submitted = writer.submit(step, self._staging)
+        submitted = writer.submit(step, self._staging, ready)
         self._submitted += submitted
         if submitted and wait:
             writer.wait()
         return submitted
 
-    def _no_room(self) -> bool:
-        """``auto`` takes snapshots only where shared memory has room for every local rank's (else off at the next due step)."""
+    def _room(self, size: StateSize) -> bool:
+        """``auto``: whether every rank has room for a snapshot of ``size`` (see :mod:`ft_core.snapshots.room`).
+
+        A collective (one all-reduce of two integers), before any copy: when one rank has no room,
+        every rank turns snapshots off, and the rank that found none says why in one INFO line.
+        """
         held = 0
         for slot in range(SLOTS):
             try:
                 held += os.path.getsize(self.store.state_file(slot))
             except OSError:  # no such slot (or the writer is discarding it)
                 pass
-        self._short = shortfall(self.store.directory, state_bytes(self._staging),
-                                int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), held)
-        if self._short:
-            self._staging = None
-        return bool(self._short)
+        ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        staged = state_size(self._staging).total if self._staging is not None else 0
+        found = refusal(size, ranks, read_limits(self.store.directory), held=held, staged=staged)
+        refused, by = all_ranks_max([int(found is not None), self.store.rank if found is not None else -1])
+        if not refused:
+            return True
+        if found is not None and by == self.store.rank:  # one line for the job: the last rank that found no room
+            log.info("snapshot_every='auto': in-memory snapshots are off for this job, no copy was made: %s (rank "
+                     "%d); see 'Memory' in docs/snapshots.md",
+                     found.describe(size, ranks), self.store.rank)
+        self.turn_off()
+        return False
 
     def take(self, step: int, state: Callable[[], Any]) -> bool:
         """:meth:`save` of ``state()``; building it counts in the snapshot's cost."""

@@ -35,7 +35,7 @@ from ft_core.jobdir import (
     write_private_file,
 )
 
-__all__ = ["SHM_BASE", "claim_snapshot_dir", "shm_root", "shortfall", "snapshot_dir_for_socket"]
+__all__ = ["SHM_BASE", "claim_snapshot_dir", "shm_root", "snapshot_dir_for_socket"]
 
 log = logging.getLogger("ft_core.snapshots")
 
@@ -89,46 +89,3 @@ def snapshot_dir_for_socket(socket_path: str, *, base: str = SHM_BASE) -> Option
         log.warning("in-memory snapshots are off: %s", exc)
         return None
     return path
-
-
-#: Room asked for beyond the tensors' bytes: the pickle's framing and the manifests.
-_ROOM_MARGIN = 1.05
-#: The share of the free room snapshots may take: the rest stays for the other users of ``/dev/shm``
-#: (data-loader workers pass their batches through it, NCCL its buffers).
-_ROOM_SHARE = 0.5
-
-
-def _memory_available() -> Optional[int]:
-    """``MemAvailable`` of ``/proc/meminfo`` in bytes; None where there is none.
-
-    A tmpfs's size is a limit, not memory: ``/dev/shm`` is often as large as the RAM, or larger.
-    """
-    try:
-        with open("/proc/meminfo", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def shortfall(path: str, state_bytes: int, ranks_on_node: int, held_bytes: int = 0, *, copies: int = 3) -> int:
-    """Bytes missing in the filesystem of ``path`` for ``ranks_on_node`` ranks' ``copies`` of a state of ``state_bytes``.
-
-    ``copies``: the two slots, and the snapshot a resume loaded, which stays mapped while the training
-    keeps tensors of it. The room is the filesystem's free space, at most the node's available
-    memory, of which snapshots may take :data:`_ROOM_SHARE`. ``held_bytes``: what this rank's slots
-    hold now (in use already; every rank of the node is taken to hold as much). 0 when there is room.
-    """
-    while not os.path.isdir(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)  # the store's directories are made at its first write
-    try:
-        stat = os.statvfs(path)
-    except OSError:
-        return 0  # unknown: the write says what fails, as with a number of steps
-    free = stat.f_bavail * stat.f_frsize
-    memory = _memory_available()
-    room = int(_ROOM_SHARE * (free if memory is None else min(free, memory)))
-    need = int(copies * state_bytes * _ROOM_MARGIN) * ranks_on_node - held_bytes * ranks_on_node
-    return max(0, need - room)

@@ -1,7 +1,8 @@
 """The writer thread: serialises a snapshot and writes it to the store, off the training thread.
 
 The training thread only copies the state (:func:`copy_state`: every tensor cloned to
-host memory, so training may change its own tensors at once) and hands the copy over
+host memory, so training may change its own tensors at once; CUDA tensors into reused
+pinned buffers on a side stream, without waiting for the copies) and hands the copy over
 (:meth:`SnapshotWriter.submit`, which never waits). The thread pickles it with
 ``torch.save`` straight into the slot's file and writes the slot's manifest. One
 snapshot is written at a time: a snapshot due while the previous one is still being
@@ -20,39 +21,23 @@ from typing import Any, Optional
 
 from ft_core.snapshots.store import Snapshot, SnapshotStore
 
-__all__ = ["SnapshotWriter", "copy_state", "state_bytes"]
+__all__ = ["SnapshotWriter", "copies_done", "copy_state", "side_stream"]
 
 log = logging.getLogger("ft_core.snapshots")
 
 
-def state_bytes(state: Any) -> int:
-    """Bytes of the tensors in ``state`` (a copy from :func:`copy_state`: each storage counted once)."""
-    import torch
-
-    seen: dict[int, int] = {}
-
-    def walk(value: Any) -> None:
-        if isinstance(value, torch.Tensor):
-            storage = value.untyped_storage()
-            seen[storage.data_ptr()] = storage.nbytes()
-        elif isinstance(value, dict):
-            for item in value.values():
-                walk(item)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                walk(item)
-
-    walk(state)
-    return sum(seen.values())
-
-
-def copy_state(state: Any, reuse: Any = None) -> Any:
+def copy_state(state: Any, reuse: Any = None, stream: Any = None) -> Any:
     """``state`` with every tensor replaced by a detached copy in host memory (containers rebuilt, other values kept).
 
     Tensors sharing storage are copied once and keep sharing it (tied weights stay tied).
     ``reuse``: a previous copy of a state of the same structure; its tensors of the same
     shape and dtype are overwritten in place (a plain memory copy, without allocating
     and faulting in fresh pages), so it must no longer be in use.
+
+    ``stream``: a CUDA stream (:func:`side_stream`); the tensors on its device are then copied on
+    it without blocking, into pinned host buffers (``reuse``'s when pinned), so this returns before
+    they are copied: the caller records an event on ``stream`` and waits for it before reading the
+    copy (:func:`copies_done`). Without it, every copy is done when this returns.
     """
     import torch
 
@@ -60,16 +45,29 @@ def copy_state(state: Any, reuse: Any = None) -> Any:
 
     def copy(value: Any, old: Any) -> Any:
         if isinstance(value, torch.Tensor):
-            key = (value.untyped_storage().data_ptr(), value.storage_offset(), value.dtype,
+            key = (value.device, value.untyped_storage().data_ptr(), value.storage_offset(), value.dtype,
                    tuple(value.shape), tuple(value.stride()))
             found = copies.get(key)
             if found is None:
+                pinned = stream is not None and value.device == stream.device
                 if isinstance(old, torch.Tensor) and old.device.type == "cpu" and old.dtype == value.dtype and \
-                        old.shape == value.shape and old.is_contiguous() and old.data_ptr() not in reused:
-                    found = old.copy_(value.detach())
+                        old.shape == value.shape and old.is_contiguous() and old.data_ptr() not in reused and \
+                        (not pinned or old.is_pinned()):
+                    found = old
                     reused.add(old.data_ptr())
+                elif pinned:
+                    found = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
                 else:
                     found = value.detach().to("cpu", copy=True)
+                    copies[key] = found
+                    return found
+                if pinned:
+                    # The training's allocator must not hand the tensor's memory out while the side stream reads it.
+                    value.record_stream(stream)
+                    with torch.cuda.stream(stream):
+                        found.copy_(value.detach(), non_blocking=True)
+                else:
+                    found.copy_(value.detach())
                 copies[key] = found
             return found
         if isinstance(value, dict):
@@ -84,7 +82,30 @@ def copy_state(state: Any, reuse: Any = None) -> Any:
         return value
 
     reused: set[int] = set()
+    if stream is not None:  # the copies read what the training's stream has queued so far
+        stream.wait_stream(torch.cuda.current_stream(stream.device))
     return copy(state, reuse)
+
+
+def side_stream() -> Any:
+    """A new CUDA stream on the current device for :func:`copy_state`; None without CUDA (CPU-only torch too)."""
+    import torch
+
+    return torch.cuda.Stream() if torch.cuda.is_available() else None
+
+
+def copies_done(stream: Any) -> Any:
+    """An event after the copies :func:`copy_state` queued on ``stream``; wait for it before reading the copy.
+
+    The training's stream waits for it too, on the GPU: its next kernels (an optimizer step
+    changing the tensors in place) run after the copies, while the training thread goes on.
+    """
+    import torch
+
+    event = torch.cuda.Event()
+    event.record(stream)
+    torch.cuda.current_stream(stream.device).wait_event(event)
+    return event
 
 
 class SnapshotWriter:
@@ -105,7 +126,7 @@ class SnapshotWriter:
         #: ``(cpu_s, wall_s)`` of the newest write that completed: the writer thread's CPU time and the wall time.
         self.last_cost: Optional[tuple[float, float]] = None
         self._write_started: Optional[float] = None
-        self._pending: Optional[tuple[int, Any]] = None
+        self._pending: Optional[tuple[int, Any, Any]] = None
         self._discard = discard
         self._busy = False
         self._closed = False
@@ -113,15 +134,18 @@ class SnapshotWriter:
         self._thread = threading.Thread(target=self._run, name="ft-snapshot-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, step: int, state: Any) -> bool:
-        """Hand over ``state`` (already a copy: :func:`copy_state`); False when skipped (a write is running)."""
+    def submit(self, step: int, state: Any, ready: Any = None) -> bool:
+        """Hand over ``state`` (already a copy: :func:`copy_state`); False when skipped (a write is running).
+
+        ``ready``: the CUDA event of its copies still in flight (:func:`copies_done`); the thread waits for it.
+        """
         with self._cond:
             if self._closed:
                 return False
             if self._busy or self._pending is not None:
                 self._skip(step)
                 return False
-            self._pending = (step, state)
+            self._pending = (step, state, ready)
             self._cond.notify_all()
             return True
 
@@ -174,13 +198,15 @@ class SnapshotWriter:
                 self._cond.wait_for(lambda: self._pending is not None or self._closed)
                 if self._pending is None:
                     return
-                step, state = self._pending
+                step, state, ready = self._pending
                 self._pending = None
                 self._busy = True
             cpu, wall = time.thread_time(), time.perf_counter()
             with self._cond:
                 self._write_started = wall
             try:
+                if ready is not None:
+                    ready.synchronize()  # the device-to-host copies: the only wait, and off the training thread
                 slot = self._target_slot()
                 self.last = self.store.write(slot, step, self.lineage, functools.partial(torch.save, state))
                 self.error = None
@@ -190,7 +216,7 @@ class SnapshotWriter:
                 self.error = exc
                 log.warning("snapshot of step %d failed: %s: %s", step, type(exc).__name__, exc)
             finally:
-                del state
+                del state, ready
                 with self._cond:
                     self._busy = False
                     self._write_started = None

@@ -140,7 +140,7 @@ class FaultToleranceCallback(Callback):
             most this many steps. ``"auto"`` (the default): the interval that keeps the measured cost
             of this job's snapshots within 2 % of its step time (first snapshot at step 10, then
             re-measured at every one; kept in this callback's state across resumes), and only when
-            ``/dev/shm`` has room for them (see ``docs/snapshots.md``); off without ``ft_launcher``.
+            the node's memory has room for them (checked before any copy); off without ``ft_launcher``.
             ``None`` or ``0``: off. A snapshot is also taken at ``calculate_timeouts_after_steps``,
             so the learned timeouts have seen one. See ``docs/snapshots.md``.
 

@@ -182,13 +182,24 @@ class LightningSnapshots:
 
     @property
     def learned_every(self) -> Optional[int]:
-        """The interval ``snapshot_every="auto"`` learned (for the callback's state: a resumed run keeps it); else None."""
+        """The interval ``snapshot_every="auto"`` learned, 0 when it found no room for snapshots (for the callback's
+        state: a resumed run keeps it); else None."""
+        if self.node.off:
+            return 0
         auto = self.node.auto
         return auto.every if auto is not None and auto.learned else None
 
     def restore_every(self, every: Any) -> None:
-        """The interval an earlier run of the job learned (``"auto"`` only: a number given by the user stays)."""
-        if self.node.auto is not None:
+        """The interval an earlier run of the job learned, or 0: it found no room (``"auto"`` only: a number
+        given by the user stays)."""
+        if self.node.auto is None:
+            return
+        if every == 0 and type(every) is int:
+            if self.node.store.rank == 0:
+                log.info("snapshot_every='auto': in-memory snapshots stay off: an earlier run of this job found no "
+                         "room for them")
+            self.node.turn_off()
+        else:
             self.node.auto.restore(every)
 
     def _checkpoint(self, trainer: pl.Trainer) -> dict[str, Any]:

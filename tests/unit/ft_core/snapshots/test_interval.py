@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 
 import pytest
@@ -28,7 +27,7 @@ from ft_core.snapshots.interval import (
     snapshot_every_arg,
 )
 from ft_core.snapshots.node import NodeSnapshots
-from ft_core.snapshots.space import shortfall
+from ft_core.snapshots.room import read_limits, refusal, state_size
 from ft_core.snapshots.store import SnapshotStore
 from ft_core.utils.validation import ValidationError
 
@@ -237,26 +236,19 @@ def test_auto_turns_snapshots_off_when_shared_memory_has_no_room_for_the_double_
                                                                                          caplog):
     # Real free space of tmp_path's filesystem; as many ranks on the node as no filesystem holds two snapshots of.
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(10 ** 12))
-    assert shortfall(str(tmp_path), 4096, 10 ** 12) > 0
+    assert refusal(state_size(_state(1)), 10 ** 12, read_limits(str(tmp_path))) is not None
     node = _auto_node(tmp_path)
     node.resume(None)
-    with caplog.at_level(logging.WARNING, logger="ft_core.snapshots"):
+    with caplog.at_level(logging.INFO, logger="ft_core.snapshots"):
         taken = [step for step in range(1, 40) if node.maybe_save(step, lambda step=step: _state(step))]
-    assert taken == [] and node.every == 0 and node.auto is None
-    assert node.store.verified() == ([], [])  # nothing left in shared memory
-    (line,) = [r.getMessage() for r in caplog.records if "snapshots are off" in r.getMessage()]
-    assert "lacks" in line and "snapshot_every=N" in line
+    assert taken == [] and node.every == 0 and node.auto is None and node.off
+    assert node.store.verified() == ([], [])  # nothing in shared memory
+    (record,) = [r for r in caplog.records if "snapshots are off" in r.getMessage()]
+    assert record.levelno == logging.INFO and "no copy was made" in record.getMessage()
     assert not node.due(50, every=1)  # not even the one at the step timeouts are learned at
+    assert not node.save(50, _state(50))  # nor one saved directly
 
 
 def test_auto_means_off_without_ft_launcher(monkeypatch):
     monkeypatch.delenv(MONITOR_SOCKET_ENV, raising=False)  # no launcher: no one owns the segments
     assert NodeSnapshots.for_rank(0, 1, AUTO) is None
-
-
-def test_shortfall_counts_every_local_rank_and_what_this_rank_holds_already(tmp_path):
-    assert shortfall(str(tmp_path), 1 << 20, 2) == 0
-    stat = os.statvfs(tmp_path)
-    big = stat.f_bavail * stat.f_frsize  # three copies of the free space, for each of two ranks: far too much
-    assert shortfall(str(tmp_path), big, 2) > 4 * big
-    assert shortfall(str(tmp_path), big, 2, held_bytes=big) == shortfall(str(tmp_path), big, 2) - 2 * big
