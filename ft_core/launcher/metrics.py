@@ -161,7 +161,7 @@ class LauncherMetrics:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError:
             raise MetricsUnavailableError(
-                "--ft-metrics-port needs prometheus-client: pip install 'ft-suite[metrics]'") from None
+                "--ft-metrics-port needs prometheus-client: pip install 'ft-suite-pytorch[metrics]'") from None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)  # a Collector is anything with collect()
         self._server, _thread = start_http_server(port, addr=addr, registry=registry)
@@ -208,7 +208,7 @@ class LauncherMetrics:
 
         now = time.time()
         base = self.base
-        build = GaugeMetricFamily("ft_build_info", "Always 1: the ft-suite, torch and Python versions of this launcher",
+        build = GaugeMetricFamily("ft_build_info", "Always 1: the ft-suite-pytorch, torch and Python versions of this launcher",
                                   labels=[*BASE_LABELS, "version", "torch", "python"])
         build.add_metric([*base, version(), torch_version(), python_version()], 1)
         yield build

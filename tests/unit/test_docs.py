@@ -41,6 +41,19 @@ def test_every_config_key_is_in_the_reference_table():
     assert documented == set(FaultToleranceConfig.field_names())
 
 
+def _tool(name: str):
+    sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
+def test_the_exit_code_table_is_generated_from_the_launchers_list():
+    """docs/launcher.md's table is ``outcome.EXIT_CODES``, the list ``ft_launcher --help`` prints too."""
+    assert _tool("exit_codes_table").main(["--check"]) == 0, "run python tools/exit_codes_table.py"
+
+
 def test_launcher_flags_and_exit_codes_are_documented():
     launcher = _read("docs", "launcher.md")
     for flag in ("--ft-cfg-path", "--term-timeout", "--workers-stop-timeout", "--ft-no-restart-exit-code",
@@ -93,11 +106,7 @@ def test_every_page_is_in_the_site_navigation():
 def test_the_layout_table_matches_the_tree():
     """The package rows of docs/development.md's Layout table are the modules' opening docstrings (each names the
     module's one job), one row per module of the tree, and the other rows name paths that exist."""
-    sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
-    try:
-        import layout_table
-    finally:
-        sys.path.pop(0)
+    layout_table = _tool("layout_table")
     assert layout_table.main(["--check"]) == 0, "run python tools/layout_table.py"
     others = re.findall(r"^\| `([^`]+)`", _section(_read("docs", "development.md"), "## Layout").split(
         layout_table.END)[1], flags=re.M)

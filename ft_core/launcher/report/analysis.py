@@ -8,7 +8,7 @@ time went: training, time lost to each fault (detection, restart, recomputation 
 the work done since the last checkpoint) and the rest (start-up, rendezvous,
 shutdown); the goodput (productive training time / wall time); the faults by kind,
 culprit rank and node. ``--json`` prints the same as one JSON object with fixed keys;
-``--plot FILE.png`` draws a timeline (needs matplotlib: ``pip install ft-suite[report]``).
+``--plot FILE.png`` draws a timeline (needs matplotlib: ``pip install 'ft-suite-pytorch[report]'``).
 
 How the time is counted (all per *attempt*: the launchers of one allocation, i.e. one
 run of the job between requeues; the queue time between attempts is not wall time):
