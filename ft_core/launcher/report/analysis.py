@@ -201,6 +201,11 @@ class Report:
         return 100.0 * self.productive_time_s / self.wall_time_s if self.wall_time_s > 0 else None
 
     @property
+    def lost_s(self) -> float:
+        """Time lost to faults: detection + restart + recomputation (the exit summary and the metrics say the same)."""
+        return self.detection_s + self.restart_s + (self.recompute_s or 0.0)
+
+    @property
     def other_s(self) -> float:
         return max(0.0, self.wall_time_s - self.training_time_s - self.detection_s - self.restart_s)
 
