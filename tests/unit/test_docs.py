@@ -111,3 +111,49 @@ def test_the_layout_table_matches_the_tree():
     others = re.findall(r"^\| `([^`]+)`", _section(_read("docs", "development.md"), "## Layout").split(
         layout_table.END)[1], flags=re.M)
     assert others and all(os.path.exists(os.path.join(REPO_ROOT, path)) for path in others), others
+
+
+def _repository_paths_named(text: str) -> list[str]:
+    """The backticked repository paths of a page: a first component that is one of the repository's
+    top-level directories (``tests/unit/...``, ``ft_core/launcher/seams.py``), or a bare test file name."""
+    tops = {name for name in os.listdir(REPO_ROOT) if os.path.isdir(os.path.join(REPO_ROOT, name))
+            and not name.startswith(".") and name not in ("site", "build")}
+    named = []
+    for token in re.findall(r"`([^`\s]+)`", text):
+        path = token.split("::", 1)[0].rstrip("/")
+        if re.fullmatch(r"[\w.-]+(/[\w.-]+)*", path) and (path.split("/", 1)[0] in tops and "/" in token
+                                                         or re.fullmatch(r"test_\w+\.py", path)):
+            named.append(path)
+    return named
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A path in backticks (README, docs/, the examples' READMEs) is a file or directory of this tree; a bare
+    test file name is one under tests/ (NVRx's own test files, named in the migration guide, excepted)."""
+    pages = {"README.md": _read("README.md"), **_pages()}
+    for root, _, names in os.walk(os.path.join(REPO_ROOT, "examples")):
+        pages.update({os.path.relpath(os.path.join(root, n), REPO_ROOT): _read(os.path.relpath(os.path.join(root, n),
+                      REPO_ROOT)) for n in names if n == "README.md"})
+    test_files = {name for _, _, names in os.walk(os.path.join(REPO_ROOT, "tests")) for name in names}
+    nvrx_tests = {"test_config.py", "test_timeouts_calc.py", "test_rank_monitor_client.py",
+                  "tests/fault_tolerance/unit/test_config.py"}  # NVRx's tree, not ours
+    missing = []
+    for page, text in pages.items():
+        for path in _repository_paths_named(text):
+            if page.endswith("migrating_from_nvrx.md") and path in nvrx_tests:
+                continue
+            if not re.fullmatch(r"test_\w+\.py", path):
+                found = os.path.exists(os.path.join(REPO_ROOT, path))
+            else:
+                found = path in test_files
+            if not found:
+                missing.append(f"{page}: {path}")
+    assert not missing, missing
+
+
+
+def test_the_readme_says_how_many_tests_run_on_the_second_torch():
+    makefile = _read("Makefile")
+    listed = makefile.split("TORCH214_TESTS =", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ").split()
+    row = next(line for line in _read("README.md").splitlines() if "make test-torch214" in line)
+    assert f"then {len(listed)} tests:" in row, (len(listed), row)
