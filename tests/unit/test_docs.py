@@ -157,3 +157,31 @@ def test_the_readme_says_how_many_tests_run_on_the_second_torch():
     listed = makefile.split("TORCH214_TESTS =", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ").split()
     row = next(line for line in _read("README.md").splitlines() if "make test-torch214" in line)
     assert f"then {len(listed)} tests:" in row, (len(listed), row)
+
+
+def test_the_install_page_has_the_readmes_tables():
+    """The site stands on its own: docs/install.md carries the README's extras and tested-versions tables, verbatim."""
+    readme = _section(_read("README.md"), "## Install")
+    page = _read("docs", "install.md")
+    for marker in ("extras", "tested"):
+        table = page.split(f"<!-- same-as-readme: {marker} -->\n", 1)[1].split("\n\n", 1)[0] + "\n"
+        assert table.startswith("| ") and table in readme, f"docs/install.md's {marker} table differs from the README's"
+
+
+def test_the_site_is_the_documentation_url_and_names_its_repository():
+    import tomllib
+
+    urls = tomllib.loads(_read("pyproject.toml"))["project"]["urls"]
+    config = _read("mkdocs.yml")
+    site_url = re.search(r"^site_url: (\S+)$", config, flags=re.M).group(1)
+    assert urls["Documentation"] == site_url
+    assert re.search(r"^repo_url: (\S+)$", config, flags=re.M).group(1) == urls["Homepage"]
+
+
+def test_the_api_reference_has_what_the_guides_tell_users_to_call():
+    reference = "".join(text for path, text in _pages().items() if path.startswith(os.path.join("docs", "reference")))
+    documented = {line.rsplit(".", 1)[1] for line in re.findall(r"^::: (\S+)$", reference, flags=re.M)}
+    for name in ("RankMonitorClient", "FaultToleranceConfig", "FaultToleranceCallback", "save_snapshot",
+                 "load_snapshot", "choose_checkpoint", "load_verified", "LossWatch", "save_file_atomically",
+                 "mark_training_finished", "SimulatedFault", "MonitoringMode", "TimeoutsCalc", "run"):
+        assert name in documented, name
