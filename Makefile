@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ft-installed
 
-.PHONY: setup bytecode etcd-server prometheus test lint demo bench docs chromium clean test-nvrx-unit test-torch214 test-torch-seams-old test-gpu
+.PHONY: setup bytecode etcd-server prometheus test lint demo bench docs docs-screenshots chromium clean test-nvrx-unit test-torch214 test-torch-seams-old test-gpu
 
 setup: $(STAMP)
 
@@ -58,11 +58,13 @@ test-gpu: setup
 	$(PY) -m pytest -q -rs -m cuda
 
 # The documentation site: a strict build (a broken link, a page missing from the nav or an
-# unresolved API reference fails), then screenshots of two built pages with headless Chromium
-# (Debian's chromium-headless-shell, installed when missing and we are root).
+# unresolved API reference fails). It needs the docs group only, no torch and no extra: mkdocstrings
+# reads the API reference from the sources (griffe's static analysis), it imports nothing of ours.
 DOCS_STAMP := $(VENV)/.ft-docs-installed
 
-$(DOCS_STAMP): $(STAMP) pyproject.toml
+$(DOCS_STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q --group docs
 	touch $(DOCS_STAMP)
 
@@ -72,14 +74,18 @@ chromium:
 	    apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium-headless-shell >/dev/null 2>&1; } || \
 	  { echo "error: no headless Chromium (apt-get install -y chromium-headless-shell)"; exit 1; }
 
-docs: $(DOCS_STAMP) chromium
+docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+# Screenshots of built pages (the front page, the install page, the launcher page, an API page) with
+# headless Chromium (Debian's chromium-headless-shell, installed when missing and we are root). CI runs it.
+docs-screenshots: docs chromium
 	$(PY) tools/docs_screenshots.py site site/screenshots
 
 # A second torch: 2.14.1, the newest this machine's index serves (a CUDA build; it runs on CPU), in its own
 # venv. First ft-suite's wheel is installed into it beside that torch and run from outside the repository
-# (tests/e2e/test_wheel_install.py: needs the venv fresh), then the launcher, seam, Lightning and Megatron
-# end-to-end tests run on it. CI runs it (.ci/run); about 4 minutes, 7 on a cold pip cache.
+# (tests/e2e/test_wheel_install.py: needs the venv fresh), then the 7 tests of TORCH214_TESTS run on it (the
+# seams, three launcher tests, a Lightning and a Megatron-LM hang: the README's "Tested versions" row). CI runs it (.ci/run); about 4 minutes, 7 on a cold pip cache.
 VENV214 ?= .venv-torch214
 TORCH214_TESTS = tests/unit/ft_core/launcher/test_seams.py tests/integration/ft_core/launcher/test_seams.py \
 	tests/integration/ft_core/launcher/test_single_node.py::test_crashes_of_every_kind_are_restarted \

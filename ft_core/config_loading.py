@@ -219,6 +219,8 @@ def _default_text(field: dataclasses.Field[Any]) -> str:
     if field.default_factory is not dataclasses.MISSING:
         return str(field.default_factory())
     default = field.default
+    if isinstance(default, str) and isinstance(default, enum.Enum):
+        return default.value  # a str-enum: the spelling the flag takes (exclude-node, not EXCLUDE_NODE)
     return default.name if isinstance(default, enum.Enum) else str(default)
 
 

@@ -1,4 +1,4 @@
-"""The installed ft-suite version (``ft_core.__version__``), read from the package metadata.
+"""The installed ft-suite version (distribution ``ft-suite-pytorch``) (``ft_core.__version__``), read from the package metadata.
 
 One home for the version: ``pyproject.toml``. The installed distribution's
 metadata carries it; a source tree used without installing has none and
@@ -7,7 +7,7 @@ reports :data:`UNKNOWN_VERSION`.
 Example::
 
     >>> from ft_core.version import version_line
-    >>> version_line("ft_launcher").startswith("ft_launcher (ft-suite) ")
+    >>> version_line("ft_launcher").startswith("ft_launcher (ft-suite-pytorch) ")
     True
 """
 
@@ -19,8 +19,9 @@ import sys
 __all__ = ["DISTRIBUTION", "UNKNOWN_VERSION", "python_version", "torch_version", "version",
            "version_line"]
 
-#: The distribution name on the package index (``pip install ft-suite``).
-DISTRIBUTION = "ft-suite"
+#: The distribution name (``pip install ft-suite-pytorch``). Not ``ft-suite``: the package index already
+#: serves an unrelated project under that name, whose metadata :func:`version` would read.
+DISTRIBUTION = "ft-suite-pytorch"
 #: The version of a source tree that is not installed (PEP 440 local version: sorts below any release).
 UNKNOWN_VERSION = "0+unknown"
 
@@ -51,7 +52,7 @@ def torch_version() -> str:
 
 def version_line(program: str) -> str:
     """What ``--version`` prints: the program, ft-suite's version, and the Python and torch in use."""
-    return f"{program} (ft-suite) {version()} (Python {python_version()}, torch {torch_version()})"
+    return f"{program} ({DISTRIBUTION}) {version()} (Python {python_version()}, torch {torch_version()})"
 
 
 def __getattr__(name: str) -> str:

@@ -3,10 +3,11 @@
     python tools/docs_screenshots.py [SITE_DIR] [OUT_DIR]
 
 Serves ``SITE_DIR`` (default ``site``, what ``make docs`` builds) on 127.0.0.1 at a free
-port, takes a 1280x1600 screenshot of the front page and of the launcher page into
+port, takes a 1280x1600 screenshot of the front page, the install page, the launcher page and
+an API reference page into
 ``OUT_DIR`` (default ``site/screenshots``), and fails unless each is a PNG of that size
-with more than one colour in it (a blank or error page is one colour). ``make docs``
-runs it after the strict build.
+with more than one colour in it (a blank or error page is one colour). ``make docs-screenshots``
+runs it after the strict build (``make docs``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import tempfile
 import threading
 import zlib
 
-PAGES = {"front_page": "", "launcher": "launcher/"}
+PAGES = {"front_page": "", "install": "install/", "launcher": "launcher/", "api_checkpoints": "reference/checkpoints/"}
 WIDTH, HEIGHT = 1280, 1600
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 

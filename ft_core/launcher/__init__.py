@@ -6,6 +6,7 @@ factory and the monitor's process going around its own imports (``head_start``),
 torch's seams before anything that uses them is imported, then runs
 :func:`ft_core.launcher.cli.main`). Modules:
 
+* ``api``          ``run(argv)`` from Python: torchrun's in-process contract; the caller's state kept
 * ``cli``          argument parsing (torchrun's parser + ``--ft-*`` flags)
 * ``head_start``   before the launcher imports torch: the worker factory and the monitor start
 * ``launch``       per-node setup and teardown around the agent
@@ -44,9 +45,21 @@ def main(argv: Optional[list[str]] = None, *, entry: bool = False) -> int:
     ``entry``: this call is the process's entry point (:func:`entry_point`), whose
     return ends the process. The worker factory is then forked from this process
     after its imports (:mod:`.head_start`), and in the workers it forks this
-    function returns (0, or ``SystemExit``) after the worker's script ran.
+    function returns (0, or ``SystemExit``) after the worker's script ran. Called from
+    Python (not ``entry``), it puts the caller's signal handlers and environment back
+    when it returns (:func:`.api.restored_process_state`); :func:`.api.run` is the same
+    with torchrun's in-process contract (exceptions instead of an exit code).
     """
     argv = sys.argv[1:] if argv is None else argv
+    if entry:  # the process ends when this returns
+        return _main(argv, entry=True)
+    from ft_core.launcher.api import restored_process_state
+
+    with restored_process_state():  # called from Python: the caller's handlers and environment stay its own
+        return _main(argv, entry=False)
+
+
+def _main(argv: list[str], *, entry: bool) -> int:
     if argv[:1] == ["--version"]:
         from ft_core.version import version_line
 

@@ -200,7 +200,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         with workers_die_with_agent(self._svc.factory):
             pids = super()._start_workers(worker_group)
         started = time.time()
-        self._svc.events.cycle_started(started)
+        self._svc.events.cycle_started()
         self._svc.events.write(CycleStart(
             time=started, cycle=self._cycle.cycle, restarts=self._cycle.restarts,
             group_rank=worker_group.group_rank, group_world_size=worker_group.group_world_size,
@@ -340,7 +340,6 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
             self._svc.events.diagnosed(diagnosis)
         elif trigger.kind.is_fault:
             self._svc.events.fault(trigger.kind)
-        self._svc.events.interrupted(trigger.time)
         # The fault policy's suspect node leaves; the others restart and a hot spare takes its place.
         leave = (decision is not None and decision.fault_action is FaultAction.EXCLUDE_NODE
                  and decision.action == "restart" and decision.suspect_node == self._svc.events.node)

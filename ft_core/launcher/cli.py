@@ -21,6 +21,7 @@ from ft_core.config_loading import add_argparse_args, load_args
 from ft_core.launcher.head_start import HeadStart
 from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
+from ft_core.launcher.outcome import exit_codes_help
 from ft_core.launcher.slurm import apply_slurm_defaults, derive_nnodes
 from ft_core.utils.validation import ValidationError
 from ft_core.version import version_line
@@ -32,36 +33,33 @@ log = logging.getLogger("ft_core.launcher")
 #: torch loggers that repeat what the launcher reports (quiet unless -v / --ft-log-level=DEBUG).
 _TORCH_LOGGERS = ("torch.distributed.elastic", "torch.distributed.run", "torch.distributed.launcher")
 
-_EPILOG = """\
+_SUBCOMMANDS = """\
 subcommand:
   ft_launcher report LOG_DIR|EVENT_LOG ... [--json] [--plot FILE.png]
        the goodput report of a job: faults, culprits, time lost, from the event logs of every
        node and requeue (ft_launcher report --help)
-
-exit codes:
-  0    all workers finished successfully; or a signal arrived after training was finished
-       ($FAULT_TOL_FINISHED_FLAG_FILE exists, or every worker had exited 0 before it);
-       or this node was excluded (ExcludeThisNode) / was a hot spare that was not needed
-  1    the restart budget (--max-restarts, counted for the whole job) is spent, or the launcher failed
-  93   do not requeue: no progress (max_no_progress_cycles) or a rank requested ShutdownWorkload
-       (the code is --ft-no-restart-exit-code)
-  128+N  stopped by signal N (143 for SIGTERM) before training was finished: requeue the job
 """
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """``--help`` lists each flag once, in its dashed spelling.
+    """``--help`` lists each flag in every spelling torchrun's own help shows, less the aliases.
 
     Every flag also parses in torchrun's underscore spelling and, for config keys, in
     NVRx's (``--ft-param-<key>``, ``--ft-<key_with_underscores>``); listing them all
-    made every config flag six names long.
+    made every config flag six names long. Short and long forms (``-m, --module``) stay.
     """
 
     def _format_action_invocation(self, action: argparse.Action) -> str:
-        if len(action.option_strings) > 1:
+        shown = [name for name in action.option_strings if not _is_alias(name)]
+        if action.option_strings and shown != action.option_strings:
             action = copy.copy(action)
-            action.option_strings = action.option_strings[:1]
+            action.option_strings = shown or action.option_strings[:1]
         return super()._format_action_invocation(action)
+
+
+def _is_alias(option: str) -> bool:
+    """An underscore spelling (``--nproc_per_node``) or NVRx's ``--ft-param-<key>``: parsed, not listed."""
+    return "_" in option or option.startswith("--ft-param-")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,14 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.prog = "ft_launcher"
     parser.description = ("torchrun with fault tolerance: hang and crash detection, in-job restart of all "
                           "workers of the job, workload control, progress tracking and an event log.")
-    parser.epilog = _EPILOG
+    parser.epilog = _SUBCOMMANDS + "\n" + exit_codes_help()
     parser.formatter_class = _HelpFormatter
     if "PET_MONITOR_INTERVAL" not in os.environ:
         parser.set_defaults(monitor_interval=0.1)  # older torch defaults to 5 s: far too slow to restart
     if "PET_NNODES" not in os.environ:
         parser.set_defaults(nnodes=None)  # not given: derive_nnodes (the srun step's nodes, else torchrun's 1:1)
     parser.add_argument("--version", action="version", version=version_line(parser.prog),
-                        help="print ft-suite's, Python's and torch's versions and exit")
+                        help="print ft-suite-pytorch's, Python's and torch's versions and exit")
     add_argparse_args(parser)
     add_launcher_args(parser)
     return parser

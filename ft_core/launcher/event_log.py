@@ -21,7 +21,7 @@ from typing import Optional
 
 from ft_core.events import Diagnosis, Event, EventWriter, RestartKind
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE, PRIVATE_DIR_MODE
-from ft_core.launcher.report import build_report, load_records, short_summary
+from ft_core.launcher.report import Report, build_report, load_records, short_summary
 
 __all__ = ["EventLog", "EVENTS_FILE_NAME"]
 
@@ -41,9 +41,8 @@ class EventLog:
         self.started = time.time()
         self.cycles = 0
         self.faults: collections.Counter[RestartKind] = collections.Counter()
-        #: Seconds from each fault to the start of the next cycle's workers.
-        self.time_lost = 0.0
-        self._pending_fault_time: Optional[float] = None
+        #: The report of this launcher's records and the log's size it was built at (see :meth:`report`).
+        self._report: Optional[tuple[int, Report]] = None
         #: Late wake-ups of the node monitor (granted to the ranks as grace) and the worst one.
         self.monitor_late_count = 0
         self.monitor_late_max = 0.0
@@ -78,23 +77,30 @@ class EventLog:
         self.monitor_late_count += 1
         self.monitor_late_max = max(self.monitor_late_max, late)
 
-    def interrupted(self, at: float) -> None:
-        """The running cycle ended at ``at``: the time until the next cycle starts is lost."""
-        if self._pending_fault_time is None:
-            self._pending_fault_time = at
-
     def restarted(self, cycle: int, cause: str) -> None:
         """``cycle`` ended in a restart for ``cause``: the job-wide decision, the same on every node."""
         self.restarts.append((cycle, cause))
 
-    def cycle_started(self, start_time: float) -> None:
+    def cycle_started(self) -> None:
         self.cycles += 1
-        if self._pending_fault_time is not None:
-            self.time_lost += max(0.0, start_time - self._pending_fault_time)
-            self._pending_fault_time = None
+
+    def report(self) -> Report:
+        """``ft_launcher report`` of this launcher's own records (rebuilt only when the log grew).
+
+        Raises what reading or accounting the log raises (OSError, ValueError, ...).
+        """
+        size = os.stat(self.path).st_size
+        if self._report is None or self._report[0] != size:
+            records = [r for r in load_records([self.path]) if r.node == self.node]
+            self._report = (size, build_report(records))
+        return self._report[1]
+
+    def time_lost(self) -> float:
+        """Seconds lost to this node's faults: detection + restart + recomputation, as the report counts them."""
+        return self.report().lost_s
 
     def summary(self, exit_code: int, reason: str) -> str:
-        """A few lines for humans: cycles, faults by kind, time lost, monitor lateness, exit code and why."""
+        """A few lines for humans: cycles, faults by kind, monitor lateness, goodput and time lost, exit code and why."""
         faults = ", ".join(f"{count} {kind.value}" for kind, count in sorted(self.faults.items())) or "none"
         elsewhere = sorted({node for d in self.diagnoses for node in d.culprit_nodes} - {self.node})
         if elsewhere and not self.faults:
@@ -102,7 +108,7 @@ class EventLog:
         late = (f"late {self.monitor_late_count} times, worst {self.monitor_late_max:.2f} s (granted to the "
                 "ranks as grace; node overloaded?)" if self.monitor_late_count else "never late")
         shown = self.restarts[-SUMMARY_RESTARTS:]
-        restarts = [f"  restart    : cycle {cycle}: {cause}" for cycle, cause in shown]
+        restarts = [f"  restart    : cycle {cycle}: {self._restart_cause(cycle, cause)}" for cycle, cause in shown]
         if len(self.restarts) > len(shown):
             restarts.insert(0, f"  restarts   : {len(self.restarts)} (the last {len(shown)} below)")
         return "\n".join([
@@ -111,7 +117,6 @@ class EventLog:
             f"  faults     : {faults}",
             *(f"  culprit    : cycle {d.cycle}: {d.headline}" for d in self.diagnoses[-SUMMARY_RESTARTS:]),
             *restarts,
-            f"  time lost  : {self.time_lost:.2f} s (fault to next cycle's workers)",
             f"  monitor    : {late}",
             f"  run time   : {time.time() - self.started:.1f} s",
             *(f"  {line}" for line in self._goodput()),
@@ -119,11 +124,19 @@ class EventLog:
             f"  event log  : {self.path}",
         ])
 
+    def _restart_cause(self, cycle: int, cause: str) -> str:
+        """The restart's cause; for a diagnosed hang, the diagnosis's words (the first rank to expire is
+        often one that only waited, and the cause names that one)."""
+        diagnosis = next((d for d in reversed(self.diagnoses) if d.cycle == cycle and d.culprits), None)
+        if diagnosis is None:
+            return cause
+        waited = f", rank(s) {', '.join(map(str, diagnosis.waiting))} only waited" if diagnosis.waiting else ""
+        return f"hang: rank(s) {', '.join(map(str, diagnosis.culprits))} hung{waited} (see culprit)"
+
     def _goodput(self) -> list[str]:
-        """The short form of ``ft_launcher report`` for this launcher's own records."""
+        """The short form of ``ft_launcher report`` for this launcher's own records (time lost among them)."""
         try:
-            records = [r for r in load_records([self.path]) if r.node == self.node]
-            return short_summary(build_report(records))
+            return short_summary(self.report())
         except (OSError, ValueError, KeyError, TypeError) as exc:  # a summary must never stop the exit
             return [f"goodput    : n/a ({type(exc).__name__}: {exc})"]
 

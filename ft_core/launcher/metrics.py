@@ -101,6 +101,7 @@ class LauncherMetrics:
         self._hung: set[int] = set()
         self._late_count = 0
         self._late_seconds = 0.0
+        self._lost = 0.0
         self._scores: dict[tuple[int, str], tuple[float, float]] = {}
         self._server: Any = None
         self._target_file: Optional[str] = None
@@ -150,6 +151,16 @@ class LauncherMetrics:
                 if score.rank in self._local_ranks:
                     self._scores[(score.rank, score.phase)] = (score.relative, score.individual)
 
+    def _time_lost(self) -> float:
+        """The event log's time lost to faults (:meth:`EventLog.time_lost`), never less than a value exported
+        before: it is a counter, and a snapshot resume recorded after a restart shortens that fault's
+        recomputation."""
+        try:
+            self._lost = max(self._lost, self._events.time_lost())
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # a scrape must answer: the last value then
+            log.debug("time lost not computed: %s: %s", type(exc).__name__, exc)
+        return self._lost
+
     # -- the endpoint -----------------------------------------------------------
     def start(self, port: int, targets_dir: Optional[str] = None, addr: str = "0.0.0.0") -> int:
         """Serve ``/metrics`` on ``port`` (0: a free port); returns the port and logs the address.
@@ -161,7 +172,7 @@ class LauncherMetrics:
             from prometheus_client import CollectorRegistry, start_http_server
         except ImportError:
             raise MetricsUnavailableError(
-                "--ft-metrics-port needs prometheus-client: pip install 'ft-suite[metrics]'") from None
+                "--ft-metrics-port needs prometheus-client: pip install 'ft-suite-pytorch[metrics]'") from None
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)  # a Collector is anything with collect()
         self._server, _thread = start_http_server(port, addr=addr, registry=registry)
@@ -208,10 +219,11 @@ class LauncherMetrics:
 
         now = time.time()
         base = self.base
-        build = GaugeMetricFamily("ft_build_info", "Always 1: the ft-suite, torch and Python versions of this launcher",
+        build = GaugeMetricFamily("ft_build_info", "Always 1: the ft-suite-pytorch, torch and Python versions of this launcher",
                                   labels=[*BASE_LABELS, "version", "torch", "python"])
         build.add_metric([*base, version(), torch_version(), python_version()], 1)
         yield build
+        lost = self._time_lost()
         with self._lock:
             restarts = CounterMetricFamily("ft_restarts", "Cycles ended by a restart, by kind", labels=[*BASE_LABELS, "kind"])
             for kind, count in sorted(self._restarts.items()):
@@ -233,12 +245,12 @@ class LauncherMetrics:
             uptime = now - self._cycle_started if self._cycle_started is not None else 0.0
             yield _single(GaugeMetricFamily("ft_cycle_uptime_seconds", "Seconds since this node's workers of the current "
                                     "cycle started (0 between cycles)", labels=list(BASE_LABELS)), base, uptime)
-            lost = self._events.time_lost
             run_time = max(now - self._events.started, 1e-9)
-            yield _single(CounterMetricFamily("ft_time_lost_seconds", "Seconds from each fault to the next cycle's workers",
+            yield _single(CounterMetricFamily("ft_time_lost_seconds", "Seconds lost to faults: detection, restart and "
+                                              "recomputation (as the exit summary and ft_launcher report)",
                                       labels=list(BASE_LABELS)), base, lost)
-            yield _single(GaugeMetricFamily("ft_fault_free_time_ratio", "1 - time lost to faults / launcher run time "
-                                    "(not the report's goodput, which also discounts start-up and recomputation)",
+            yield _single(GaugeMetricFamily("ft_fault_free_time_ratio", "1 - ft_time_lost_seconds / launcher run time "
+                                    "(not the report's goodput, which also discounts start-up)",
                                     labels=list(BASE_LABELS)), base, max(0.0, 1.0 - lost / run_time))
             yield _single(CounterMetricFamily("ft_monitor_late", "Late wake-ups of the node monitor (granted to the ranks as "
                                       "grace)", labels=list(BASE_LABELS)), base, self._late_count)

@@ -13,6 +13,7 @@ import msgspec
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
+from ft_core.launcher.outcome import DEFAULT_NO_RESTART_EXIT_CODE
 from ft_core.straggler_scoring import StragglerAction
 from ft_core.utils.validation import (
     ValidationError,
@@ -26,7 +27,6 @@ from ft_core.utils.validation import (
 
 __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "LauncherOptions", "add_launcher_args"]
 
-DEFAULT_NO_RESTART_EXIT_CODE = 93
 _MODULE_NAME = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 #: torch's default of torchrun's ``--shutdown-timeout`` (``torch.distributed.launcher.api.LaunchConfig``).
 SHUTDOWN_TIMEOUT_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"

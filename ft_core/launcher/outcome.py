@@ -3,15 +3,65 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
+import textwrap
 from typing import Optional
 
 from ft_core.autoresume import finished_flag_path, training_finished
 
-__all__ = ["LEFT_UNFINISHED_EXIT_CODE", "Outcome", "exit_status", "left_job_outcome", "signal_outcome"]
+__all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "EXIT_CODES", "LEFT_UNFINISHED_EXIT_CODE", "ExitCode", "Outcome",
+           "exit_codes_help", "exit_codes_markdown", "exit_status", "left_job_outcome", "signal_outcome"]
 
 #: Exit code of a launcher whose node left an unfinished job (excluded): requeue, as for 128+N (EX_TEMPFAIL).
 LEFT_UNFINISHED_EXIT_CODE = 75
+#: "Do not requeue": no progress, the same fault again and again, or ShutdownWorkload (--ft-no-restart-exit-code).
+DEFAULT_NO_RESTART_EXIT_CODE = 93
+
+
+@dataclasses.dataclass(frozen=True)
+class ExitCode:
+    """One row of the launcher's exit-code contract (``ft_launcher --help`` and ``docs/launcher.md``)."""
+
+    code: str
+    #: When the launcher exits with it (Markdown: ``--help`` shows it without the backticks and emphasis).
+    when: str
+
+
+#: The one list of the launcher's exit codes: ``--help``'s epilog and the docs table are generated from it.
+EXIT_CODES: tuple[ExitCode, ...] = (
+    ExitCode("0", "all workers finished successfully; or training is finished (`$FAULT_TOL_FINISHED_FLAG_FILE` "
+                  "exists, or every rank of the job reported it when it shut its client down) and a worker failed "
+                  "anyway, e.g. SIGABRT at interpreter exit (a warning; never restarted); or a signal arrived, or "
+                  "this node was excluded, when training was already finished; or this node was a hot spare the "
+                  "job did not need"),
+    ExitCode("1", "the restart budget is spent (a fault after `--max-restarts` restarts, counted for the whole "
+                  "job), or the launcher itself failed (e.g. rendezvous timeout)"),
+    ExitCode(str(LEFT_UNFINISHED_EXIT_CODE),
+             "this node left a job that is not finished: it was excluded (`ExcludeThisNode`, "
+             "`--ft-straggler-action=exclude-node`) and the job goes on without it, or ends with it: **requeue** "
+             "(never 0, which SLURM would read as a finished job)"),
+    ExitCode(str(DEFAULT_NO_RESTART_EXIT_CODE),
+             "do not requeue: no progress, the same deterministic fault `--ft-max-identical-faults` times in a "
+             "row, or a rank requested `ShutdownWorkload` (every node exits with it); the code is "
+             "`--ft-no-restart-exit-code`"),
+    ExitCode("128+N", "stopped by signal N (143 = SIGTERM, 130 = SIGINT) before training was finished: **requeue**"),
+)
+
+
+def exit_codes_markdown() -> str:
+    """The exit-code table of ``docs/launcher.md`` (``tools/exit_codes_table.py`` writes it there)."""
+    return "| code | when |\n|---|---|\n" + "".join(f"| {row.code} | {row.when} |\n" for row in EXIT_CODES)
+
+
+def exit_codes_help(width: int = 100) -> str:
+    """The ``exit codes:`` section of ``ft_launcher --help``: the same rows in plain text."""
+    lines = ["exit codes:"]
+    for row in EXIT_CODES:
+        plain = re.sub(r"\*\*|`", "", row.when)
+        lines += textwrap.wrap(plain, width, initial_indent=f"  {row.code:<6} ", subsequent_indent=" " * 9,
+                               break_on_hyphens=False)
+    return "\n".join(lines) + "\n"
 
 
 @dataclasses.dataclass(frozen=True)

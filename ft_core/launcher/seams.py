@@ -180,7 +180,7 @@ class TorchSeamsError(RuntimeError):
             f"ft_launcher cannot run on torch {self.torch_version}: torch elastic changed "
             f"({len(self.problems)} missing piece(s)):{listed}\n"
             f"ft_launcher is tested with torch {', '.join(TESTED_TORCH)}; install one of those "
-            "(pip install 'torch==2.14.*') or an ft-suite release that supports this torch. "
+            "(pip install 'torch==2.14.*') or an ft-suite-pytorch release that supports this torch. "
             "The rank client, the monitor and the integrations do not depend on the torch version.")
 
 

@@ -67,6 +67,7 @@ from ft_core.monitor.watched_rank import WatchedRank, cpu_probe
 from ft_core.protocol import ProtocolError, check_max_frame_bytes
 from ft_core.straggler_scoring import PhaseWindows
 from ft_core.utils import procutil
+from ft_core.utils.ratelimit import LogThrottle
 
 __all__ = ["AWAKE_TICK", "LATE_THRESHOLD", "RankMonitorServer"]
 
@@ -79,6 +80,9 @@ AWAKE_TICK = 0.1
 #: A wake-up later than planned by more than this was the monitor's fault, not the
 #: ranks': it is granted to every rank as grace and recorded as ``monitor_late``.
 LATE_THRESHOLD = 0.1
+#: At most this many "woke late" warnings per window (an overloaded node is late at every tick); every late
+#: wake-up is still recorded (``monitor_late``), and the next warning says how many were not logged.
+LATE_WARNINGS_PER_WINDOW, LATE_WARNING_WINDOW = 3, 60.0
 #: One ``recv`` per readable connection and loop pass: a flooding rank cannot starve the others.
 READ_CHUNK = 1 << 15
 #: Before acting on an expiry the rank's connection is read until empty, at most this many
@@ -136,6 +140,7 @@ class RankMonitorServer:
         self._parent_pid = os.getppid()
         #: Seconds of monitor lateness granted to the ranks so far; see :meth:`_now`.
         self._grace = 0.0
+        self._late_warnings = LogThrottle(LATE_WARNINGS_PER_WINDOW, LATE_WARNING_WINDOW)
         #: Set by :meth:`request_snapshot` (a signal handler); the socket pair wakes the loop for it.
         self._snapshot_requested = False
         self._snapshot: Optional[Snapshot] = None
@@ -296,8 +301,12 @@ class RankMonitorServer:
         self._grace += late
         ranks = sorted(conn.rank.rank for conn in self._connections.values()
                        if conn.rank is not None and conn.rank.hang is None and conn.rank.next_deadline() is not None)
-        log.warning("monitor woke %.3f s late (overloaded node, VM steal or a stopped monitor?): every running "
-                    "deadline moves by %.3f s; ranks %s", late, late, ranks)
+        held_back = self._late_warnings.allow()
+        if held_back is not None:
+            log.warning("monitor woke %.3f s late (overloaded node, VM steal or a stopped monitor?): every running "
+                        "deadline moves by %.3f s; ranks %s%s", late, late, ranks,
+                        f" ({held_back} more late wake-up(s) not logged, all recorded as monitor_late)"
+                        if held_back else "")
         self._record(MonitorLate(late=round(late, 3), grace=round(late, 3), ranks=ranks))
 
     def _check_deadlines(self, now: float) -> float:

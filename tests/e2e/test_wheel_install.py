@@ -91,7 +91,7 @@ def wheel(tmp_path_factory) -> Path:
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                             "-w", str(wheels), str(build)], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr
-    [built_wheel] = wheels.glob("ft_suite-*.whl")
+    [built_wheel] = wheels.glob("ft_suite_pytorch-*.whl")
     return built_wheel
 
 
@@ -121,10 +121,10 @@ def test_the_installed_package_is_the_wheel_and_says_its_version(scratch):
     assert Path(path).is_relative_to(Path(VENV, "lib")), path  # the venv's site-packages, not the sources
     proc = _run([f"{VENV}/bin/ft_launcher", "--version"], scratch)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith(f"ft_launcher (ft-suite) {version} (Python ")
+    assert proc.stdout.startswith(f"ft_launcher (ft-suite-pytorch) {version} (Python ")
     assert f"torch {_torch_version()}" in proc.stdout
     licence = _run([f"{VENV}/bin/python", "-c", "from importlib import metadata; "
-                    "print(metadata.metadata('ft-suite')['License-Expression'])"], scratch)
+                    "print(metadata.metadata('ft-suite-pytorch')['License-Expression'])"], scratch)
     assert licence.stdout.strip() == "Apache-2.0"
 
 
@@ -163,4 +163,4 @@ def test_pip_keeps_an_nvidia_container_torch(wheel, tmp_path):
                 tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     would_install = next(line for line in proc.stdout.splitlines() if line.startswith("Would install"))
-    assert "ft-suite" in would_install and "torch" not in would_install
+    assert "ft-suite-pytorch" in would_install and "torch" not in would_install

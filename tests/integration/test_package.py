@@ -16,5 +16,5 @@ def test_ft_launcher_version_names_ft_suite_python_and_torch():
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     python = ".".join(map(str, sys.version_info[:3]))
-    assert proc.stdout.strip() == (f"ft_launcher (ft-suite) {ft_core.__version__} (Python {python}, "
+    assert proc.stdout.strip() == (f"ft_launcher (ft-suite-pytorch) {ft_core.__version__} (Python {python}, "
                                    f"torch {torch.__version__})")

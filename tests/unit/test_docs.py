@@ -41,6 +41,19 @@ def test_every_config_key_is_in_the_reference_table():
     assert documented == set(FaultToleranceConfig.field_names())
 
 
+def _tool(name: str):
+    sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
+def test_the_exit_code_table_is_generated_from_the_launchers_list():
+    """docs/launcher.md's table is ``outcome.EXIT_CODES``, the list ``ft_launcher --help`` prints too."""
+    assert _tool("exit_codes_table").main(["--check"]) == 0, "run python tools/exit_codes_table.py"
+
+
 def test_launcher_flags_and_exit_codes_are_documented():
     launcher = _read("docs", "launcher.md")
     for flag in ("--ft-cfg-path", "--term-timeout", "--workers-stop-timeout", "--ft-no-restart-exit-code",
@@ -93,12 +106,82 @@ def test_every_page_is_in_the_site_navigation():
 def test_the_layout_table_matches_the_tree():
     """The package rows of docs/development.md's Layout table are the modules' opening docstrings (each names the
     module's one job), one row per module of the tree, and the other rows name paths that exist."""
-    sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
-    try:
-        import layout_table
-    finally:
-        sys.path.pop(0)
+    layout_table = _tool("layout_table")
     assert layout_table.main(["--check"]) == 0, "run python tools/layout_table.py"
     others = re.findall(r"^\| `([^`]+)`", _section(_read("docs", "development.md"), "## Layout").split(
         layout_table.END)[1], flags=re.M)
     assert others and all(os.path.exists(os.path.join(REPO_ROOT, path)) for path in others), others
+
+
+def _repository_paths_named(text: str) -> list[str]:
+    """The backticked repository paths of a page: a first component that is one of the repository's
+    top-level directories (``tests/unit/...``, ``ft_core/launcher/seams.py``), or a bare test file name."""
+    tops = {name for name in os.listdir(REPO_ROOT) if os.path.isdir(os.path.join(REPO_ROOT, name))
+            and not name.startswith(".") and name not in ("site", "build")}
+    named = []
+    for token in re.findall(r"`([^`\s]+)`", text):
+        path = token.split("::", 1)[0].rstrip("/")
+        if re.fullmatch(r"[\w.-]+(/[\w.-]+)*", path) and (path.split("/", 1)[0] in tops and "/" in token
+                                                         or re.fullmatch(r"test_\w+\.py", path)):
+            named.append(path)
+    return named
+
+
+def test_every_repository_path_the_docs_name_exists():
+    """A path in backticks (README, docs/, the examples' READMEs) is a file or directory of this tree; a bare
+    test file name is one under tests/ (NVRx's own test files, named in the migration guide, excepted)."""
+    pages = {"README.md": _read("README.md"), **_pages()}
+    for root, _, names in os.walk(os.path.join(REPO_ROOT, "examples")):
+        pages.update({os.path.relpath(os.path.join(root, n), REPO_ROOT): _read(os.path.relpath(os.path.join(root, n),
+                      REPO_ROOT)) for n in names if n == "README.md"})
+    test_files = {name for _, _, names in os.walk(os.path.join(REPO_ROOT, "tests")) for name in names}
+    nvrx_tests = {"test_config.py", "test_timeouts_calc.py", "test_rank_monitor_client.py",
+                  "tests/fault_tolerance/unit/test_config.py"}  # NVRx's tree, not ours
+    missing = []
+    for page, text in pages.items():
+        for path in _repository_paths_named(text):
+            if page.endswith("migrating_from_nvrx.md") and path in nvrx_tests:
+                continue
+            if not re.fullmatch(r"test_\w+\.py", path):
+                found = os.path.exists(os.path.join(REPO_ROOT, path))
+            else:
+                found = path in test_files
+            if not found:
+                missing.append(f"{page}: {path}")
+    assert not missing, missing
+
+
+
+def test_the_readme_says_how_many_tests_run_on_the_second_torch():
+    makefile = _read("Makefile")
+    listed = makefile.split("TORCH214_TESTS =", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ").split()
+    row = next(line for line in _read("README.md").splitlines() if "make test-torch214" in line)
+    assert f"then {len(listed)} tests:" in row, (len(listed), row)
+
+
+def test_the_install_page_has_the_readmes_tables():
+    """The site stands on its own: docs/install.md carries the README's extras and tested-versions tables, verbatim."""
+    readme = _section(_read("README.md"), "## Install")
+    page = _read("docs", "install.md")
+    for marker in ("extras", "tested"):
+        table = page.split(f"<!-- same-as-readme: {marker} -->\n", 1)[1].split("\n\n", 1)[0] + "\n"
+        assert table.startswith("| ") and table in readme, f"docs/install.md's {marker} table differs from the README's"
+
+
+def test_the_site_is_the_documentation_url_and_names_its_repository():
+    import tomllib
+
+    urls = tomllib.loads(_read("pyproject.toml"))["project"]["urls"]
+    config = _read("mkdocs.yml")
+    site_url = re.search(r"^site_url: (\S+)$", config, flags=re.M).group(1)
+    assert urls["Documentation"] == site_url
+    assert re.search(r"^repo_url: (\S+)$", config, flags=re.M).group(1) == urls["Homepage"]
+
+
+def test_the_api_reference_has_what_the_guides_tell_users_to_call():
+    reference = "".join(text for path, text in _pages().items() if path.startswith(os.path.join("docs", "reference")))
+    documented = {line.rsplit(".", 1)[1] for line in re.findall(r"^::: (\S+)$", reference, flags=re.M)}
+    for name in ("RankMonitorClient", "FaultToleranceConfig", "FaultToleranceCallback", "save_snapshot",
+                 "load_snapshot", "choose_checkpoint", "load_verified", "LossWatch", "save_file_atomically",
+                 "mark_training_finished", "SimulatedFault", "MonitoringMode", "TimeoutsCalc", "run"):
+        assert name in documented, name

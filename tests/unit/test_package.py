@@ -40,6 +40,12 @@ def _imported_top_level_modules() -> set[str]:
     return modules
 
 
+def test_the_distribution_is_named_once_and_not_taken_on_the_package_index():
+    # "ft-suite" on the package index is an unrelated fine-tuning suite (0.1.8): `pip install ft-suite` installs
+    # it, and our version would read its metadata.
+    assert PROJECT["name"] == DISTRIBUTION == "ft-suite-pytorch"
+
+
 def test_the_version_comes_from_the_installed_metadata():
     assert ft_core.__version__ == metadata.version(DISTRIBUTION) == PROJECT["version"]
 

@@ -4,7 +4,7 @@
 prints where the wall time went (training, time lost to each fault, the rest),
 the goodput and the faults by kind, culprit rank and node; ``--json`` prints
 the same as one JSON object with fixed keys; ``--plot FILE.png`` draws a
-timeline (needs matplotlib: ``pip install ft-suite[report]``). The launcher's
+timeline (needs matplotlib: ``pip install 'ft-suite-pytorch[report]'``). The launcher's
 exit summary prints its two-line form (:func:`short_summary`).
 
 * :mod:`~ft_core.launcher.report.analysis`: the typed records of the logs -> :class:`Report`

@@ -8,7 +8,7 @@ time went: training, time lost to each fault (detection, restart, recomputation 
 the work done since the last checkpoint) and the rest (start-up, rendezvous,
 shutdown); the goodput (productive training time / wall time); the faults by kind,
 culprit rank and node. ``--json`` prints the same as one JSON object with fixed keys;
-``--plot FILE.png`` draws a timeline (needs matplotlib: ``pip install ft-suite[report]``).
+``--plot FILE.png`` draws a timeline (needs matplotlib: ``pip install 'ft-suite-pytorch[report]'``).
 
 How the time is counted (all per *attempt*: the launchers of one allocation, i.e. one
 run of the job between requeues; the queue time between attempts is not wall time):
@@ -199,6 +199,11 @@ class Report:
     @property
     def goodput_pct(self) -> Optional[float]:
         return 100.0 * self.productive_time_s / self.wall_time_s if self.wall_time_s > 0 else None
+
+    @property
+    def lost_s(self) -> float:
+        """Time lost to faults: detection + restart + recomputation (the exit summary and the metrics say the same)."""
+        return self.detection_s + self.restart_s + (self.recompute_s or 0.0)
 
     @property
     def other_s(self) -> float:

@@ -16,7 +16,7 @@ def plot_timeline(report: Report, path: str) -> str:
     try:
         import matplotlib
     except ImportError:
-        raise RuntimeError("--plot needs matplotlib: pip install 'ft-suite[report]'") from None
+        raise RuntimeError("--plot needs matplotlib: pip install 'ft-suite-pytorch[report]'") from None
     matplotlib.use("Agg")
     from matplotlib import pyplot as plt
     from matplotlib.lines import Line2D

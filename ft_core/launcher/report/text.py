@@ -25,8 +25,8 @@ def short_summary(report: Report) -> list[str]:
     return [
         f"goodput    : {goodput} (training {seconds(report.productive_time_s)} of {seconds(report.wall_time_s)}"
         f" wall time)",
-        f"fault cost : detection {seconds(report.detection_s)}, restart {seconds(report.restart_s)}, "
-        f"recomputation {seconds(report.recompute_s)}",
+        f"time lost  : {seconds(report.lost_s)} (detection {seconds(report.detection_s)}, restart "
+        f"{seconds(report.restart_s)}, recomputation {seconds(report.recompute_s)})",
         *budget_lines(report, "{:<11}"),
     ]
 
@@ -51,12 +51,11 @@ def format_report(report: Report) -> str:
              f"{len(report.nodes)} node(s), {report.cycles} cycle(s)"
              + (f", run {', '.join(report.run_ids)}" if report.run_ids else "")]
     goodput = f"{report.goodput_pct:.1f} %" if report.goodput_pct is not None else "n/a"
-    lost = report.detection_s + report.restart_s + (report.recompute_s or 0.0)
     lines += [
         f"  wall time      : {seconds(report.wall_time_s)}",
         f"  training       : {seconds(report.training_time_s)} (productive {seconds(report.productive_time_s)})",
         f"  goodput        : {goodput}",
-        f"  lost to faults : {seconds(lost)} (detection {seconds(report.detection_s)}, restart "
+        f"  lost to faults : {seconds(report.lost_s)} (detection {seconds(report.detection_s)}, restart "
         f"{seconds(report.restart_s)}, recomputation {seconds(report.recompute_s)})",
         f"  other          : {seconds(report.other_s)} (start-up, rendezvous, shutdown)",
     ]

@@ -34,6 +34,46 @@ def test_help_lists_each_flag_once_and_the_other_spellings_still_parse():
         assert parser.parse_args([f"{spelling}=7", "train.py"]).ft_rank_heartbeat_timeout == "7"
 
 
+def _listed_spellings(help_text: str) -> set[str]:
+    """Every option spelling ``--help`` lists (the invocation column of the options' lines)."""
+    listed = set()
+    for line in help_text.split("options:", 1)[1].splitlines():
+        if line.startswith("  -"):
+            invocation = line[2:].split("  ", 1)[0]
+            listed.update(part.split()[0] for part in invocation.split(", "))
+    return listed
+
+
+def test_help_shows_every_spelling_torchrun_shows_less_the_underscore_aliases():
+    from torch.distributed.run import get_args_parser
+
+    torchrun = {name for action in get_args_parser()._actions for name in action.option_strings}
+    listed = _listed_spellings(build_parser().format_help())
+    assert {"-h", "--help", "-m", "--module", "-r", "--redirects", "-t", "--tee"} <= listed
+    assert {name for name in torchrun if "_" not in name} <= listed
+    assert not {name for name in listed if "_" in name or name.startswith("--ft-param-")}
+
+
+def test_help_and_the_docs_give_the_same_exit_codes():
+    """One list: ``--help``'s rows and docs/launcher.md's table name the same codes with the same words."""
+    import re
+
+    help_text = build_parser().format_help().split("\nexit codes:\n", 1)[1]
+    help_rows = re.findall(r"^  (\S+) +(.+(?:\n {9}.+)*)", help_text, flags=re.M)
+    with open(f"{REPO_ROOT}/docs/launcher.md", encoding="utf-8") as handle:
+        table = handle.read().split("## Exit codes\n", 1)[1].split("\n\n**", 1)[0]
+    doc_rows = re.findall(r"^\| (\S+) \| (.+) \|$", table, flags=re.M)[1:]  # [0] is the header row
+    assert [code for code, _ in help_rows] == [code for code, _ in doc_rows] == ["0", "1", "75", "93", "128+N"]
+    for (_, said), (_, written) in zip(help_rows, doc_rows):
+        assert " ".join(said.split()) == re.sub(r"\*\*|`", "", written)
+
+
+def test_help_shows_an_enum_default_as_the_value_the_flag_takes():
+    text = " ".join(build_parser().format_help().split())
+    assert "or exclude-node (default: report)" in text
+    assert "(default: REPORT)" not in text
+
+
 @pytest.mark.parametrize(("flag", "named"), [
     ("--ft-rank-heartbeat-timeout=-1", "rank_heartbeat_timeout"),
     ("--ft-param-rank-termination-signal=SIGNOPE", "rank_termination_signal"),

@@ -50,6 +50,8 @@ def test_the_hung_rank_is_named_not_the_rank_waiting_for_it_and_a_slow_rank_is_n
     assert diagnosis["headline"] in output
     assert f"culprit    : cycle 0: {diagnosis['headline']}" in output
     assert "faults     : 1 hang" in output
+    # The restart row says what the diagnosis says, whichever rank expired first.
+    assert "restart    : cycle 0: hang: rank(s) 1 hung, rank(s) 0 only waited (see culprit)" in output, output[-3000:]
     # No kill beyond the hang: cycle 1 (slow rank 0 included) ran to the end.
     assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1]
     assert {e["pid"] for e in node.events("hang_detected")} <= set(node.events("cycle_start")[0]["workers"].values())

@@ -82,7 +82,7 @@ def test_hang_is_detected_and_restarted(launchers):
     assert hang.restart_s > 0 and hang.recompute_s is None  # the worker reports no checkpoints
     assert report.cycles == 3 and 0 < report.goodput_pct < 100
     assert report.training_time_s + report.detection_s + report.restart_s <= report.wall_time_s
-    assert "goodput    : " in output and "fault cost : detection 3." in output
+    assert "goodput    : " in output and "time lost  : " in output and "(detection 3." in output
 
 
 def test_explicit_flag_equal_to_the_default_wins_over_the_workers_fallback(launchers):

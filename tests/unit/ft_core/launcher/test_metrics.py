@@ -130,3 +130,28 @@ def test_a_hang_fault_counts_its_diagnosed_culprit_not_the_ranks_that_waited(tmp
     faults = {dict(labels)["rank"]: value for (name, labels), value in values.items()
               if name == "ft_faults_total" and dict(labels)["kind"] == "hang"}
     assert faults == {"1": 1, "0": 1}  # rank 1 in cycle 0 (the culprit), rank 0 in cycle 1 (undiagnosed)
+
+
+def test_time_lost_and_the_fault_free_ratio_count_the_detection(tmp_path):
+    """A rank hung for 5 s, workers back 1 s after the detection: 6 s lost (the report's detection + restart),
+    not the 1 s from the detection to the next cycle."""
+    import time
+
+    events = EventLog(str(tmp_path / "ft_events.jsonl"))
+    metrics = LauncherMetrics(events, str(tmp_path / "monitor_status.json"), run_id="job-7")
+    events.observers.append(metrics.observe)
+    t0 = events.started = time.time() - 10.0  # the launcher started 10 s ago
+    events.write(CycleStart(time=t0, cycle=0, restarts=0, group_rank=0, group_world_size=1, world_size=1,
+                            workers={"0": 10}, monitor_pid=9))
+    events.write(HangDetected(time=t0 + 6.0, rank=0, pid=10, reason=HangReason.HEARTBEAT, section=None, elapsed=5.0,
+                              timeout=5.0, iteration=5, open_sections=[], deadline_time=t0 + 6.0,
+                              detected_time=t0 + 6.0, stack_dump_file=None))
+    events.write(Restart(time=t0 + 6.0, cycle=0, kind=RestartKind.HANG, reason="hang", restarts=1, max_restarts=3))
+    events.write(CycleStart(time=t0 + 7.0, cycle=1, restarts=1, group_rank=0, group_world_size=1, world_size=1,
+                            workers={"0": 11}, monitor_pid=9))
+    values = exported(metrics)
+    events.close()
+    labels = frozenset({"run_id": "job-7", "node": events.node.rsplit(":", 1)[0]}.items())
+    assert values[("ft_time_lost_seconds_total", labels)] == pytest.approx(6.0)
+    run_time = time.time() - events.started
+    assert values[("ft_fault_free_time_ratio", labels)] == pytest.approx(1 - 6.0 / run_time, abs=0.01)
