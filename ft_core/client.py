@@ -18,30 +18,28 @@ a stalled monitor never blocks a training step. What a full socket buffer
 holds back is queued (heartbeats coalesced) and flushed in order by a small
 background thread: :class:`~ft_core.client_backlog.SendBacklog`.
 
-The per-call paths (``send_heartbeat``, ``start_section``, ``end_section``)
-are kept at about one ``send`` syscall: frames are encoded once and re-encoded
-only when the reported iteration changes, the socket's ``send`` is bound once,
-the Megatron iteration source is resolved once (at init, or at the first call
-after Megatron-LM set its args), timeout learning sees a heartbeat only when its
-gap is a new largest one, and nothing is allocated when the socket takes the
-whole frame.
+The per-call paths (``send_heartbeat``, ``start_section``, ``end_section``) are kept at about one
+``send`` syscall: frames are encoded once and re-encoded only when the reported iteration changes,
+the socket's ``send`` is bound once, the Megatron iteration source is resolved once (at init, or at
+the first call after Megatron-LM set its args), timeout learning sees a heartbeat only when its gap
+is a new largest one, and nothing is allocated when the socket takes the whole frame.
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 import logging
 import numbers
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Optional
 
 from ft_core.client_backlog import SendBacklog
 from ft_core.client_connection import (
     REQUEST_TIMEOUT,
+    Session,
     connect,
     env_rank,
     monitor_socket_path,
@@ -61,7 +59,12 @@ from ft_core.jobdir import LAUNCHER_SOCKET_ENV as LAUNCHER_SOCKET_ENV
 from ft_core.jobdir import MONITOR_SOCKET_ENV as MONITOR_SOCKET_ENV
 from ft_core.jobdir import TOKEN_ENV as TOKEN_ENV
 from ft_core.learning_rules import floor_out_of_section, learns_startup, section_learning
-from ft_core.megatron_args import megatron_args, megatron_iteration
+from ft_core.megatron_args import (
+    megatron_args,
+    megatron_global_vars,
+    megatron_iteration,
+    resolved_megatron_args,
+)
 from ft_core.protocol import (
     EndAllSections,
     FrameDecoder,
@@ -107,26 +110,10 @@ _SEND_BUFFER_BYTES = 1 << 20
 _monotonic = time.monotonic
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class _Session:
-    """What exists only between init and shutdown, in one object instead of Optional fields.
-
-    The client holds one (``_session``) exactly while it is initialised; a
-    method that got it needs no further None checks.
-    """
-
-    sock: socket.socket
-    #: ``sock.send`` bound once: the hot paths make no attribute lookup on the socket per call.
-    send: Callable[[bytes], int]
-    #: Learns the timeouts from this connection's heartbeats and sections.
-    calc: TimeoutsCalc
-
-
 class RankMonitorClient:
     """The rank side of fault tolerance (API and semantics of NVRx's ``RankMonitorClient``).
 
-    One client per process, used from one thread at a time (like a torch
-    process group handle); the hot paths take no lock.
+    One client per process, used from one thread at a time (like a torch process group handle); the hot paths take no lock.
 
     Attributes:
         cfg: the :class:`FaultToleranceConfig` received from the monitor at init.
@@ -149,7 +136,7 @@ class RankMonitorClient:
         self._loaded_state: Optional[dict[str, Any]] = None
         self._resumed = False  # a checkpoint's state was loaded: start-up may be learned (ft_core.learning_rules)
         #: The connection and the learning, between init and shutdown (None otherwise: the hot paths' init check).
-        self._session: Optional[_Session] = None
+        self._session: Optional[Session] = None
         self._decoder = FrameDecoder()
         #: What a full socket buffer held back; the hot path reads only its ``congested`` flag.
         self._backlog = SendBacklog()
@@ -241,7 +228,7 @@ class RankMonitorClient:
         install_report_hook(self)
         if self.cfg.install_exception_hook:
             install_exception_hook()
-        self._session = _Session(sock, sock.send, calc)  # set with is_initialized: the hot paths check this one
+        self._session = Session(sock, sock.send, calc)  # set with is_initialized: the hot paths check this one
         self.is_initialized = True
         self._watch_compiles()
         log.debug("rank %d connected to the rank monitor at %s", self.rank, socket_path)
@@ -488,13 +475,12 @@ class RankMonitorClient:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore learned timeouts, e.g. from a checkpoint saved by this client or by NVRx's.
 
-        Any subset of ``current_timeouts`` loads (``{}``, ``heartbeat`` or
-        ``section`` alone); only calculated values apply. Before init they are
-        sent with the handshake, after init at once. A state without
-        ``current_timeouts`` is ignored (``{}``, a fresh start's, silently; others with a warning);
-        one with it makes the run a resume (start-up is learned). A malformed value
-        (string, NaN, infinity, <= 0, wrong type) raises
-        :class:`RankMonitorClientError` naming it, and nothing is loaded.
+        Any subset of ``current_timeouts`` loads (``{}``, ``heartbeat`` or ``section`` alone); only
+        calculated values apply. Before init they are sent with the handshake, after init at once. A
+        state without ``current_timeouts`` is ignored (``{}``, a fresh start's, silently; others with a
+        warning); one with it makes the run a resume (start-up is learned). A malformed value (string,
+        NaN, infinity, <= 0, wrong type) raises :class:`RankMonitorClientError` naming it, and nothing
+        is loaded.
         """
         if isinstance(state, Mapping) and CURRENT_TIMEOUTS_KEY not in state:
             if state:  # ``{}`` is a fresh start's ``ckpt.get("ft_state", {})``: nothing to load, nothing wrong
@@ -526,7 +512,7 @@ class RankMonitorClient:
         send_workload_control(req)
 
     # -- internals --------------------------------------------------------
-    def _require_init(self, what: str) -> _Session:
+    def _require_init(self, what: str) -> Session:
         """The session, or the error that names ``what`` needs init first."""
         session = self._session
         if session is None:
@@ -537,15 +523,29 @@ class RankMonitorClient:
         """The iteration: ``set_iteration``'s, else Megatron-LM's ``curr_iteration`` (or ``iteration``, as NVRx)."""
         if self._iteration is not None or self._megatron_args is None:
             return self._iteration
+        return self._get_current_iteration()
+
+    # NVRx's own (private) names of its Megatron-LM lookup: code and tests written against NVRx's client read them.
+    _workload_global_vars_module = property(lambda self: megatron_global_vars())
+    _cached_workload_args = property(lambda self: resolved_megatron_args(self._megatron_args))
+
+    def _can_report_iterations(self) -> bool:
+        return megatron_global_vars() is not None
+
+    def _get_current_iteration(self) -> Optional[int]:
+        """Megatron-LM's iteration (None without Megatron-LM or before it set its args); looked up once found."""
+        if self._megatron_args is None:
+            self._megatron_args = megatron_args()  # before init too, as NVRx's client finds it at construction
+            if self._megatron_args is None:
+                return None
         self._megatron_args, iteration = megatron_iteration(self._megatron_args)
         return iteration
 
     def _learn_heartbeat_gap(self, calc: TimeoutsCalc, now: float) -> None:
         """Give TimeoutsCalc a heartbeat whose gap may be a new maximum (the first ones always are).
 
-        Heartbeats with smaller gaps cannot change what TimeoutsCalc learns
-        (the first delay and the largest gap), so the hot path skips it and
-        only keeps the time of the last heartbeat, handed over here.
+        Heartbeats with smaller gaps cannot change what TimeoutsCalc learns (the first delay and the
+        largest gap), so the hot path skips it and only keeps the last heartbeat's time, handed over here.
         """
         if calc.last_hb_time is not None:
             calc.last_hb_time = self._hb_last

@@ -11,10 +11,11 @@ client's own, with :mod:`ft_core.client_backlog` behind it.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Optional
 
 from ft_core.client_backlog import SendBacklog
@@ -43,12 +44,28 @@ from ft_core.protocol import (
     request,
     send_msg,
 )
+from ft_core.timeouts_calc import TimeoutsCalc
 
-__all__ = ["REQUEST_TIMEOUT", "connect", "env_rank", "monitor_socket_path", "read_token", "round_trip",
+__all__ = ["REQUEST_TIMEOUT", "Session", "connect", "env_rank", "monitor_socket_path", "read_token", "round_trip",
            "send_workload_control"]
 
 #: Round trips (handshake, timeout updates) give up after this long.
 REQUEST_TIMEOUT = 30.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Session:
+    """What a client holds only between init and shutdown, in one object instead of Optional fields.
+
+    The client holds one (``_session``) exactly while it is initialised; a
+    method that got it needs no further None checks.
+    """
+
+    sock: socket.socket
+    #: ``sock.send`` bound once: the hot paths make no attribute lookup on the socket per call.
+    send: Callable[[bytes], int]
+    #: Learns the timeouts from this connection's heartbeats and sections.
+    calc: TimeoutsCalc
 
 
 def monitor_socket_path() -> str:

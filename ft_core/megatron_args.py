@@ -12,7 +12,10 @@ import dataclasses
 import sys
 from typing import Any, Optional
 
-__all__ = ["PendingMegatronArgs", "megatron_args", "megatron_iteration"]
+__all__ = ["PendingMegatronArgs", "megatron_args", "megatron_global_vars", "megatron_iteration", "resolved_megatron_args"]
+
+#: The module in which Megatron-LM keeps its global args (``_GLOBAL_ARGS``).
+GLOBAL_VARS_MODULE = "megatron.training.global_vars"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -30,9 +33,19 @@ class PendingMegatronArgs:
         return getattr(self.global_vars, "_GLOBAL_ARGS", None)
 
 
+def megatron_global_vars() -> Any:
+    """Megatron-LM's ``global_vars`` module once imported (never imported here), else None."""
+    return sys.modules.get(GLOBAL_VARS_MODULE)
+
+
+def resolved_megatron_args(args: Any) -> Any:
+    """``args`` as :func:`megatron_args` found them, once Megatron-LM set them; None while pending or without it."""
+    return None if args is None or args.__class__ is PendingMegatronArgs else args
+
+
 def megatron_args() -> Any:
     """Megatron's global args (they carry ``curr_iteration``), a pending lookup, or None without Megatron-LM."""
-    global_vars = sys.modules.get("megatron.training.global_vars")
+    global_vars = megatron_global_vars()
     if global_vars is None:
         return None
     args = getattr(global_vars, "_GLOBAL_ARGS", None)

@@ -381,3 +381,28 @@ def test_nvrx_synchronize_all_needs_a_process_group():
 def test_nvrx_sections_from_a_set_are_ordered_the_same_in_every_process():
     assert TimeoutsCalc(sections={"b", "c", "a"}).sections == ("a", "b", "c")
     assert TimeoutsCalc(sections=["b", "a"]).sections == ("b", "a")  # NVRx's order when given as a list
+
+
+def test_nvrx_names_of_the_megatron_lookup_find_megatron_before_init_and_follow_its_iteration(monkeypatch):
+    # NVRx's client finds Megatron-LM's global_vars at construction and reads curr_iteration from its args once
+    # Megatron-LM set them (NVRx's own unit tests read these private names); ours answers under the same names.
+    import sys
+    from types import SimpleNamespace
+
+    monkeypatch.delitem(sys.modules, "megatron.training.global_vars", raising=False)
+    without = RankMonitorClient()
+    assert without._workload_global_vars_module is None and without._cached_workload_args is None
+    assert not without._can_report_iterations() and without._get_current_iteration() is None
+
+    global_vars = SimpleNamespace()
+    monkeypatch.setitem(sys.modules, "megatron.training.global_vars", global_vars)
+    client = RankMonitorClient()
+    assert client._workload_global_vars_module is global_vars and client._can_report_iterations()
+    assert client._get_current_iteration() is None and client._cached_workload_args is None  # not set yet
+    args = global_vars._GLOBAL_ARGS = SimpleNamespace(curr_iteration=200)
+    assert client._get_current_iteration() == 200 and client._cached_workload_args is args
+    args.curr_iteration = 300
+    assert client._get_current_iteration() == 300
+    assert client._current_iteration() == 300  # what heartbeats and exception reports carry
+    client.set_iteration(7)
+    assert client._current_iteration() == 7  # set_iteration wins, as before
