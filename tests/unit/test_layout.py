@@ -71,7 +71,6 @@ NOT_YET_MIRRORED = {
     "ft_core/utils/ratelimit.py",
     "ft_core/utils/strenum.py",
     "ft_core/version.py",
-    "ft_core/warmup.py",
     "ft_integrations/fault_injection.py",
     "ft_integrations/lightning/_pl.py",
     "ft_integrations/lightning/config_argument.py",
