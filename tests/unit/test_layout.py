@@ -62,7 +62,6 @@ NOT_YET_MIRRORED = {
     "ft_core/snapshots/space.py",
     "ft_core/snapshots/writer.py",
     "ft_core/utils/fileutil.py",
-    "ft_core/version.py",
     "ft_integrations/lightning/_pl.py",
     "ft_integrations/lightning/config_argument.py",
     "ft_integrations/lightning/data_phase.py",
