@@ -28,7 +28,6 @@ from ft_core.timeouts import (
     timeouts_state_dict,
 )
 from ft_core.timeouts_calc import SectionAction, TimeoutsCalc, TimeoutsCalcError
-from ft_core.warmup import WarmupRule
 
 NVRX_NOTHING_CALCULATED = {"current_timeouts": {}}
 NVRX_HEARTBEAT_ONLY = {"current_timeouts": {
@@ -212,20 +211,6 @@ def test_init_rejects_a_bad_num_warmup_iters_before_connecting(monkeypatch):
     for bad in (-1, 2.5, "5", True):
         with pytest.raises(RankMonitorClientError, match=rf"num_warmup_iters.*{bad!r}.*integer >= 0"):
             RankMonitorClient().init_workload_monitoring(num_warmup_iters=bad)  # type: ignore[arg-type]
-
-
-def test_warmup_counts_reported_iterations_from_the_first_step_of_the_cycle():
-    rule = WarmupRule(2, {"step": 1.0, "warmup": 5.0})
-    # A resumed run starts at iteration 100; several "step" sections may share an iteration.
-    opened = [rule.section_opened("step", it) for it in (100, 100, 101, 102, 103)]
-    assert opened == ["warmup", "warmup", "warmup", "step", "step"]
-    assert rule.section_opened("checkpointing", 100) == "checkpointing"
-
-
-def test_warmup_counts_step_sections_when_no_iteration_is_reported():
-    rule = WarmupRule(2, {"step": 1.0})  # no "warmup" section: warm-up steps are untimed
-    assert [rule.section_opened("step", None) for _ in range(4)] == [None, None, "step", "step"]
-    assert WarmupRule(0, {"step": 1.0, "warmup": 5.0}).section_opened("step", 7) == "step"
 
 
 def test_warmup_steps_are_learned_as_the_warmup_section():

@@ -18,7 +18,6 @@ from ft_core.timeouts import (
     timeouts_state_dict,
 )
 from ft_core.timeouts_calc import TimeoutsCalc, TimeoutsNotReadyError
-from ft_core.warmup import WarmupRule
 
 
 def _calc(**kwargs) -> TimeoutsCalc:
@@ -154,11 +153,6 @@ def test_state_dict_round_trip_and_apply_only_calculated():
     assert new_sections.out_of_section == 4.0
     with pytest.raises(ValueError, match="current_timeouts"):
         timeouts_from_state_dict({"heartbeat": {}})
-
-
-def test_warmup_rule_covers_the_first_n_iterations_of_a_cycle():
-    assert [WarmupRule.covers(i, 2) for i in (0, 1, 2, 3)] == [True, True, False, False]
-    assert not WarmupRule.covers(0, 0)
 
 
 def test_nvrx_state_dicts_without_a_calculated_part_load_as_nothing_calculated():

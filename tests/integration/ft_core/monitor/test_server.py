@@ -1,4 +1,4 @@
-"""The node monitor and the rank client with real processes and real Unix sockets."""
+"""The node monitor with real processes and real Unix sockets (the rank client alone: tests/*/ft_core/test_client.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import struct
 import pytest
 from helpers import kill_group, killed, python_env, spawn_python, wait_for, wait_for_event
 
-from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
 from ft_core.events import read_events
 from ft_core.protocol import FrameDecoder, Heartbeat, Hello, encode, recv_msg, send_msg
@@ -242,70 +241,6 @@ def test_valid_handshake_gets_the_config(start_monitor):
     sock.close()
 
 
-def test_client_calls_before_init_raise():
-    client = RankMonitorClient()
-    for call in (client.send_heartbeat, lambda: client.start_section("step"), lambda: client.end_section("step"),
-                 client.end_all_sections, client.calculate_and_set_hb_timeouts,
-                 client.calculate_and_set_section_timeouts, lambda: client.report_checkpoint(3)):
-        with pytest.raises(RankMonitorClientError, match="init_workload_monitoring"):
-            call()
-
-
-def test_client_init_without_monitor_says_what_to_do(monkeypatch):
-    monkeypatch.delenv("FT_RANK_MONITOR_IPC_SOCKET", raising=False)
-    with pytest.raises(RankMonitorClientError, match="ft_launcher"):
-        RankMonitorClient().init_workload_monitoring()
-
-
-def test_client_in_process_sections_state_and_timeouts(start_monitor, monkeypatch):
-    # Learns from two steps: no warm-up step may be left out.
-    monitor = start_monitor(rank_heartbeat_timeout=60, rank_section_timeouts="step:60,checkpointing:none",
-                            safety_factor=2.0, num_warmup_iterations=0)
-    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
-    monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
-    client = RankMonitorClient()
-    # Loaded before init: calculated values override the config ones.
-    client.load_state_dict({"current_timeouts": {
-        "heartbeat": {"initial": 11.0, "subsequent": 12.0, "were_calculated": True},
-        "section": {"section": {"step": 13.0}, "out_of_section": None, "calculated_sections": ["step"],
-                    "is_out_of_section_calculated": False}}})
-    client.init_workload_monitoring()
-    try:
-        assert (client.hb_timeouts.initial, client.hb_timeouts.subsequent) == (11.0, 12.0)
-        assert client.section_timeouts.section == {"step": 13.0, "checkpointing": None}
-        client.start_section("step")
-        with pytest.raises(RankMonitorClientError, match="already open"):
-            client.start_section("step")
-        client.start_section("untracked")  # not configured: ignored as in NVRx (no IPC, no checks)
-        client.end_section("untracked")
-        client.end_section("untracked")
-        client.end_section("step")
-        with pytest.raises(RankMonitorClientError, match="not open"):
-            client.end_section("step")
-        client.start_section("step")
-        client.start_section("checkpointing")
-        client.end_all_sections()
-        client.report_checkpoint(42)
-        assert client.calculate_and_set_section_timeouts(selected_sections=["step"], calc_out_of_section=False)
-        # The calculated value (tiny observed step * 2, raised to min_calculated_timeout 1.0) is
-        # averaged with the loaded one, as NVRx merges.
-        assert client.section_timeouts.section["step"] == 0.5 * 13.0 + 0.5 * 1.0
-        with pytest.raises(RankMonitorClientError, match="not tracked"):
-            client.calculate_and_set_section_timeouts(selected_sections=["nope"])
-        assert not client.calculate_and_set_hb_timeouts(skip_if_not_ready=True)
-        with pytest.raises(RankMonitorClientError, match="two heartbeats"):
-            client.calculate_and_set_hb_timeouts()
-    finally:
-        client.shutdown_workload_monitoring()
-    events = wait_for(lambda: [e for e in read_events(monitor.events_path)[0]
-                               if e["event"] == "rank_disconnected"] and read_events(monitor.events_path)[0],
-                      10, "disconnect")
-    assert any(e["event"] == "checkpoint_reported" and e["iteration"] == 42 for e in events)
-    updated = [e for e in events if e["event"] == "timeouts_updated"]
-    assert updated and updated[-1]["timeouts"]["current_timeouts"]["section"]["section"]["step"] == 7.0
-    assert not [e for e in events if e["event"] == "hang_detected"]
-
-
 def test_monitor_dies_with_its_parent(tmp_path):
     code = (
         "import os, sys\n"
@@ -333,58 +268,6 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def test_fallback_config_fills_only_what_the_launcher_did_not_set(start_monitor, monkeypatch):
-    monitor = start_monitor(rank_heartbeat_timeout=50.0, rank_section_timeouts="step:9", safety_factor=5.0)
-    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
-    monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
-    client = RankMonitorClient()
-    client.init_workload_monitoring(fallback_config={
-        "rank_heartbeat_timeout": 5.0,  # set at launch: ignored
-        "safety_factor": 2.0,  # set at launch to the default value: still ignored
-        "initial_rank_heartbeat_timeout": 6.0,  # not set at launch: taken
-        "rank_section_timeouts": {"step": 1.0, "checkpointing": 30.0},  # merged, launch wins for "step"
-    })
-    try:
-        assert client.cfg.rank_heartbeat_timeout == 50.0
-        assert client.cfg.safety_factor == 5.0
-        assert client.cfg.initial_rank_heartbeat_timeout == 6.0
-        assert client.section_timeouts.section == {"step": 9.0, "checkpointing": 30.0}
-    finally:
-        client.shutdown_workload_monitoring()
-    bad = RankMonitorClient()
-    with pytest.raises(RankMonitorClientError, match="rank_section_timeouts.step.*-1"):
-        bad.init_workload_monitoring(fallback_config={"rank_section_timeouts": {"step": -1}})
-    with pytest.raises(RankMonitorClientError, match="cannot come from a rank"):
-        bad.init_workload_monitoring(fallback_config={"rank_termination_signal": "SIGTERM"})
-    assert monitor.is_alive()
-
-
-def test_state_dict_after_shutdown_and_reinit_keeps_learned_values(start_monitor, monkeypatch):
-    # Learns from one step: no warm-up.
-    monitor = start_monitor(rank_section_timeouts="step:60", safety_factor=2.0, num_warmup_iterations=0)
-    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
-    monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
-    client = RankMonitorClient()
-    client.load_state_dict({"current_timeouts": {
-        "heartbeat": {"initial": None, "subsequent": None, "were_calculated": False},
-        "section": {"section": {"step": 0.001}, "out_of_section": None, "calculated_sections": ["step"],
-                    "is_out_of_section_calculated": False}}})
-    assert client.state_dict()["current_timeouts"]["section"]["section"]["step"] == 0.001
-    client.init_workload_monitoring()
-    client.start_section("step")
-    client.end_section("step")
-    client.calculate_and_set_section_timeouts(calc_out_of_section=False)
-    learned = client.section_timeouts.section["step"]
-    assert learned == 1.0  # a tiny observed step is raised to min_calculated_timeout
-    client.shutdown_workload_monitoring()
-    assert client.state_dict()["current_timeouts"]["section"]["section"]["step"] == learned
-    client.init_workload_monitoring()  # a new cycle: the learned value goes with the handshake
-    try:
-        assert client.section_timeouts.section["step"] == learned
-    finally:
-        client.shutdown_workload_monitoring()
-
-
 def test_tight_fallback_does_not_kill_a_slow_rank_when_the_launch_set_the_default(start_monitor, ranks):
     # The launch set rank_heartbeat_timeout to its default on purpose; a rank's training config
     # asks for 0.3 s. Heartbeats 0.8 s apart are healthy under the launch's value: no kill.
@@ -403,36 +286,6 @@ def test_fallback_timeout_kills_a_hung_rank_when_the_launch_did_not_set_it(start
     assert killed(proc)
     hang = wait_for_event(monitor.events_path, 10, event="hang_detected")
     assert (hang["reason"], hang["timeout"], hang["pid"]) == ("heartbeat", 1.0, proc.pid)
-
-
-def test_heartbeats_learn_the_same_gaps_as_timeouts_calc(start_monitor, monkeypatch):
-    """The hot path consults TimeoutsCalc only for a new largest gap: what is learned must not change."""
-    from ft_core import client as client_module
-    from ft_core.timeouts_calc import TimeoutsCalc
-
-    monitor = start_monitor(rank_heartbeat_timeout=60, safety_factor=2.0, min_calculated_timeout=0.001)
-    monkeypatch.setenv("FT_RANK_MONITOR_IPC_SOCKET", monitor.socket_path)
-    monkeypatch.setenv("FT_MONITOR_TOKEN", monitor.token)
-    clock = [1000.0]
-    monkeypatch.setattr(client_module, "_monotonic", lambda: clock[0])
-    client = RankMonitorClient()
-    client.init_workload_monitoring()
-    clock[0] = client._session.calc.start_time  # TimeoutsCalc started on the real clock
-    reference = TimeoutsCalc(safety_factor=2.0, start_time=client._session.calc.start_time, min_timeout=0.001)
-    try:
-        # Gaps growing, shrinking, equal and growing again; the first one is the initial delay.
-        for gap in (4.0, 1.0, 3.0, 0.5, 3.0, 2.0, 7.0, 0.1):
-            clock[0] += gap
-            client.send_heartbeat()
-            reference.update_on_heartbeat(hb_time=clock[0])
-        assert (client._session.calc.first_hb_delay, client._session.calc.max_hb_interval) == (4.0, 7.0)
-        # calc_initial=True: the initial delay too (by default only a resumed run learns it).
-        assert client.calculate_and_set_hb_timeouts(calc_initial=True)
-        expected = reference.calculate_hb_timeouts(client_module.HeartbeatTimeouts(60.0, 60.0))
-        assert (client.hb_timeouts.initial, client.hb_timeouts.subsequent) == (expected.initial, expected.subsequent)
-        assert (client.hb_timeouts.initial, client.hb_timeouts.subsequent) == (8.0, 14.0)
-    finally:
-        client.shutdown_workload_monitoring()
 
 
 def test_megatron_iteration_is_reported_with_heartbeats(start_monitor, ranks):

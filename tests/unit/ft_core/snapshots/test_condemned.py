@@ -14,7 +14,6 @@ import torch
 
 from ft_core.events import ResumeSource, read_records
 from ft_core.jobdir import JobDir
-from ft_core.launcher.bad_marks import mark_bad_here
 from ft_core.snapshots.condemned import MARKS_FILE, condemn, condemned, parse_snapshot_name, snapshot_name
 from ft_core.snapshots.node import NodeSnapshots
 from ft_core.snapshots.store import SnapshotStore
@@ -105,21 +104,3 @@ def test_unreadable_marks_offer_no_snapshot_and_the_resume_is_from_disk(tmp_path
     node = NodeSnapshots(store, job.monitor_socket, every=5)
     assert node.resume(disk_step=10) is None and node.source is ResumeSource.DISK
     node.close()
-
-
-def test_the_launcher_marks_a_snapshot_in_its_snapshot_directory_and_never_the_disk_checkpoint(tmp_path,
-                                                                                                  monkeypatch):
-    import ft_core.launcher.bad_marks as bad_marks
-
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    monkeypatch.setattr(bad_marks, "snapshot_dir_for_socket", lambda socket: str(shm))
-    ckpt = tmp_path / "step=20.ckpt"
-    ckpt.write_bytes(b"weights")
-    assert mark_bad_here("snapshot:26:1.1", "non-finite loss", "/run/job-x/monitor.sock")
-    assert condemned(str(shm)) == {(26, "1.1")}
-    assert not list(tmp_path.glob("*.bad.json"))
-    monkeypatch.setattr(bad_marks, "snapshot_dir_for_socket", lambda socket: None)  # snapshots off on this node
-    assert not mark_bad_here("snapshot:28:1.1", "non-finite loss", "/run/job-x/monitor.sock")
-    assert mark_bad_here(str(ckpt), "non-finite loss", "/run/job-x/monitor.sock")
-    assert (tmp_path / "step=20.ckpt.bad.json").exists()

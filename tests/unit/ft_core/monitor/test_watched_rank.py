@@ -1,4 +1,7 @@
-"""The monitor's pure policy: a rank's deadlines and the hang state machine (no process, no clock)."""
+"""The monitor's pure policy for one rank: its deadlines and the CPU probe (no process, no clock).
+
+What happens once a deadline passes (the hang state machine): ``test_hang.py``.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +11,7 @@ import time
 import pytest
 from monitor_rank import T0, watched
 
-from ft_core.events import HangDetected, HangReason
-from ft_core.monitor.hang import DUMP_POLL, Expiry, Hang, HangState
+from ft_core.events import HangReason
 from ft_core.monitor.watched_rank import CPU_PROBE, WatchedRank, cpu_probe
 from ft_core.timeouts import SectionTimeouts
 
@@ -131,7 +133,6 @@ def test_closing_a_section_that_was_not_open_is_reported_and_harmless():
     assert rank.section_end("step", T0 + 3) is True
 
 
-
 # -- the CPU probe: starved is not hung -----------------------------------------
 # The rank is this test's own process (real /proc, no mock): runnable while it reads its own state.
 def test_a_runnable_rank_past_its_deadline_is_judged_only_once_it_has_had_cpu():
@@ -160,73 +161,3 @@ def test_a_new_deadline_restarts_the_probe_and_an_unknown_pid_is_judged_at_once(
     assert cpu_probe(rank, rank.next_deadline(), T0 + 13) == CPU_PROBE
     rank.pid = -1
     assert cpu_probe(rank, rank.next_deadline(), T0 + 13) is None
-
-
-# -- the hang state machine -----------------------------------------------------
-def detected(now: float = 50.0) -> Hang:
-    expiry = Expiry(deadline=now - 0.002, reason=HangReason.SECTION, section="step", timeout=5.0,
-                    since=now - 5.002)
-    return Hang.detect(expiry, rank=1, pid=4321, iteration=7, open_sections=["step", "outer"], now=now,
-                       wall_now=1.7e9)
-
-
-def test_detection_fills_in_the_hang_record():
-    hang = detected()
-    assert hang.state is HangState.DETECTED and not hang.terminated
-    report = hang.report
-    assert (report.rank, report.pid, report.reason, report.section, report.iteration) == (
-        1, 4321, HangReason.SECTION, "step", 7)
-    assert report.elapsed == pytest.approx(5.002) and report.timeout == 5.0
-    assert report.open_sections == ["outer", "step"]
-    assert report.detected_time == report.time == 1.7e9
-    assert report.deadline_time == pytest.approx(1.7e9 - 0.002)
-    assert report.stack is None and report.stack_dump_file is None
-
-
-def test_without_a_stack_dump_the_rank_is_terminated_at_once():
-    hang = detected()
-    assert hang.poll(50.0, dump_size=0) is None
-    report = hang.terminate()
-    assert hang.state is HangState.TERMINATED and report.stack is None
-
-
-def test_the_stack_dump_is_awaited_until_the_file_stops_growing():
-    hang = detected()
-    hang.request_stack_dump(dump_offset=100, deadline=52.0)
-    assert hang.state is HangState.AWAITING_STACK_DUMP
-    assert hang.poll(50.000, dump_size=100) == DUMP_POLL  # nothing written yet
-    assert hang.poll(50.005, dump_size=180) == DUMP_POLL  # faulthandler is writing
-    assert hang.poll(50.010, dump_size=260) == DUMP_POLL  # still growing
-    assert hang.poll(50.015, dump_size=260) is None  # settled: terminate now
-    report = hang.terminate("Current thread ...\n", "/job/stacks/rank1_pid4321.txt")
-    assert hang.terminated and isinstance(report, HangDetected)
-    assert (report.stack, report.stack_dump_file) == ("Current thread ...\n", "/job/stacks/rank1_pid4321.txt")
-    assert hang.report is report
-
-
-def test_a_rank_that_never_dumps_is_terminated_at_the_dump_deadline():
-    hang = detected()
-    hang.request_stack_dump(dump_offset=0, deadline=50.5)
-    assert hang.poll(50.499, dump_size=0) == pytest.approx(0.001)  # never sleeps past the deadline
-    assert hang.poll(50.5, dump_size=0) is None
-
-
-def test_a_dump_that_keeps_growing_is_cut_at_the_deadline():
-    hang = detected()
-    hang.request_stack_dump(dump_offset=0, deadline=50.02)
-    size, now = 0, 50.0
-    while (wait := hang.poll(now, size)) is not None:
-        size, now = size + 10, now + wait
-    assert now >= 50.02
-
-
-def test_invalid_transitions_are_refused():
-    hang = detected()
-    hang.request_stack_dump(0, 51.0)
-    with pytest.raises(RuntimeError, match="awaiting_stack_dump, expected detected"):
-        hang.request_stack_dump(0, 52.0)
-    hang.terminate()
-    with pytest.raises(RuntimeError, match="already terminated"):
-        hang.terminate()
-    with pytest.raises(RuntimeError, match="terminated, expected awaiting_stack_dump"):
-        hang.poll(51.0, 0)
