@@ -41,12 +41,7 @@ NOT_YET_MIRRORED = {
     "ft_core/launcher/report/text.py",
     "ft_core/launcher/resumed_checkpoint.py",
     "ft_core/snapshots/writer.py",
-    "ft_integrations/lightning/_pl.py",
-    "ft_integrations/lightning/config_argument.py",
     "ft_integrations/lightning/data_phase.py",
-    "ft_integrations/lightning_package.py",
-    "ft_integrations/megatron/state.py",
-    "ft_integrations/nvrx_alias/real_nvrx.py",
 }
 
 
