@@ -27,8 +27,6 @@ NOT_YET_MIRRORED = {
     "ft_core/timeouts_calc.py",
     "ft_integrations/fault_injection.py",  # FaultKind, named twice (item 3)
     # not yet mirrored
-    "ft_core/client_connection.py",
-    "ft_core/client_hooks.py",
     "ft_core/inprocess/restart_loop.py",
     "ft_core/inprocess/watchdog_process.py",
     "ft_core/inprocess/watchdog_thread.py",
