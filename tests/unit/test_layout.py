@@ -18,22 +18,21 @@ NOT_MIRRORED_DIRS = {Path("ft_integrations/nvrx_alias/shim")}
 #: Modules still without a test file at their mirrored path. This list must only shrink: a new module comes
 #: with its mirrored tests, and a module leaves this list when its tests are moved or written.
 NOT_YET_MIRRORED = {
-    # renamed by issue 35 item 3/1/5: mirrored after the merge
+    # renamed or reworked by issue 35 items 1, 3, 5 and 6 at the same time: mirrored after the merge
     "ft_core/config_loading.py",
-    "ft_core/launcher/agent_state.py",
-    "ft_core/launcher/cycle_triggers.py",
-    "ft_core/launcher/hang_diagnosis.py",
-    "ft_core/monitor/snapshot.py",
-    "ft_core/timeouts_calc.py",
-    "ft_integrations/fault_injection.py",  # FaultKind, named twice (item 3)
-    # not yet mirrored
     "ft_core/inprocess/restart_loop.py",
     "ft_core/inprocess/watchdog_process.py",
     "ft_core/inprocess/watchdog_thread.py",
-    "ft_core/launcher/launch.py",
+    "ft_core/launcher/agent_state.py",
+    "ft_core/launcher/cycle_triggers.py",
+    "ft_core/launcher/hang_diagnosis.py",
     "ft_core/launcher/resumed_checkpoint.py",
-    "ft_core/snapshots/writer.py",
+    "ft_core/monitor/snapshot.py",
+    "ft_core/timeouts_calc.py",
+    "ft_integrations/fault_injection.py",  # FaultKind, named twice (item 3)
     "ft_integrations/lightning/data_phase.py",
+    # not yet mirrored: run end to end by tests/integration/ft_core/launcher/test_single_node.py and others
+    "ft_core/launcher/launch.py",
 }
 
 
