@@ -18,56 +18,21 @@ NOT_MIRRORED_DIRS = {Path("ft_integrations/nvrx_alias/shim")}
 #: Modules still without a test file at their mirrored path. This list must only shrink: a new module comes
 #: with its mirrored tests, and a module leaves this list when its tests are moved or written.
 NOT_YET_MIRRORED = {
-    # renamed by issue 35 item 3/1/5: mirrored after the merge
+    # renamed or reworked by issue 35 items 1, 3, 5 and 6 at the same time: mirrored after the merge
     "ft_core/config_loading.py",
+    "ft_core/inprocess/restart_loop.py",
+    "ft_core/inprocess/watchdog_process.py",
+    "ft_core/inprocess/watchdog_thread.py",
     "ft_core/launcher/agent_state.py",
     "ft_core/launcher/cycle_triggers.py",
     "ft_core/launcher/hang_diagnosis.py",
+    "ft_core/launcher/resumed_checkpoint.py",
     "ft_core/monitor/snapshot.py",
     "ft_core/timeouts_calc.py",
     "ft_integrations/fault_injection.py",  # FaultKind, named twice (item 3)
-    # not yet mirrored
-    "ft_core/autoresume.py",
-    "ft_core/client_connection.py",
-    "ft_core/client_hooks.py",
-    "ft_core/config_fallback.py",
-    "ft_core/data.py",
-    "ft_core/finite.py",
-    "ft_core/inprocess/abort.py",
-    "ft_core/inprocess/blame.py",
-    "ft_core/inprocess/call_wrapper.py",
-    "ft_core/inprocess/compose.py",
-    "ft_core/inprocess/exceptions.py",
-    "ft_core/inprocess/health_check.py",
-    "ft_core/inprocess/hook_context.py",
-    "ft_core/inprocess/initialize.py",
-    "ft_core/inprocess/progress_watchdog.py",
-    "ft_core/inprocess/restart_loop.py",
-    "ft_core/inprocess/shared_state.py",
-    "ft_core/inprocess/watchdog_process.py",
-    "ft_core/inprocess/watchdog_thread.py",
-    "ft_core/launcher/control.py",
-    "ft_core/launcher/launch.py",
-    "ft_core/launcher/node_monitor.py",
-    "ft_core/launcher/outcome.py",
-    "ft_core/launcher/report/analysis.py",
-    "ft_core/launcher/report/command.py",
-    "ft_core/launcher/report/plot.py",
-    "ft_core/launcher/report/text.py",
-    "ft_core/launcher/resumed_checkpoint.py",
-    "ft_core/launcher/zygote.py",
-    "ft_core/megatron_args.py",
-    "ft_core/monitor/defences.py",
-    "ft_core/monitor/stack_copy.py",
-    "ft_core/snapshots/space.py",
-    "ft_core/snapshots/writer.py",
-    "ft_core/utils/fileutil.py",
-    "ft_integrations/lightning/_pl.py",
-    "ft_integrations/lightning/config_argument.py",
     "ft_integrations/lightning/data_phase.py",
-    "ft_integrations/lightning_package.py",
-    "ft_integrations/megatron/state.py",
-    "ft_integrations/nvrx_alias/real_nvrx.py",
+    # not yet mirrored: run end to end by tests/integration/ft_core/launcher/test_single_node.py and others
+    "ft_core/launcher/launch.py",
 }
 
 

@@ -1,8 +1,7 @@
-"""Interrupting the main thread, atomic sections, and the progress watchdog (in this process)."""
+"""Interrupting the main thread and atomic sections (in this process)."""
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 
@@ -11,8 +10,6 @@ import pytest
 from ft_core.inprocess import RankShouldRestart
 from ft_core.inprocess.call_wrapper import Atomic
 from ft_core.inprocess.interruption import DEFAULT_INTERRUPT_SIGNAL, Interruptor
-from ft_core.inprocess.progress_watchdog import Progress, ProgressWatchdog
-from ft_core.inprocess.shared_state import RestartPhase, SharedState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -84,41 +81,3 @@ def test_no_new_atomic_section_once_a_restart_is_requested(interruptor):
     assert interruptor.request(threading.Event(), 0.01)  # no signal sent: only the atomic gate acts
     completed, value = interruptor.call(lambda: Atomic(interruptor).__enter__())
     assert not completed and isinstance(value, RankShouldRestart)
-
-
-def test_progress_moves_only_while_the_main_thread_runs_python():
-    shared = SharedState.create()
-    progress = Progress(shared)
-    watchdog = ProgressWatchdog(progress, 0.02).start()
-    try:
-        start = progress.last
-        deadline = time.monotonic() + 30
-        while progress.last == start:  # busy in Python: the pending call runs and stamps
-            assert time.monotonic() < deadline
-        assert shared.progress == progress.last
-        seen = []
-        sampler = threading.Thread(target=lambda: [seen.append(progress.last), time.sleep(0.3),
-                                                   seen.append(progress.last)])
-        sampler.start()
-        time.sleep(0.5)  # blocked in C: no stamps
-        sampler.join()
-        assert seen[0] == seen[1]
-    finally:
-        watchdog.stop()
-        shared.close()
-
-
-def test_shared_state_is_visible_through_another_mapping():
-    shared = SharedState.create()
-    other = SharedState(os.dup(shared.fd))
-    try:
-        shared.enter(3, RestartPhase.MEMBER)
-        shared.armed = True
-        shared.progress = 12.5
-        other.monitor_ready = True
-        assert (other.attempt, other.phase, other.armed, other.progress) == (3, RestartPhase.MEMBER, True, 12.5)
-        assert shared.monitor_ready
-    finally:
-        other.close()
-        shared.close()
-

@@ -7,26 +7,11 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from ft_core.inprocess import (
-    ActiveWorldSize,
-    Compose,
-    FaultCounter,
-    HealthCheckError,
-    RestartAbort,
-    RetryController,
-    State,
-    TCPStoreFactory,
-    Wrapper,
-)
+from ft_core.inprocess import TCPStoreFactory, Wrapper
 from ft_core.utils.validation import ValidationError
 
 FAST = dict(soft_timeout=1.0, hard_timeout=2.0, heartbeat_timeout=5.0, barrier_timeout=10.0,
             monitor_process_interval=0.5, progress_watchdog_interval=0.5, termination_grace_time=1.0)
-
-
-def state(**changes) -> State:
-    fields = dict(iteration=0, initial_rank=0, initial_world_size=4, rank=0, world_size=4, fault_count=0)
-    return State(**{**fields, **changes})
 
 
 def test_defaults_are_valid():
@@ -66,28 +51,6 @@ def test_options_are_keyword_only_and_hooks_callable():
     with pytest.raises(TypeError, match="Wrapper.rank_assignment: invalid value None"):
         Wrapper(rank_assignment=None)  # type: ignore[arg-type]
     Wrapper(progress_watchdog_interval=None, abort=None)
-
-
-def test_retry_controller_limits_iterations_and_world_size():
-    controller = RetryController(max_iterations=2, min_world_size=3)
-    controller(state(iteration=1, world_size=3))
-    with pytest.raises(RestartAbort, match="2 iterations used"):
-        controller(state(iteration=2))
-    with pytest.raises(RestartAbort, match="2 active ranks left, min_world_size=3"):
-        controller(state(world_size=2))
-    with pytest.raises(ValueError, match="RetryController.max_iterations: invalid value 0; allowed: an integer >= 1"):
-        RetryController(max_iterations=0)
-
-
-def test_fault_counter_and_compose():
-    check = Compose(FaultCounter(max_rank_faults=2), lambda s: None)
-    check(state(fault_count=1))
-    with pytest.raises(HealthCheckError, match="rank 0 had 2 faults"):
-        check(state(fault_count=2))
-    with pytest.raises(ValueError, match="FaultCounter.max_rank_faults: invalid value 0"):
-        FaultCounter(0)
-    with pytest.raises(TypeError, match="hook #1"):
-        Compose(ActiveWorldSize(1), "nope")  # type: ignore[arg-type]
 
 
 def test_tcp_store_factory_reads_the_launcher_environment(monkeypatch):

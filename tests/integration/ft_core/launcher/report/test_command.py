@@ -1,4 +1,4 @@
-"""`ft_launcher report` run as a command on an event log (the analysis itself: tests/unit/ft_core/launcher)."""
+"""`ft_launcher report` run as a command on an event log (the analysis itself: tests/unit/ft_core/launcher/report)."""
 
 from __future__ import annotations
 
