@@ -24,7 +24,7 @@ from ft_core.events import (
     ResumeChosen,
     ResumeSource,
 )
-from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultKind
+from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultClass
 from ft_core.launcher.agent import FtElasticAgent
 from ft_core.launcher.agent_state import Trigger
 from ft_core.launcher.outcome import Outcome
@@ -99,13 +99,13 @@ def test_a_hangs_fingerprint_names_the_hung_rank_not_a_waiter_that_raised():
                                        frames=["train.py:10 step"], iteration=4)]
     agent._loaded = None
     fingerprint = agent._fingerprint(Trigger(RestartKind.HANG, "rank 0 hung", 1.0))
-    assert fingerprint is not None and (fingerprint.kind, fingerprint.culprits) == (FaultKind.HANG, (0,))
+    assert fingerprint is not None and (fingerprint.kind, fingerprint.culprits) == (FaultClass.HANG, (0,))
     (record,) = written
     assert isinstance(record, FaultFingerprint) and (record.kind, record.culprits) == ("hang", [0])
     # A crash is still fingerprinted by the exception its rank reported.
     agent._failed = {1: (101, 1)}
     fingerprint = agent._fingerprint(Trigger(RestartKind.CRASH, "rank 1 exited with code 1", 1.0))
-    assert fingerprint is not None and (fingerprint.kind, fingerprint.culprits) == (FaultKind.EXCEPTION, (1,))
+    assert fingerprint is not None and (fingerprint.kind, fingerprint.culprits) == (FaultClass.EXCEPTION, (1,))
 
 
 def test_a_fingerprint_names_the_checkpoint_the_cycle_resumed_from_and_a_nan_loss_is_its_own_kind():
@@ -116,7 +116,7 @@ def test_a_fingerprint_names_the_checkpoint_the_cycle_resumed_from_and_a_nan_los
     agent._exceptions = [RankException(rank=0, pid=100, exception_type=NONFINITE_LOSS_ERROR,
                                        frames=["train.py:10 step"], iteration=21)]
     fingerprint = agent._fingerprint(Trigger(RestartKind.CRASH, "rank 0 exited with code 1", 1.0))
-    assert fingerprint is not None and fingerprint.kind is FaultKind.NONFINITE_LOSS
+    assert fingerprint is not None and fingerprint.kind is FaultClass.NONFINITE_LOSS
     assert (fingerprint.resumed_from, fingerprint.resumed_step, fingerprint.steps_after_resume) == (
         "/c/step=20.ckpt", 20, 1)
     (record,) = written
