@@ -1,4 +1,4 @@
-"""Which checkpoint a cycle resumed from, and condemning it (pure, but for the actions at the end).
+"""Which checkpoint a cycle resumed from (a pure function of what the node saw), and condemning it (an action).
 
 The fault policy's bad-checkpoint rule (:mod:`ft_core.fault_policy`) needs the
 checkpoint each faulty cycle resumed from. The integrations say it (their ranks'
