@@ -33,6 +33,8 @@ from typing import Any, Optional, Union
 
 import msgspec
 
+from ft_core.exit_causes import ExitCause
+from ft_core.fault_policy import FaultAction, FaultOutcome
 from ft_core.jobdir import open_private_log
 from ft_core.straggler_scoring import PhaseMedian, StragglerAction
 
@@ -65,7 +67,7 @@ __all__ = [
     "RankDisconnected",
     "RankEvidence",
     "RankTerminated",
-    "RanksSnapshot",
+    "LiveRanks",
     "Restart",
     "RestartKind",
     "ResumeChosen",
@@ -99,7 +101,7 @@ class EventName(str, enum.Enum):
     CONNECTION_REJECTED = "connection_rejected"
     MONITOR_LATE = "monitor_late"
     DEADLINE_EXTENDED = "deadline_extended"
-    RANKS_SNAPSHOT = "ranks_snapshot"
+    LIVE_RANKS = "ranks_snapshot"  # the monitor's live ranks (the tag predates the name)
     PHASE_MEDIANS = "phase_medians"  # read by the launcher only (straggler detection)
     RESUME_CHOSEN = "resume_chosen"  # written by global rank 0 into the monitor's file (ft_core.snapshots)
     CHECKPOINT_LOADED = "checkpoint_loaded"  # written by a rank into the monitor's file (ft_core.rank_records)
@@ -299,7 +301,7 @@ class RankEvidence(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True
     connected: bool = True
 
 
-class RanksSnapshot(Event, frozen=True, tag=EventName.RANKS_SNAPSHOT.value):
+class LiveRanks(Event, frozen=True, tag=EventName.LIVE_RANKS.value):
     """The monitor's view of its live (not hung) ranks, taken when the launcher asks at the end of a cycle."""
 
     ranks: list[RankEvidence]
@@ -384,7 +386,7 @@ class WorkerExit(Event, frozen=True, tag=EventName.WORKER_EXIT.value):
     cycle: int
     local_rank: int
     pid: int
-    cause: str  # "crash", "hang" or "launcher <SIGNAL>"
+    cause: ExitCause
     rank: Optional[int] = None
     exit_code: Optional[int] = None
     signal: Optional[str] = None
@@ -411,7 +413,7 @@ class FaultFingerprint(Event, frozen=True, tag=EventName.FAULT_FINGERPRINT.value
     """What a cycle-ending fault was, as the restart policy compares faults (:mod:`ft_core.fault_policy`)."""
 
     cycle: int
-    kind: str  # a ``FaultKind`` value
+    kind: str  # a ``FaultClass`` value
     culprits: list[int]
     #: The culprits' nodes (``host:pid`` of their launchers): the bad-node rule follows them.
     nodes: list[str] = []
@@ -431,9 +433,8 @@ class FaultDecision(Event, frozen=True, tag=EventName.FAULT_DECISION.value):
     """
 
     cycle: int  # the cycle that ended
-    action: str  # the fault policy's verdict: a ``FaultAction`` value
-    #: What the job did: "restart", "stop", or "leave" (this node was the excluded suspect).
-    outcome: str
+    action: FaultAction  # the fault policy's verdict
+    outcome: FaultOutcome  # what the job did (``leave``: this node was the excluded suspect)
     reason: str  # the decision's reason (the ``restart`` event's ``cause``, the exit reason of a stop)
     restarts: int
     decided_by: str
@@ -527,7 +528,7 @@ AnyEvent = Union[
     MonitorStarted, RankConnected, RankDisconnected, HangDetected, RankTerminated, CheckpointReported, RankException,
     TimeoutsUpdated, ConnectionRejected, MonitorLate, DeadlineExtended, PhaseMedians, Straggler, LauncherStarted, CycleStart, WorkerExit, WorkersStopped,
     WorkersSucceeded, Restart, FaultFingerprint, Progress, WorkloadControlReceived, MonitorDied, MonitorConnectionRejected,
-    SignalReceived, LauncherExit, RanksSnapshot, Diagnosis, ResumeChosen, CheckpointLoaded, CheckpointRejected, CheckpointMarkedBad, FaultDecision,
+    SignalReceived, LauncherExit, LiveRanks, Diagnosis, ResumeChosen, CheckpointLoaded, CheckpointRejected, CheckpointMarkedBad, FaultDecision,
 ]
 
 _ENCODER = msgspec.json.Encoder()

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from types import TracebackType
 from typing import Optional
 
-__all__ = ["NONFINITE_LOSS_ERROR", "FaultAction", "FaultKind", "FaultPolicy", "FaultVerdict", "Fingerprint", "NonFiniteLossError",
+__all__ = ["NONFINITE_LOSS_ERROR", "FaultAction", "FaultClass", "FaultOutcome", "FaultPolicy", "FaultVerdict", "Fingerprint", "NonFiniteLossError",
            "decide_fault", "exception_name", "innermost_user_frames", "user_frames"]
 
 #: How many frames of user code a fingerprint keeps (innermost first): enough to tell two places apart.
@@ -84,7 +84,7 @@ class NonFiniteLossError(RuntimeError):
 
     The integrations raise it (the Lightning callback, the Megatron hooks); the rank's
     exception report carries its type, and the launcher fingerprints the fault as
-    :attr:`FaultKind.NONFINITE_LOSS` (rule 1: the checkpoint resumed from is marked bad).
+    :attr:`FaultClass.NONFINITE_LOSS` (rule 1: the checkpoint resumed from is marked bad).
     """
 
     def __init__(self, loss: float, step: int, steps_after_resume: int, checkpoint: Optional[str] = None) -> None:
@@ -97,8 +97,11 @@ class NonFiniteLossError(RuntimeError):
 NONFINITE_LOSS_ERROR = f"{NonFiniteLossError.__module__}.{NonFiniteLossError.__qualname__}"
 
 
-class FaultKind(str, enum.Enum):
-    """What ended a cycle, as far as the policy is concerned."""
+class FaultClass(str, enum.Enum):
+    """What ended a cycle, as far as the policy is concerned (a :class:`Fingerprint`'s ``kind``).
+
+    Not :class:`ft_integrations.fault_injection.FaultKind`, the faults a test injects.
+    """
 
     CRASH = "crash"  # a worker exited non-zero (no exception reported)
     EXCEPTION = "exception"  # a worker raised; the client reported the type and frames first
@@ -116,6 +119,14 @@ class FaultAction(str, enum.Enum):
     STOP = "stop"  # exit with the do-not-requeue code
 
 
+class FaultOutcome(str, enum.Enum):
+    """What the job did about a fault (a ``fault_decision``'s ``outcome``): the job-wide decision, seen by a node."""
+
+    RESTART = "restart"
+    STOP = "stop"
+    LEAVE = "leave"  # this node was the excluded suspect: it left, the others restart
+
+
 @dataclasses.dataclass(frozen=True)
 class Fingerprint:
     """One cycle-ending fault, as recorded in its event.
@@ -129,7 +140,7 @@ class Fingerprint:
     (``culprits``) is chance and not part of the fault (:meth:`same_fault`).
     """
 
-    kind: FaultKind
+    kind: FaultClass
     culprits: tuple[int, ...] = ()
     nodes: tuple[str, ...] = ()
     iteration: Optional[int] = None
@@ -194,7 +205,7 @@ def _bad_checkpoint(history: Sequence[Fingerprint], cfg: FaultPolicy, marked: fr
     last = history[-1]
     if last.resumed_from is None or last.resumed_from in marked:
         return None
-    if last.kind is FaultKind.NONFINITE_LOSS:
+    if last.kind is FaultClass.NONFINITE_LOSS:
         return FaultVerdict(FaultAction.MARK_CHECKPOINT_BAD, f"non-finite loss {last.steps_after_resume} step(s) after "
                        f"resuming from {last.resumed_from}", checkpoint=last.resumed_from)
     if cfg.suspect_checkpoint_steps <= 0 or len(history) < 2:
@@ -218,7 +229,7 @@ def _deterministic(history: Sequence[Fingerprint], cfg: FaultPolicy) -> Optional
     # Only a fault that says where it happened can be the same fault again: an exception (its type and
     # frames) or a hang with the culprit's stack, at a known iteration. A crash or a signal says neither:
     # the same rank killed twice is as likely two transient faults (the OOM killer, a node's hiccup).
-    placed = last.kind is FaultKind.EXCEPTION or (last.kind is FaultKind.HANG and bool(last.frames))
+    placed = last.kind is FaultClass.EXCEPTION or (last.kind is FaultClass.HANG and bool(last.frames))
     if not placed or last.iteration is None:
         return None
     same = all(f.same_fault(last) for f in recent)

@@ -14,9 +14,12 @@ What it changes, and where:
   requests, follows decisions taken by other nodes, and forwards SIGTERM/SIGINT;
   on every pass it keeps torch's bookkeeping (the group's state, its metrics).
 
-Its parts: :mod:`.cycle_triggers` (what ends a cycle), :mod:`.hang_diagnosis`
-(who hung, who waited), :mod:`.outcome` (how the launcher ends), sharing the
-state declared in :mod:`.agent_state`.
+What a node saw in a cycle is one value, :class:`.CycleObservations`, made anew at
+each cycle's start and fed the monitor's records; the decisions are pure functions of
+it: :mod:`.cycle_triggers` (what ends a cycle), :mod:`.fault_fingerprint` (the
+fault's fingerprint), :mod:`.resumed_checkpoint` (what the cycle resumed from). The
+agent acts: it waits, exchanges (:mod:`.hang_diagnosis`: who hung, who waited), writes
+records and ends the launcher (:mod:`.outcome`).
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ from ft_core.events import (
     CheckpointReported,
     ConnectionRejected,
     CycleStart,
+    Diagnosis,
     FaultDecision,
     HangDetected,
     MonitorConnectionRejected,
@@ -52,36 +56,42 @@ from ft_core.events import (
     RankDisconnected,
     RankEvidence,
     RankException,
-    RanksSnapshot,
     RankTerminated,
     Restart,
     RestartKind,
     ResumeChosen,
-    ResumeSource,
     SignalReceived,
     WorkerExit,
     WorkersStopped,
     WorkersSucceeded,
+    WorkloadControlReceived,
 )
-from ft_core.fault_policy import FaultAction, FaultPolicy, Fingerprint
+from ft_core.exit_causes import ExitCause
+from ft_core.fault_policy import FaultAction, FaultOutcome, FaultPolicy, Fingerprint
 from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV
-from ft_core.launcher.agent_state import Services, Trigger
+from ft_core.launcher import cycle_triggers as triggers
 from ft_core.launcher.checkpointed_iteration import CheckpointedIterationTracker
 from ft_core.launcher.coordination import (
     CycleInfo,
     Decision,
+    DecisionAction,
     JobCoordinator,
     leave_rendezvous,
     nodes_could_join,
     spares_waiting,
 )
-from ft_core.launcher.cycle_triggers import CycleTriggers
-from ft_core.launcher.hang_diagnosis import HangDiagnosis
+from ft_core.launcher.culprit import CulpritExchange
+from ft_core.launcher.cycle_observations import CycleObservations
+from ft_core.launcher.cycle_triggers import Trigger
+from ft_core.launcher.fault_fingerprint import failure_records_in, fingerprint, fingerprint_record
+from ft_core.launcher.hang_diagnosis import EXCEPTION_REPORT_WAIT, diagnose, hang_stacks, take_evidence
 from ft_core.launcher.job_store import open_job_store
 from ft_core.launcher.options import LauncherOptions
-from ft_core.launcher.outcome import Outcome, exit_status, left_job_outcome, signal_outcome
+from ft_core.launcher.outcome import Outcome, RendezvousEnd, exit_status, left_job_outcome, signal_outcome
 from ft_core.launcher.rendezvous_skew import join_skew_skipped
 from ft_core.launcher.rendezvous_wait import reporting_rendezvous_wait
+from ft_core.launcher.resumed_checkpoint import mark_checkpoint_bad, megatron_load_at_start
+from ft_core.launcher.services import Services
 from ft_core.launcher.straggler_exchange import StragglerDetector
 from ft_core.launcher.workers import (
     kill_process_groups,
@@ -97,13 +107,11 @@ log = logging.getLogger("ft_core.launcher")
 
 #: How long a node that ends the job keeps the rendezvous store up for hot spares to see the end.
 SPARE_RELEASE_TIMEOUT = 10.0
-#: ``worker_exit.cause`` of a worker that failed once training was finished (not a fault: no restart).
-FINISHED_EXIT_CAUSE = "exit after training finished"
 #: Why training counts as finished when no flag file says so (see ``FtElasticAgent._training_finished``).
 RANKS_FINISHED = "every rank reported training complete and shut its client down"
 
 
-class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
+class FtElasticAgent(LocalElasticAgent):
     """See the module docstring. ``agent.outcome`` holds the result after ``run()``."""
 
     def __init__(self, spec: Any, logs_specs: Any, *, services: Services, options: LauncherOptions,
@@ -123,28 +131,10 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
             options.straggler_action, services.events.node, lambda: self._coord.job_store,
             services.on_straggler_round, options.straggler_min_phase_seconds)
         self._cycle: Optional[CycleInfo] = None
-        #: hang_detected records of this cycle's workers, by pid.
-        self._hangs: dict[int, HangDetected] = {}
-        #: The exceptions this cycle's workers reported failing with (a fault's fingerprint), in arrival order.
-        self._exceptions: list[RankException] = []
-        self._loaded: Optional[CheckpointLoaded] = None
-        self._resumed_snapshot: Optional[ResumeChosen] = None
-        #: local_rank -> (pid, exit code) of the workers that failed on their own this cycle, and when.
-        self._failed: dict[int, tuple[int, int]] = {}
-        self._failed_at = 0.0
-        self._connected: set[int] = set()
-        self._gone_at: dict[int, float] = {}
-        #: The evidence of this node's ranks for the diagnosis of this cycle's hang, once taken.
-        self._evidence: Optional[list[RankEvidence]] = None
-        self._snapshot: Optional[RanksSnapshot] = None
-        #: Why exclude-node fell back to report, each said once.
+        #: What this node saw of the current cycle: a new value at each cycle's start (see _start_workers).
+        self._seen = CycleObservations()
+        #: Why exclude-node fell back to report, each said once (for the job's life).
         self._exclusion_warned: set[str] = set()
-        #: Pids of this cycle's workers whose graceful goodbye reported training complete.
-        self._reported_finished: set[int] = set()
-        #: This cycle's workers all reported training complete (told to the job store once).
-        self._node_finished = False
-        #: Why training is finished, decided at the cycle's first worker failure; None: it is not.
-        self._finished_reason: Optional[str] = None
         self.outcome = Outcome(1, "the launcher stopped before the job ended")
         #: ``outcome`` is the agent's verdict (a signal arriving after it, in torch's bookkeeping, changes nothing).
         self.decided = False
@@ -186,19 +176,11 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
     @override
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         assert self._cycle is not None
-        self._hangs.clear()
-        self._exceptions.clear()
-        self._begin_resume()
-        self._failed.clear()
-        self._connected.clear()
-        self._gone_at.clear()
-        self._evidence = None
-        self._reported_finished.clear()
-        self._node_finished = False
-        self._finished_reason = None
+        load_dir, tracker = megatron_load_at_start(worker_group.spec.args)  # before the workers move the tracker
         self._svc.monitor.wait_ready()  # started in parallel with the first rendezvous
         with workers_die_with_agent(self._svc.factory):
             pids = super()._start_workers(worker_group)
+        self._seen = CycleObservations(self._cycle.cycle, frozenset(pids.values()), load_dir, tracker)
         started = time.time()
         self._svc.events.cycle_started()
         self._svc.events.write(CycleStart(
@@ -241,18 +223,18 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         handlers = getattr(pcontext, "subprocess_handlers", None) or {}
         failed = {rank: (h.proc.pid, h.proc.returncode) for rank, h in handlers.items()
                   if h.proc.poll() not in (None, 0)}
-        if failed and not self._failed:
-            self._failed = failed
-            self._failed_at = time.time()
+        seen = self._seen
+        if failed and not seen.failed:
+            seen.failed, seen.failed_at = failed, time.time()
             self._read_monitor_events()
-            if training_finished() or self._reported_finished:
+            if training_finished() or seen.reported_finished:
                 # Training is done (or a rank said so): the others may still be saving, saying goodbye
                 # or exiting; let them end on their own (a goodbye is recorded before its rank exits).
                 wait_until(lambda: all(h.proc.poll() is not None for h in handlers.values()),
                            self._opts.workers_stop_timeout)
                 self._read_monitor_events()
-            self._finished_reason = self._training_finished()
-            if any(pid in self._hangs for pid, _code in failed.values()):
+            seen.finished_reason = self._training_finished()
+            if any(pid in seen.hangs for pid, _code in failed.values()):
                 self._take_evidence()  # before the survivors are stopped: what were they doing?
             # Torch's poll would stop the survivors with a fixed 30 s grace period; use ours.
             pcontext.close(signal.SIGTERM, self._opts.workers_stop_timeout)  # type: ignore[union-attr,arg-type]
@@ -280,8 +262,8 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
             stop = self._stop_decision()
             self._coord.spare_released()
             if stop is not None:
-                return self._finish(Outcome(stop.exit_code, f"spare released: {stop.reason}", "keep"))
-            return self._finish(Outcome(0, "spare released: the job finished without it", "keep"))
+                return self._finish(Outcome(stop.exit_code, f"spare released: {stop.reason}", RendezvousEnd.KEEP))
+            return self._finish(Outcome(0, "spare released: the job finished without it", RendezvousEnd.KEEP))
 
     def _wait_for_next_pass(self) -> None:
         """Wait ``--monitor-interval``, or less: a running worker's exit starts the next pass at once."""
@@ -307,8 +289,8 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
             self._svc.events.write(WorkersSucceeded(cycle=self._cycle.cycle if self._cycle else None))
             self._exit_barrier()
             return self._finish(Outcome(0, "all workers finished successfully"), result)
-        if result.state == WorkerState.FAILED and self._finished_reason is not None:
-            return self._finished_anyway(result, self._finished_reason)
+        if result.state == WorkerState.FAILED and self._seen.finished_reason is not None:
+            return self._finished_anyway(result, self._seen.finished_reason)
 
         # A rank's request goes first: when the rank exits right after asking (an exception policy
         # does), its exit and its peers' failures are the effect of the request, not a fault to restart.
@@ -335,17 +317,18 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
 
     def _end_cycle(self, trigger: Trigger, decision: Optional[Decision], result: RunResult) -> Optional[RunResult]:
         cycle = self._cycle_number()
-        diagnosis = self._diagnose(trigger, decision)
+        diagnosis = self._diagnose(trigger.kind, decision)
         if diagnosis is not None:
             self._svc.events.diagnosed(diagnosis)
         elif trigger.kind.is_fault:
             self._svc.events.fault(trigger.kind)
         # The fault policy's suspect node leaves; the others restart and a hot spare takes its place.
         leave = (decision is not None and decision.fault_action is FaultAction.EXCLUDE_NODE
-                 and decision.action == "restart" and decision.suspect_node == self._svc.events.node)
+                 and decision.action is DecisionAction.RESTART and decision.suspect_node == self._svc.events.node)
         if decision is not None and decision.fault_action is not None:
             self._svc.events.write(FaultDecision(
-                cycle=cycle, action=decision.fault_action.value, outcome="leave" if leave else decision.action.value,
+                cycle=cycle, action=decision.fault_action,
+                outcome=FaultOutcome.LEAVE if leave else FaultOutcome(decision.action.value),
                 reason=decision.reason, restarts=decision.restarts, decided_by=decision.node,
                 checkpoint=decision.mark_bad, suspect_node=decision.suspect_node))
         if trigger.kind is RestartKind.EXCLUDED or leave:
@@ -354,7 +337,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                           decision.reason if decision is not None else "")
             self._stop_workers(self._worker_group)
             return self._finish(left_job_outcome(decision.reason if leave and decision else trigger.reason), result)
-        if decision is not None and decision.action == "stop":
+        if decision is not None and decision.action is DecisionAction.STOP:
             log.error("stopping the job: %s", decision.reason)
             self._stop_workers(self._worker_group)
             return self._finish(Outcome(decision.exit_code, decision.reason), result)
@@ -364,7 +347,10 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                                        restarts=restarts, max_restarts=self._worker_group.spec.max_restarts))
         self._svc.events.restarted(cycle, cause)
         if decision is not None and decision.mark_bad is not None:
-            self._mark_checkpoint_bad(cycle, decision.mark_bad, decision.reason)
+            marked = mark_checkpoint_bad(self._seen, cycle, decision.mark_bad, decision.reason,
+                                         self._svc.monitor.socket_path)
+            if marked is not None:
+                self._svc.events.write(marked)
         # With a diagnosis, name its culprits: the first rank to expire is often a waiter.
         why = (f"{trigger.kind.value}: {trigger.reason}" if diagnosis is None else
                f"{trigger.kind.value}; culprit rank(s) {', '.join(map(str, diagnosis.culprits))}, see above")
@@ -372,6 +358,79 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                     self._worker_group.spec.max_restarts)
         self._restart_workers(self._worker_group)
         return None
+
+    # -- the cycle's end: the pure decisions on what this node saw, and the actions around them ------
+    def _control_trigger(self) -> Optional[Trigger]:
+        request = self._svc.control.pop()
+        if request is None:
+            return None
+        self._svc.events.write(WorkloadControlReceived(action=request.action.name, rank=request.rank,
+                                                       description=request.description))
+        trigger = triggers.control_trigger(request, self._exclusion_blocker)
+        if trigger is not None and trigger.kind is RestartKind.NODE_FAULT:
+            log.warning("rank %d requested ExcludeThisNode, but the job cannot go on without this node: "
+                        "restarting the workers as after a fault (%s)", request.rank, trigger.reason)
+        return trigger
+
+    def _local_trigger(self, result: RunResult) -> Optional[Trigger]:
+        trigger = triggers.monitor_trigger(self._svc.monitor, self._svc.events, time.time())
+        if trigger is not None:
+            return trigger
+        if result.state == WorkerState.FAILED:
+            for record in triggers.worker_exits(self._seen, self._global_ranks()):
+                self._svc.events.write(record)
+        return triggers.worker_trigger(result.state, self._seen, self._global_ranks(), result.failures, time.time())
+
+    def _straggler_trigger(self) -> Optional[Trigger]:
+        """Log the stragglers of a new job-wide report; a trigger when straggler_action asks for one."""
+        wg = self._worker_group
+        if self._stragglers is None or wg.group_rank is None or wg.group_world_size is None:
+            return None
+        stragglers = self._stragglers.poll(self._cycle_number(), wg.group_rank, wg.group_world_size)
+        for straggler in stragglers:
+            self._svc.events.write(straggler)
+        trigger, blocked = triggers.straggler_trigger(stragglers, self._svc.events.node, self._exclusion_blocker, time.time())
+        for blocker in dict.fromkeys(b for b in blocked if b not in self._exclusion_warned):
+            self._exclusion_warned.add(blocker)
+            log.warning("straggler_action exclude-node falls back to report for this node: %s", blocker)
+        return trigger
+
+    def _exclusion_blocker(self) -> Optional[str]:
+        return triggers.node_exclusion_blocker(self._worker_group, self._coord.job_store)
+
+    def _fingerprint(self, trigger: Trigger) -> Optional[Fingerprint]:
+        """The fault's fingerprint (:func:`.fingerprint`), once a crash's failed workers' records are in; recorded."""
+        seen = self._seen
+        if trigger.kind is RestartKind.CRASH and seen.failed:
+            def records_in() -> bool:
+                self._read_monitor_events()
+                return failure_records_in(seen)
+
+            wait_until(records_in, EXCEPTION_REPORT_WAIT, interval=0.02)
+        result = fingerprint(seen, trigger.kind, self._svc.events.node, self._global_ranks())
+        if result is not None:
+            self._svc.events.write(fingerprint_record(result, self._cycle_number()))
+        return result
+
+    def _take_evidence(self) -> list[RankEvidence]:
+        return take_evidence(self._seen, self._svc.monitor, self._svc.events.node, self._read_monitor_events)
+
+    def _diagnose(self, trigger: RestartKind, decision: Optional[Decision]) -> Optional[Diagnosis]:
+        """The job-wide diagnosis of this cycle's hang (see :func:`.diagnose`), written and told; None otherwise."""
+        store, wg, cycle = self._coord.job_store, self._worker_group, self._cycle_number()
+        if store is None:
+            return None
+        node = self._svc.events.node
+        diagnosis = diagnose(CulpritExchange(store, node, self._svc.monitor.cfg.stack_dump_timeout), cycle, trigger,
+                             decision is None or decision.node == node, wg.group_rank or 0, wg.group_world_size or 1,
+                             wg.workers[0].world_size if wg.workers else None, self._take_evidence)
+        if diagnosis is not None:
+            self._svc.events.write(diagnosis)
+            # The one line per hang: the culprit, who waited, why, and where the culprit's stack is.
+            stacks = hang_stacks(self._seen, diagnosis)
+            log.error("cycle %d: %s (evidence: %s)%s", cycle, diagnosis.headline, diagnosis.evidence,
+                      f"; stack: {', '.join(stacks)}" if stacks else "")
+        return diagnosis
 
     def _replaceable(self, fingerprint: Optional[Fingerprint]) -> bool:
         """The fault is this node's and a hot spare could take this node's place (the bad-node rule may exclude it).
@@ -383,7 +442,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                 self._coord.policy.faults.suspect_node_faults <= 0:
             return False
         try:
-            return self._exclusion_blocker() is None
+            return triggers.node_exclusion_blocker(self._worker_group, self._coord.job_store) is None
         except Exception as exc:  # noqa: BLE001 - the rendezvous store may be gone: then the node stays
             log.warning("cannot tell whether this node could leave the job: %s", exc)
             return False
@@ -399,7 +458,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         """
         if training_finished():
             return f"{finished_flag_path()} exists"
-        if not self._node_finished:
+        if not self._seen.node_finished:
             return None
         nodes = self._worker_group.group_world_size or 1
         if nodes > 1:
@@ -419,60 +478,31 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         destructor's ``terminate called without an active exception``: SIGABRT); restarting
         a finished job would redo it, or fail it once the budget is spent.
         """
-        workers = self._global_ranks()
-        for local_rank, (pid, code) in sorted(self._failed.items()):
-            exit_code, sig = exit_status(code)
-            self._svc.events.write(WorkerExit(
-                time=self._failed_at, cycle=self._cycle_number(), rank=workers.get(local_rank), local_rank=local_rank,
-                pid=pid, cause=FINISHED_EXIT_CAUSE, exit_code=exit_code, signal=sig))
-            log.warning("rank %s (pid %d) %s after training finished (%s): not restarted",
-                        workers.get(local_rank), pid, f"exited with code {code}" if sig is None else f"was killed by {sig}",
-                        why)
+        for record in triggers.worker_exits(self._seen, self._global_ranks(), ExitCause.FINISHED):
+            self._svc.events.write(record)
+            log.warning("rank %s (pid %d) %s after training finished (%s): not restarted", record.rank, record.pid,
+                        f"exited with code {record.exit_code}" if record.signal is None else
+                        f"was killed by {record.signal}", why)
         self._exit_barrier()
-        return self._finish(Outcome(0, f"training is finished ({why}); {len(self._failed)} worker(s) failed at exit"),
-                            result)
+        return self._finish(Outcome(0, f"training is finished ({why}); {len(self._seen.failed)} worker(s) failed at "
+                                       "exit"), result)
 
     def _read_monitor_events(self) -> None:
-        """Act on the monitor's records; forward to the job's event log those it carries."""
+        """Take in the monitor's records (:meth:`.CycleObservations.observe` remembers) and act on them (forward)."""
         for ev in self._svc.monitor.poll_events():
+            if self._seen.observe(ev):
+                self._on_node_finished()
             match ev:
-                case RankConnected():
-                    if self._is_current_worker(ev.pid):
-                        self._connected.add(ev.pid)
+                case (RankConnected() | RankTerminated() | RankDisconnected() | CheckpointLoaded() | ResumeChosen()
+                      | CheckpointRejected() | RankException()):
                     self._svc.events.write(ev)
-                case RankTerminated():
-                    self._svc.events.write(ev)
-                case RankDisconnected():
-                    self._svc.events.write(ev)
-                    if self._is_current_worker(ev.pid):
-                        self._gone_at.setdefault(ev.pid, ev.time)
-                    if ev.graceful and ev.training_finished and self._is_current_worker(ev.pid):
-                        self._on_rank_finished(ev.pid)
                 case HangDetected():
-                    if self._is_current_worker(ev.pid):
-                        self._hangs[ev.pid] = ev
                     # The monitor kept the stack in its own file (named by cycle); the log keeps where.
                     self._svc.events.write(msgspec.structs.replace(ev, stack=None))
                 case CheckpointReported():
                     self._on_progress(ev.iteration, f"rank {ev.rank}")
-                case CheckpointLoaded():  # written by a rank (ft_core.rank_records): a fault's resumed_from
-                    if self._cycle is not None and ev.cycle == self._cycle.cycle:
-                        self._loaded = ev
-                    self._svc.events.write(ev)
-                case ResumeChosen():  # written by global rank 0 (ft_core.snapshots)
-                    if self._cycle is not None and ev.cycle == self._cycle.cycle:
-                        self._resumed_snapshot = ev if ev.source is ResumeSource.SNAPSHOT else None
-                    self._svc.events.write(ev)
-                case CheckpointRejected():  # written by ranks (ft_core.rank_records)
-                    self._svc.events.write(ev)
-                case RankException():
-                    if self._is_current_worker(ev.pid):
-                        self._exceptions.append(ev)
-                    self._svc.events.write(ev)
                 case ConnectionRejected():
                     self._svc.events.write(MonitorConnectionRejected(time=ev.time, pid=ev.pid, reason=ev.reason))
-                case RanksSnapshot():
-                    self._snapshot = ev
                 case MonitorLate():
                     self._svc.events.monitor_late(ev.late)
                     self._svc.events.write(ev)
@@ -481,12 +511,8 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
                     if self._stragglers is not None and wg.group_rank is not None:
                         self._stragglers.publish(ev, self._cycle_number(), wg.group_rank)
 
-    def _on_rank_finished(self, pid: int) -> None:
-        """A worker of this cycle reported training complete; once all did, the job store counts this node."""
-        self._reported_finished.add(pid)
-        if self._node_finished or self._pcontext is None or not set(self._pcontext.pids().values()) <= self._reported_finished:
-            return
-        self._node_finished = True
+    def _on_node_finished(self) -> None:
+        """Every worker of this cycle reported training complete: the job store counts this node."""
         log.info("cycle %d: every rank of this node reported training complete", self._cycle_number())
         try:
             self._coord.node_finished(self._cycle_number())
@@ -526,7 +552,7 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
             exit_code, killed_by = exit_status(handler.proc.returncode)
             self._svc.events.write(WorkerExit(
                 cycle=self._cycle_number(), local_rank=handler.local_rank_id, pid=handler.proc.pid,
-                cause=f"launcher {sig.name}", exit_code=exit_code, signal=killed_by))
+                cause=ExitCause.stopped_by(sig), exit_code=exit_code, signal=killed_by))
         return self._finish(signal_outcome(sig, f"workers exit codes {codes}", finished_before))
 
     def release_rendezvous(self, outcome: Outcome) -> None:
@@ -537,9 +563,9 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         the job's stop first, so that the spare does not take the close for a finished job.
         """
         handler = self._worker_group.spec.rdzv_handler
-        if outcome.rendezvous == "leave":
+        if outcome.rendezvous is RendezvousEnd.LEAVE:
             leave_rendezvous(handler)
-        elif outcome.rendezvous == "close":
+        elif outcome.rendezvous is RendezvousEnd.CLOSE:
             if outcome.exit_code != 0 and self._coord.job_store is not None:
                 self._coord.request_stop(outcome.reason, outcome.exit_code)
             spares = spares_waiting(handler)
@@ -568,9 +594,6 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
     def _global_ranks(self) -> dict[int, int]:
         """Local rank -> global rank of this cycle's workers."""
         return {w.local_rank: w.global_rank for w in self._worker_group.workers}
-
-    def _is_current_worker(self, pid: int) -> bool:
-        return self._pcontext is not None and pid in self._pcontext.pids().values()
 
     def _cycle_number(self) -> int:
         return self._cycle.cycle if self._cycle is not None else -1

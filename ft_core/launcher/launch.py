@@ -23,7 +23,6 @@ from ft_core.config import FaultToleranceConfig
 from ft_core.events import LauncherExit, LauncherStarted
 from ft_core.jobdir import claim_job_dir, saved_stacks_dir
 from ft_core.launcher.agent import FtElasticAgent
-from ft_core.launcher.agent_state import Services
 from ft_core.launcher.control import WorkloadControlServer
 from ft_core.launcher.etcd_v3 import register as register_etcd_v3
 from ft_core.launcher.event_log import EVENTS_FILE_NAME, EventLog
@@ -40,6 +39,7 @@ from ft_core.launcher.seams import (
     TorchSeamsError,
     require_instance_attributes,
 )
+from ft_core.launcher.services import Services
 from ft_core.launcher.slurm import job_id
 from ft_core.monitor.status import status_path
 from ft_core.snapshots.space import claim_snapshot_dir

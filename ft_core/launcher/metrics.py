@@ -43,6 +43,7 @@ from ft_core.events import (
     WorkerExit,
     WorkersStopped,
 )
+from ft_core.exit_causes import ExitCause
 from ft_core.monitor.status import read_status
 from ft_core.utils.fileutil import atomic_write_text
 from ft_core.version import python_version, torch_version, version
@@ -136,7 +137,7 @@ class LauncherMetrics:
                         if rank in self._local_ranks:
                             self._faults[(RestartKind.HANG.value, str(rank))] += 1
                     self._hung.clear()
-                case WorkerExit() if record.cause == "crash":
+                case WorkerExit() if record.cause is ExitCause.CRASH:
                     self._faults[(RestartKind.CRASH.value, "" if record.rank is None else str(record.rank))] += 1
                 case Straggler():  # slow, not broken: not a fault (ft_restarts_total counts its restart)
                     self._stragglers[(str(record.rank), record.phase)] += 1

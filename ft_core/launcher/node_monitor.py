@@ -77,8 +77,8 @@ class NodeMonitor:
             self._proc.kill()
         self.start()
 
-    def request_snapshot(self) -> bool:
-        """Ask the monitor for a ``ranks_snapshot`` record of its live ranks; False if it is not running."""
+    def request_live_ranks(self) -> bool:
+        """Ask the monitor for a record of its live ranks (:class:`~ft_core.events.LiveRanks`); False if it is not running."""
         if not self.is_alive() or self.pid is None:
             return False
         try:

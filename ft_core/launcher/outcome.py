@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 import signal
 import textwrap
@@ -11,6 +12,7 @@ from typing import Optional
 from ft_core.autoresume import finished_flag_path, training_finished
 
 __all__ = ["DEFAULT_NO_RESTART_EXIT_CODE", "EXIT_CODES", "LEFT_UNFINISHED_EXIT_CODE", "ExitCode", "Outcome",
+           "RendezvousEnd",
            "exit_codes_help", "exit_codes_markdown", "exit_status", "left_job_outcome", "signal_outcome"]
 
 #: Exit code of a launcher whose node left an unfinished job (excluded): requeue, as for 128+N (EX_TEMPFAIL).
@@ -64,15 +66,21 @@ def exit_codes_help(width: int = 100) -> str:
     return "\n".join(lines) + "\n"
 
 
+class RendezvousEnd(str, enum.Enum):
+    """What a launcher that ends does with the rendezvous."""
+
+    CLOSE = "close"  # end it for every node (and release the hot spares)
+    LEAVE = "leave"  # remove only this node (excluded: the others go on)
+    KEEP = "keep"  # leave it alone (a signal: the other nodes decide for themselves)
+
+
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """How this launcher ends: its exit code, why, and what to do with the rendezvous."""
 
     exit_code: int
     reason: str
-    #: "close" ends the rendezvous for every node (and releases hot spares), "leave" removes
-    #: only this node, "keep" leaves it alone (signal: the other nodes decide for themselves).
-    rendezvous: str = "close"
+    rendezvous: RendezvousEnd = RendezvousEnd.CLOSE
 
 
 def exit_status(returncode: int) -> tuple[Optional[int], Optional[str]]:
@@ -88,8 +96,8 @@ def left_job_outcome(reason: str) -> Outcome:
     no-restart code), never 0, which SLURM would read as a finished job.
     """
     if training_finished():
-        return Outcome(0, f"{reason}; training is finished ({finished_flag_path()} exists)", "leave")
-    return Outcome(LEFT_UNFINISHED_EXIT_CODE, f"{reason}; this node left an unfinished job", "leave")
+        return Outcome(0, f"{reason}; training is finished ({finished_flag_path()} exists)", RendezvousEnd.LEAVE)
+    return Outcome(LEFT_UNFINISHED_EXIT_CODE, f"{reason}; this node left an unfinished job", RendezvousEnd.LEAVE)
 
 
 def signal_outcome(sig: signal.Signals, detail: str, workers_finished: bool = False) -> Outcome:
@@ -101,7 +109,7 @@ def signal_outcome(sig: signal.Signals, detail: str, workers_finished: bool = Fa
     exited 0 before the signal (``workers_finished``).
     """
     if workers_finished:
-        return Outcome(0, f"{sig.name} received after every worker had finished ({detail})", "keep")
+        return Outcome(0, f"{sig.name} received after every worker had finished ({detail})", RendezvousEnd.KEEP)
     if training_finished():
-        return Outcome(0, f"{sig.name} received; training is finished ({finished_flag_path()} exists)", "keep")
-    return Outcome(128 + sig.value, f"{sig.name} received; training not finished ({detail})", "keep")
+        return Outcome(0, f"{sig.name} received; training is finished ({finished_flag_path()} exists)", RendezvousEnd.KEEP)
+    return Outcome(128 + sig.value, f"{sig.name} received; training not finished ({detail})", RendezvousEnd.KEEP)

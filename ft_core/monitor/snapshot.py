@@ -24,7 +24,7 @@ from typing import Optional
 import msgspec
 
 from ft_core.diagnosis import stack_in_collective
-from ft_core.events import RankEvidence, RanksSnapshot
+from ft_core.events import LiveRanks, RankEvidence
 from ft_core.monitor.hang import DumpWait
 
 __all__ = ["SNAPSHOT_SIGNAL", "Snapshot"]
@@ -57,7 +57,7 @@ class Snapshot:
         pending = [w for w in waits if w is not None]
         return min(pending) if pending else None
 
-    def record(self, read_stack: Callable[[str, int], Optional[str]]) -> RanksSnapshot:
+    def record(self, read_stack: Callable[[str, int], Optional[str]]) -> LiveRanks:
         """The ``ranks_snapshot`` record; ``read_stack(path, offset)`` reads what a dump file gained."""
         ranks = []
         for p in self._ranks:
@@ -66,4 +66,4 @@ class Snapshot:
                 verdict = stack_in_collective(read_stack(p.dump_path, p.dump.offset))
                 evidence = msgspec.structs.replace(evidence, in_collective=verdict, stack_dump_file=p.dump_path)
             ranks.append(evidence)
-        return RanksSnapshot(ranks=sorted(ranks, key=lambda e: e.rank))
+        return LiveRanks(ranks=sorted(ranks, key=lambda e: e.rank))

@@ -71,7 +71,8 @@ from ft_core.events import (
     WorkloadControlReceived,
     read_records,
 )
-from ft_core.fault_policy import FaultAction
+from ft_core.exit_causes import ExitCause
+from ft_core.fault_policy import FaultAction, FaultOutcome
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE
 
 __all__ = ["CAUSES", "Fault", "Report", "build_report", "find_event_files", "load_records"]
@@ -85,9 +86,6 @@ CAUSES = {
 }
 #: A restart the policy let happen while naming a suspect node it could not exclude (no spare).
 SUSPECT_NOT_EXCLUDED = "suspect node (no spare)"
-
-#: Worker exits that are the launcher's doing, not a fault (stop for a restart, forwarded signal).
-_STOP_CAUSES_PREFIX = "launcher"
 
 
 @dataclasses.dataclass
@@ -137,7 +135,7 @@ class _Failure(NamedTuple):
     rank: Optional[int]
     host: Optional[str]
     iteration: Optional[int]
-    kind: str
+    kind: RestartKind
 
 
 @dataclasses.dataclass
@@ -346,11 +344,8 @@ def _budget(records: Sequence[Event]) -> tuple[dict[str, int], Optional[str]]:
     by_cause: Counter[str] = Counter()
     stopped_by = None
     for decision in sorted(decisions.values(), key=lambda d: d.time):
-        try:
-            action = FaultAction(decision.action)
-        except ValueError:  # a verdict of a newer version
-            continue
-        if decision.outcome == "stop":
+        action = decision.action  # (a record of a newer version's verdict is skipped when read)
+        if decision.outcome is FaultOutcome.STOP:
             stopped_by = f"{CAUSES[action]}: {decision.reason}" if action is FaultAction.STOP else decision.reason
         elif action is FaultAction.RESTART and decision.suspect_node is not None:
             by_cause[SUSPECT_NOT_EXCLUDED] += 1
@@ -439,7 +434,7 @@ def _fault(attempt: int, cycle: _Cycle, group: Sequence[_Launcher], following: O
            checkpoints: Sequence[tuple[float, int, str]], has_progress: bool) -> Optional[Fault]:
     """The fault that ended ``cycle``, if any."""
     failures: list[_Failure] = []
-    kinds: list[str] = []
+    kinds: list[RestartKind] = []
     reasons: list[str] = []
     hung_pids: set[tuple[str, int]] = set()
     restarts: list[Restart] = []
@@ -449,32 +444,32 @@ def _fault(attempt: int, cycle: _Cycle, group: Sequence[_Launcher], following: O
         pids = _cycle_pids(launcher.records, cycle.number)
         for r in launcher.records:
             if isinstance(r, HangDetected) and r.pid in pids:
-                failures.append(_Failure(r.time - r.elapsed, r.time, r.rank, launcher.host, r.iteration, "hang"))
+                failures.append(_Failure(r.time - r.elapsed, r.time, r.rank, launcher.host, r.iteration, RestartKind.HANG))
                 hung_pids.add((launcher.node, r.pid))
-                kinds.append("hang")
+                kinds.append(RestartKind.HANG)
             elif isinstance(r, WorkerExit) and r.cycle == cycle.number and \
-                    not r.cause.startswith(_STOP_CAUSES_PREFIX) and \
-                    (launcher.node, r.pid) not in hung_pids and r.cause != "hang":
-                failures.append(_Failure(r.time, r.time, r.rank, launcher.host, None, "crash"))
-                kinds.append("crash")
+                    not r.cause.launcher_stop and \
+                    (launcher.node, r.pid) not in hung_pids and r.cause is not ExitCause.HANG:
+                failures.append(_Failure(r.time, r.time, r.rank, launcher.host, None, RestartKind.CRASH))
+                kinds.append(RestartKind.CRASH)
             elif isinstance(r, MonitorDied) and cycle.start <= r.time <= cycle.end:
-                failures.append(_Failure(r.time, r.time, None, launcher.host, None, "monitor"))
-                kinds.append("monitor")
+                failures.append(_Failure(r.time, r.time, None, launcher.host, None, RestartKind.MONITOR))
+                kinds.append(RestartKind.MONITOR)
             elif isinstance(r, Restart) and r.cycle == cycle.number:
                 restarts.append(r)
                 reasons.append(r.reason)
                 if r.kind.is_fault:
-                    kinds.append(r.kind.value)
+                    kinds.append(r.kind)
             elif isinstance(r, WorkloadControlReceived) and cycle.start <= r.time <= cycle.end:
                 controls.append(r)
             elif isinstance(r, Diagnosis) and r.cycle == cycle.number:
                 diagnoses.append((r, launcher))
-    if not kinds and any(r.kind == RestartKind.PEER for r in restarts) and not controls:
+    if not kinds and any(r.kind is RestartKind.PEER for r in restarts) and not controls:
         # Another node ended the cycle for a fault whose records are not in these logs.
-        kinds.append("peer")
+        kinds.append(RestartKind.PEER)
     if not kinds:
         return None
-    kind = "hang" if "hang" in kinds else kinds[0]
+    kind = RestartKind.HANG if RestartKind.HANG in kinds else kinds[0]
     if not failures:  # a fault only a restart record tells of (an unhealthy worker, a peer's fault)
         failures.append(_Failure(cycle.end, cycle.end, None, None, None, kind))
     failures.sort(key=lambda f: (f.onset, f.detected, f.rank if f.rank is not None else 1 << 30))
@@ -508,8 +503,8 @@ def _fault(attempt: int, cycle: _Cycle, group: Sequence[_Launcher], following: O
         culprit = (diagnosis.culprits[0], hosts.get(nodes[0], nodes[0].rsplit(":", 1)[0]) if nodes else None)
         ranks = [*diagnosis.culprits, *(r for r in ranks if r not in diagnosis.culprits)]
     return Fault(
-        attempt=attempt, cycle=cycle.number, kind=kind, time=onset,
-        reason=reasons[0] if reasons else f"{kind} in cycle {cycle.number}",
+        attempt=attempt, cycle=cycle.number, kind=kind.value, time=onset,
+        reason=reasons[0] if reasons else f"{kind.value} in cycle {cycle.number}",
         culprit_rank=culprit[0], culprit_node=culprit[1], ranks=ranks, iteration=iteration,
         checkpoint_iteration=checkpoint_iteration,
         iterations_lost=iteration - checkpoint_iteration if iteration is not None and checkpoint_iteration is not None
@@ -529,7 +524,7 @@ def _culprit(failures: Sequence[_Failure]) -> tuple[Optional[int], Optional[str]
     In a collective hang every rank waits in its step and all of them miss their deadline
     within milliseconds of each other: the event log cannot tell the culprit from its peers.
     """
-    crashes = [f for f in failures if f.kind == "crash" and f.rank is not None]
+    crashes = [f for f in failures if f.kind is RestartKind.CRASH and f.rank is not None]
     if crashes:
         return crashes[0].rank, crashes[0].host
     ranks = {(f.rank, f.host) for f in failures}

@@ -52,7 +52,7 @@ SAMPLES: list[ev.Event] = [
     ev.Straggler(time=1.0, cycle=0, rank=3, rank_node="host:7", phase="forward", relative_score=0.62,
                  individual_score=0.98, median=0.16, window=64, threshold=0.75, consecutive=3,
                  action=StragglerAction.RESTART),
-    ev.RanksSnapshot(time=1.0, ranks=[ev.RankEvidence(rank=0, pid=11, iteration=24, section="step", in_collective=True,
+    ev.LiveRanks(time=1.0, ranks=[ev.RankEvidence(rank=0, pid=11, iteration=24, section="step", in_collective=True,
                                                       stack_dump_file="/s/rank0_pid11.txt")]),
     ev.Diagnosis(time=1.0, cycle=0, culprits=[1], waiting=[0], evidence="rank 0 was blocked in a collective",
                  headline="rank 1 (node h:7, pid 12) hung in section step at iteration 25 for 3.0 s; "

@@ -6,14 +6,14 @@ import random
 
 import pytest
 
-from ft_core.fault_policy import FaultAction, FaultKind, FaultPolicy, Fingerprint, decide_fault, user_frames
+from ft_core.fault_policy import FaultAction, FaultClass, FaultPolicy, Fingerprint, decide_fault, user_frames
 
 CKPT = "/ckpt/step=20.ckpt"
 
 
 def value_error(iteration: int = 30, *, resumed_step: int = 20, new_checkpoint: bool = False, node: str = "n1",
                 resumed_from: str = CKPT) -> Fingerprint:
-    return Fingerprint(FaultKind.EXCEPTION, culprits=(1,), nodes=(node,), iteration=iteration,
+    return Fingerprint(FaultClass.EXCEPTION, culprits=(1,), nodes=(node,), iteration=iteration,
                        exception_type="ValueError", frames=("train.py:42 training_step",),
                        resumed_from=resumed_from, resumed_step=resumed_step, new_checkpoint=new_checkpoint)
 
@@ -43,10 +43,10 @@ def test_a_new_checkpoint_in_between_means_the_job_moved_on():
 
 def test_crashes_and_signals_never_count_as_the_same_fault():
     """Without an exception or a stack nothing places a fault: the same rank killed twice may be two transients."""
-    for kind, sig in ((FaultKind.SIGNAL, "SIGKILL"), (FaultKind.CRASH, None)):
+    for kind, sig in ((FaultClass.SIGNAL, "SIGKILL"), (FaultClass.CRASH, None)):
         fault = Fingerprint(kind, culprits=(1,), iteration=None, signal=sig)
         assert decide_fault([fault] * 5).action is FaultAction.RESTART
-    hang_without_stack = Fingerprint(FaultKind.HANG, culprits=(1,), iteration=30)
+    hang_without_stack = Fingerprint(FaultClass.HANG, culprits=(1,), iteration=30)
     assert decide_fault([hang_without_stack] * 5).action is FaultAction.RESTART
     hang = dataclasses_replace(hang_without_stack, frames=("data.py:10 next_batch",))
     assert decide_fault([hang] * 2).action is FaultAction.STOP
@@ -70,14 +70,14 @@ def test_a_fault_right_after_resuming_twice_from_one_checkpoint_marks_it_bad_onc
 
 
 def test_a_nonfinite_loss_right_after_a_resume_marks_the_checkpoint_bad_at_once():
-    nan = Fingerprint(FaultKind.NONFINITE_LOSS, culprits=(0,), iteration=21, resumed_from=CKPT, resumed_step=20)
+    nan = Fingerprint(FaultClass.NONFINITE_LOSS, culprits=(0,), iteration=21, resumed_from=CKPT, resumed_step=20)
     verdict = decide_fault([nan])
     assert (verdict.action, verdict.checkpoint) == (FaultAction.MARK_CHECKPOINT_BAD, CKPT)
     assert verdict.reason == f"non-finite loss 1 step(s) after resuming from {CKPT}"
 
 
 def test_faults_that_follow_one_node_exclude_it_when_a_spare_waits_else_name_it():
-    faults = [Fingerprint(FaultKind.SIGNAL, culprits=(r,), nodes=("n7",), iteration=i, signal="SIGSEGV")
+    faults = [Fingerprint(FaultClass.SIGNAL, culprits=(r,), nodes=("n7",), iteration=i, signal="SIGSEGV")
               for r, i in ((3, 100), (2, 250), (3, 410))]
     spare = decide_fault(faults, spare_waiting=True)
     assert (spare.action, spare.node) == (FaultAction.EXCLUDE_NODE, "n7")
@@ -101,11 +101,11 @@ def test_transient_faults_always_restart():
         resumed = 0
         for _fault in range(8):
             iteration = resumed + rng.randint(15, 400)
-            kind = rng.choice([FaultKind.SIGNAL, FaultKind.HANG, FaultKind.CRASH])
+            kind = rng.choice([FaultClass.SIGNAL, FaultClass.HANG, FaultClass.CRASH])
             rank = rng.randrange(16)
             history.append(Fingerprint(kind, culprits=(rank,), nodes=(f"n{rank // 8}{rng.randrange(100)}",),
-                                       iteration=iteration, signal="SIGKILL" if kind is FaultKind.SIGNAL else None,
-                                       frames=(f"train.py:{rng.randrange(500)} step",) if kind is FaultKind.HANG
+                                       iteration=iteration, signal="SIGKILL" if kind is FaultClass.SIGNAL else None,
+                                       frames=(f"train.py:{rng.randrange(500)} step",) if kind is FaultClass.HANG
                                        else (), resumed_from=f"/ckpt/{resumed}", resumed_step=resumed,
                                        new_checkpoint=True))
             assert decide_fault(history, spare_waiting=True).action is FaultAction.RESTART, history[-3:]
@@ -134,7 +134,7 @@ def test_a_script_beside_the_package_is_user_code_and_torch_is_not():
 
 def nan_check(culprit: int, *, alike: bool, iteration: int = 40) -> Fingerprint:
     """Megatron-LM's NaN check, raised at the first step after resuming from checkpoint 40."""
-    return Fingerprint(FaultKind.EXCEPTION, culprits=(0, 1) if alike else (culprit,), nodes=("n1",),
+    return Fingerprint(FaultClass.EXCEPTION, culprits=(0, 1) if alike else (culprit,), nodes=("n1",),
                        iteration=iteration, exception_type="RuntimeError", frames=("pretrain.py:158 train",),
                        resumed_from="/ckpt/iter_0000040", resumed_step=40, alike=alike)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultAction, FaultKind, Fingerprint
+from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultAction, FaultClass, Fingerprint
 from ft_core.launcher.coordination import (
     DecisionAction,
     JobState,
@@ -23,7 +23,7 @@ def end(state: JobState, cycle: int, fingerprint: Fingerprint, best_progress: in
 
 
 def nan_loss(resumed_from: str = BAD, resumed_step: int = 20) -> Fingerprint:
-    return Fingerprint(FaultKind.NONFINITE_LOSS, culprits=(0,), iteration=resumed_step + 1,
+    return Fingerprint(FaultClass.NONFINITE_LOSS, culprits=(0,), iteration=resumed_step + 1,
                        exception_type=NONFINITE_LOSS_ERROR, frames=("train.py:9 step",),
                        resumed_from=resumed_from, resumed_step=resumed_step)
 
@@ -44,7 +44,7 @@ def test_a_checkpoint_is_marked_bad_once_and_the_job_state_survives_its_encoding
 
 
 def test_the_same_exception_twice_from_the_same_checkpoint_right_after_resuming_marks_it_bad_not_stop():
-    boom = Fingerprint(FaultKind.EXCEPTION, culprits=(1,), iteration=22, exception_type="ValueError",
+    boom = Fingerprint(FaultClass.EXCEPTION, culprits=(1,), iteration=22, exception_type="ValueError",
                        frames=("train.py:30 step",), resumed_from=BAD, resumed_step=20)
     first = end(JobState(progress_mark=20), 0, boom)
     assert first.decision is not None and first.decision.mark_bad is None
@@ -54,7 +54,7 @@ def test_the_same_exception_twice_from_the_same_checkpoint_right_after_resuming_
 
 
 def test_a_transient_fault_marks_nothing():
-    crash = Fingerprint(FaultKind.SIGNAL, culprits=(1,), signal="SIGKILL", resumed_from=BAD, resumed_step=20)
+    crash = Fingerprint(FaultClass.SIGNAL, culprits=(1,), signal="SIGKILL", resumed_from=BAD, resumed_step=20)
     state = JobState()
     for cycle in range(4):
         state = end(state, cycle, crash, best_progress=20 + 10 * cycle)
@@ -71,9 +71,9 @@ def test_marking_bad_never_spends_more_than_the_budget():
 
 
 #: Three different faults of node B's ranks (a crash, a signal, an exception): they follow the node.
-ON_B = [Fingerprint(FaultKind.CRASH, culprits=(2,), nodes=("B:1",)),
-        Fingerprint(FaultKind.SIGNAL, culprits=(3,), nodes=("B:1",), signal="SIGSEGV"),
-        Fingerprint(FaultKind.EXCEPTION, culprits=(2,), nodes=("B:1",), iteration=7, exception_type="OSError",
+ON_B = [Fingerprint(FaultClass.CRASH, culprits=(2,), nodes=("B:1",)),
+        Fingerprint(FaultClass.SIGNAL, culprits=(3,), nodes=("B:1",), signal="SIGSEGV"),
+        Fingerprint(FaultClass.EXCEPTION, culprits=(2,), nodes=("B:1",), iteration=7, exception_type="OSError",
                     frames=("io.py:3 read",))]
 
 
