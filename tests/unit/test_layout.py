@@ -23,8 +23,6 @@ NOT_YET_MIRRORED = {
     "ft_core/inprocess/restart_loop.py",
     "ft_core/inprocess/watchdog_process.py",
     "ft_core/inprocess/watchdog_thread.py",
-    "ft_core/launcher/agent_state.py",
-    "ft_core/launcher/cycle_triggers.py",
     "ft_core/launcher/hang_diagnosis.py",
     "ft_core/launcher/resumed_checkpoint.py",
     "ft_core/monitor/snapshot.py",
