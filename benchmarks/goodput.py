@@ -189,7 +189,8 @@ def run(launcher: str, faults: list[dict[str, Any]], args: argparse.Namespace, w
             job.read()
             time.sleep(0.2)
         t0 = job.last_step()["t"]  # type: ignore[index]
-        job.start_node()  # the hot spare, once the job's round is closed
+        for _ in range(args.spares):  # the hot spare, once the job's round is closed
+            job.start_node()
         applied, pending = _drive(job, faults, t0, args, load)
         with contextlib.suppress(subprocess.TimeoutExpired):  # a job that stopped: its launchers exit now
             job.nodes[0].wait(30 if any(r["event"] == "stopped" for r in job.records) else 0)
@@ -221,7 +222,7 @@ def _drive(job: Job, faults: list[dict[str, Any]], t0: float, args: argparse.Nam
         if job.nodes[0].poll() is not None:  # the job ended (its store host exited): nothing to train on
             break
         for index, node in enumerate(job.nodes):  # a launcher that left (e.g. a node excluded): a new spare
-            if node.poll() is not None and index not in job.killed and stopped_at is None:
+            if node.poll() is not None and index not in job.killed and stopped_at is None and args.spares:
                 job.killed.add(index)
                 job.start_node()
                 job.spares_started += 1
@@ -254,8 +255,9 @@ def _drive(job: Job, faults: list[dict[str, Any]], t0: float, args: argparse.Nam
                     job.killed.add(node)
                     fault.update(time=time.time(), step=last["step"])  # type: ignore[index]
                     applied.append(fault)
-                    job.start_node()  # the cluster's new spare
-                    job.spares_started += 1
+                    if args.spares:
+                        job.start_node()  # the cluster's new spare
+                        job.spares_started += 1
                 else:
                     tmp = os.path.join(job.dir, "fault.tmp")
                     with open(tmp, "w", encoding="utf-8") as handle:
@@ -331,6 +333,8 @@ def main() -> None:
                              "time between faults, as a job checkpointing every 30 min at a 3-hour MTBF)")
     parser.add_argument("--collective-timeout", type=float, default=600.0,
                         help="init_process_group(timeout=...) seconds: NCCL's default (gloo's is 1800)")
+    parser.add_argument("--spares", type=int, choices=(0, 1), default=1,
+                        help="hot spares waiting (0: a lost node is not replaced, the job goes on with 3 nodes)")
     parser.add_argument("--max-restarts", type=int, default=100)
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--stop-grace", type=float, default=60.0,
@@ -348,7 +352,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     faults = schedule(args.seed, args.duration, args.fault_interval)
     names = list(LAUNCHERS) if args.launchers == "both" else [args.launchers]
-    result: dict[str, Any] = {"benchmark": "goodput", "nodes": NODES, "nproc_per_node": 1, "spares": 1,
+    result: dict[str, Any] = {"benchmark": "goodput", "nodes": NODES, "nproc_per_node": 1, "spares": args.spares,
                               "duration_s": args.duration, "seed": args.seed, "fault_interval_s": args.fault_interval,
                               "step_time_s": args.step_time, "checkpoint_every": args.checkpoint_every,
                               "collective_timeout_s": args.collective_timeout, "ft_args": args.ft_args,
