@@ -128,7 +128,8 @@ demo: setup
 	$(PY) examples/demo.py
 
 # Every benchmark writes its JSON to $(BENCH_OUT); readme_table.py then regenerates docs/measured.md's
-# "Measured" table from those files (never edit that table by hand). About 8 minutes on 2 idle cores.
+# "Measured" table from those files (never edit that table by hand). About 30 minutes on 2 idle cores, of
+# which goodput.py takes about 22 (10 minutes of training under each launcher, one after the other).
 BENCH_OUT ?= benchmarks/results
 BENCH_RUN = run() { out="$(BENCH_OUT)/$$1.json"; shift; $(PY) "$$@" > "$$out.tmp" && mv "$$out.tmp" "$$out"; }; run
 
@@ -146,6 +147,7 @@ bench: setup bytecode
 	$(BENCH_RUN) inprocess_restart benchmarks/inprocess_restart.py --faults 5
 	$(BENCH_RUN) snapshot benchmarks/snapshot.py
 	$(BENCH_RUN) checkpoint_verify benchmarks/checkpoint_verify.py
+	$(BENCH_RUN) goodput benchmarks/goodput.py --duration 600
 	$(PY) benchmarks/readme_table.py $(BENCH_OUT) docs/measured.md
 
 clean:

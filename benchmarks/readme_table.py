@@ -219,13 +219,34 @@ def checkpoint_verify_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str
                f"{data[key + '_share_of_load']:.2f}× the load)", floor, "")
 
 
+def goodput_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
+    ft, torchrun = data["ft_launcher"], data.get("torchrun")
+    kinds = sorted({f["kind"] for f in data["schedule"]})
+    load = ft["load_avg_1m"]
+    yield (f"goodput under faults: {data['nodes']} launchers × 1 rank + a hot spare, {data['duration_s']:g} s with one "
+           f"fault per {data['fault_interval_s']:g} s ({', '.join(kinds)}; `goodput.py`, seed {data['seed']}, "
+           f"load {load['min']:.0f}-{load['max']:.0f})",
+           f"ft_launcher {100 * ft['goodput']:.1f} % ({len(ft['faults'])} faults cost {ft['fault_cost_s']:.0f} s)",
+           (f"`torchrun --max-restarts`, same schedule, same run: {100 * torchrun['goodput']:.1f} % "
+            f"({len(torchrun['faults'])} faults applied, {len(torchrun['faults_not_applied'])} never reached; "
+            f"collective timeout {data['collective_timeout_s']:g} s); " if torchrun else "")
+           + f"floor: the median step, {1000 * ft['step_s']:.0f} ms", "≥ 95 %, above torchrun's")
+
+    def by_kind(run: dict[str, Any]) -> str:
+        costs = {kind: [f["cost_s"] for f in run["faults"] if f["kind"] == kind] for kind in kinds}
+        return " / ".join(f"{kind} {sum(c) / len(c):.1f} s" if c else f"{kind} -" for kind, c in costs.items())
+
+    yield ("→ what a fault cost (mean per kind: fault → the job past the step it had reached)", by_kind(ft),
+           f"torchrun: {by_kind(torchrun)}" if torchrun else "", "")
+
+
 SECTIONS = (("ipc_overhead", ipc_rows), ("detection_latency", detection_rows),
             ("restart_latency_prewarm_on", restart_rows), ("restart_latency_prewarm_off", restart_rows),
             ("memory_overhead", memory_rows), ("startup", startup_rows),
             ("startup_prewarm_off", startup_rows), ("false_kills", false_kills_rows),
             ("lightning_overhead", lightning_rows),
             ("inprocess_restart", inprocess_rows), ("snapshot", snapshot_rows),
-            ("checkpoint_verify", checkpoint_verify_rows))
+            ("checkpoint_verify", checkpoint_verify_rows), ("goodput", goodput_rows))
 
 
 def table(directory: str) -> str:
