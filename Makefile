@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.ft-installed
 
-.PHONY: setup bytecode etcd-server prometheus test lint demo bench docs docs-screenshots chromium clean test-nvrx-unit test-torch214 test-torch-seams-old test-gpu
+.PHONY: setup bytecode etcd-server prometheus test lint demo bench docs docs-screenshots chromium clean test-nvrx-unit test-torch214 test-torch-seams-old test-gpu test-bench-smoke
 
 setup: $(STAMP)
 
@@ -46,7 +46,12 @@ lint: setup
 	$(VENV)/bin/mypy
 
 test: lint etcd-server prometheus
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs -m "not benchmark_smoke"
+
+# The benchmarks' smoke runs: each script for a short time, its JSON keys checked (benchmarks/goodput.py: about
+# 3 minutes of 5 launchers, torchrun's run included). Not in make test: a benchmark, not a contract.
+test-bench-smoke: setup
+	$(PY) -m pytest -q -rs -m benchmark_smoke
 
 # The tests marked `cuda` (skipped by `make test` where no CUDA device is visible, as on CI): a rank blocked
 # in a CUDA synchronisation, pre-warmed workers with CUDA, a snapshot of a CUDA state on the pinned path,

@@ -12,7 +12,7 @@ import psutil
 import pytest
 from helpers import REPO_ROOT, python_env
 
-pytestmark = [pytest.mark.soak, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.benchmark_smoke, pytest.mark.timeout(600)]
 
 RUN_KEYS = {"wall_s", "useful_steps", "step_s", "goodput", "stopped_cleanly", "final_step", "restarts", "startup_s",
             "spares_started", "exit_code", "faults", "faults_not_applied", "fault_cost_s", "load_avg_1m"}
