@@ -11,7 +11,7 @@ import pytest
 from ft_core.inprocess import RankShouldRestart
 from ft_core.inprocess.call_wrapper import Atomic
 from ft_core.inprocess.interruption import DEFAULT_INTERRUPT_SIGNAL, Interruptor
-from ft_core.inprocess.progress_watchdog import Progress, ProgressWatchdog
+from ft_core.inprocess.progress_watchdog import MainThreadProgress, ProgressWatchdog
 from ft_core.inprocess.shared_state import RestartPhase, SharedState
 
 pytestmark = pytest.mark.timeout(60)
@@ -88,7 +88,7 @@ def test_no_new_atomic_section_once_a_restart_is_requested(interruptor):
 
 def test_progress_moves_only_while_the_main_thread_runs_python():
     shared = SharedState.create()
-    progress = Progress(shared)
+    progress = MainThreadProgress(shared)
     watchdog = ProgressWatchdog(progress, 0.02).start()
     try:
         start = progress.last
