@@ -54,8 +54,8 @@ from ft_core.checkpoint_manifest import save_file_atomically, verify  # noqa: E4
 from ft_core.jobdir import JobDir  # noqa: E402
 from ft_core.snapshots.interval import SnapshotCost, interval_for  # noqa: E402
 from ft_core.snapshots.node import NodeSnapshots  # noqa: E402
+from ft_core.snapshots.slots import SnapshotSlots  # noqa: E402
 from ft_core.snapshots.space import SHM_BASE  # noqa: E402
-from ft_core.snapshots.store import SnapshotStore  # noqa: E402
 from ft_core.snapshots.writer import copy_state  # noqa: E402
 
 
@@ -191,8 +191,8 @@ def main() -> None:
     disk = tempfile.mkdtemp(prefix=".snapshot-bench-", dir=args.disk_dir)
     try:
         job = JobDir(os.path.join(shm, "job-bench")).create()
-        store = SnapshotStore(os.path.join(shm, "store"), rank=0, world_size=1)
-        node = NodeSnapshots(store, job.monitor_socket, every=args.snapshot_every)
+        slots = SnapshotSlots(os.path.join(shm, "slots"), rank=0, world_size=1)
+        node = NodeSnapshots(slots, job.monitor_socket, every=args.snapshot_every)
         node.resume(None)  # starts the writer, as a rank's first start does
         floor, copy, write, fresh, writer_costs = [], [], [], [], []
         for _ in range(args.repeats):
@@ -248,7 +248,7 @@ def main() -> None:
         from_snapshot, from_disk, from_disk_warm = [], [], []
         cpu_snapshot, cpu_disk_warm = [], []
         for _ in range(args.repeats):
-            resumed = NodeSnapshots(store, job.monitor_socket, every=args.snapshot_every)
+            resumed = NodeSnapshots(slots, job.monitor_socket, every=args.snapshot_every)
             start, cpu_start = time.perf_counter(), time.process_time()
             loaded = resumed.resume(None)
             assert loaded is not None

@@ -6,7 +6,7 @@ integrations write gets a small manifest: for each of its files the size and a
 CRC-32 of the content (zlib's, about 2.5 GB/s here: a fast check of what is on
 disk, not a cryptographic one), the global step and the run that wrote it.
 Before a resume the manifest is checked (:func:`verify`); a checkpoint that
-fails is skipped for the newest older one that passes (:func:`choose_checkpoint`).
+fails is skipped for the newest older one that passes (:func:`first_accepted`).
 
 Where the manifest lives:
 
@@ -50,7 +50,7 @@ __all__ = [
     "Rejection",
     "Version",
     "checksum",
-    "choose_checkpoint",
+    "first_accepted",
     "has_bad_mark",
     "manifest_path",
     "mark_bad",
@@ -76,7 +76,7 @@ def checksum(path: str, *, mapped: bool = False) -> tuple[int, int]:
     """``(size, crc32)`` of a file's content, read in 8 MiB chunks.
 
     ``mapped``: over a read-only memory map of the file instead (no copy into Python buffers,
-    about a third faster), for files nobody changes in place, as the snapshot store's (a
+    about a third faster), for files nobody changes in place, as the snapshot slots' (a
     writer replaces a file, never truncates it): a mapped file truncated while it is read
     kills the process with SIGBUS, where a read one only fails its check.
     """
@@ -346,11 +346,13 @@ def verify(checkpoint: str, *, require_manifest: bool = True) -> Optional[Reject
     return found if isinstance(found, Rejection) else None
 
 
-def choose_checkpoint(candidates: Iterable[str], check: Callable[[str], Optional[Rejection]] = verify
-                      ) -> tuple[Optional[str], list[Rejection]]:
+def first_accepted(candidates: Iterable[str], check: Callable[[str], Optional[Rejection]] = verify
+                   ) -> tuple[Optional[str], list[Rejection]]:
     """The first of ``candidates`` (give them newest first) that ``check`` accepts, and the ones it skipped.
 
     ``(None, rejections)`` when none passes: start from scratch, or stop, as the caller decides.
+    This process's check only: no agreement across ranks, no record, no exception (for that, see
+    :func:`ft_integrations.checkpoint_guard.choose_checkpoint`).
     """
     rejected: list[Rejection] = []
     for candidate in candidates:

@@ -12,7 +12,7 @@ from .health_check import FaultCounter
 from .hook_context import RankAssignmentCtx, State
 from .initialize import RetryController
 from .rank_assignment import ActiveWorldSize, FillGaps, ShiftRanks
-from .store import StoreFactory, TCPStoreFactory
+from .store_factory import StoreFactory, TCPStoreFactory
 from .wrapper import Wrapper
 
 __all__ = [

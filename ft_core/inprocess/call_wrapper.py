@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 from .hook_context import State
 from .interruption import Interruptor
-from .progress_watchdog import Progress
+from .progress_watchdog import MainThreadProgress
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -51,7 +51,8 @@ class CallWrapper:
     """
 
     def __init__(
-        self, state: State, store: torch.distributed.Store, progress: Progress, interruptor: Interruptor
+        self, state: State, store: torch.distributed.Store, progress: MainThreadProgress,
+        interruptor: Interruptor,
     ) -> None:
         self.state = state
         self.store = store

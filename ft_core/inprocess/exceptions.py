@@ -25,7 +25,7 @@ class RestartAbort(RestartError):
 
     Raised out of the wrapped call on every rank when the job cannot go on in
     process (attempts exhausted, too few ranks, a barrier timed out, the
-    coordination store is gone). A launcher such as ``ft_launcher`` then
+    in-process store is gone). A launcher such as ``ft_launcher`` then
     restarts the workers (in-job restart).
     """
 

@@ -20,10 +20,10 @@ from typing import Optional
 
 from .shared_state import SharedState
 
-__all__ = ["Progress", "ProgressWatchdog"]
+__all__ = ["MainThreadProgress", "ProgressWatchdog"]
 
 
-class Progress:
+class MainThreadProgress:
     """The last time (``time.monotonic()``) the main thread made progress.
 
     Kept locally for the watchdog thread (soft timeout) and in the shared state
@@ -66,7 +66,7 @@ def _pending_call(token: Optional[int]) -> int:
 class ProgressWatchdog:
     """Stamps ``progress`` every ``interval`` seconds while the main thread runs Python."""
 
-    def __init__(self, progress: Progress, interval: float) -> None:
+    def __init__(self, progress: MainThreadProgress, interval: float) -> None:
         self._progress = progress
         self._interval = interval
         self._token = next(_next_token)

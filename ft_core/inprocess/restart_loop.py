@@ -23,9 +23,9 @@ from .call_wrapper import CallWrapper
 from .exceptions import RankShouldRestart, RestartAbort
 from .hook_context import RankAssignmentCtx, State
 from .interruption import Interruptor
-from .progress_watchdog import Progress, ProgressWatchdog
+from .progress_watchdog import MainThreadProgress, ProgressWatchdog
+from .restart_records import RestartRecords
 from .shared_state import RestartPhase, SharedState
-from .store import CoordinationStore
 from .watchdog_process import RankWatchdogProcess, WatchdogConfig
 from .watchdog_thread import WatchdogThread
 
@@ -117,7 +117,7 @@ class RestartLoop:
             cleanup.callback(_restore_env, saved_env)
             self.shared = SharedState.create()
             cleanup.callback(self.shared.close)
-            self.progress = Progress(self.shared)
+            self.progress = MainThreadProgress(self.shared)
             self.monitor = RankWatchdogProcess.start(self._monitor_config(), self.shared)
             cleanup.callback(self.monitor.stop, self.o.termination_grace_time)
             if self.o.progress_watchdog_interval is not None:
@@ -144,61 +144,61 @@ class RestartLoop:
     def _run_with_store(self) -> Any:
         import torch.distributed as dist
 
-        store: Optional[CoordinationStore] = None
+        records: Optional[RestartRecords] = None
         try:
             raw = self.o.store_factory(host=self.rank == 0, timeout=self.o.barrier_timeout)
-            store = CoordinationStore(raw, self.world_size, self.o.monitor_thread_interval)
+            records = RestartRecords(raw, self.world_size, self.o.monitor_thread_interval)
             # A second connection for the function, so its blocking store calls
             # (rendezvous of init_process_group) never delay the watchdog thread.
             self.user_store = self.o.store_factory(host=False, timeout=self.o.soft_timeout)
-            result = self._loop(store)
+            result = self._loop(records)
         except RestartAbort as exc:
-            self._give_up(store, exc)
+            self._give_up(records, exc)
             raise
         except dist.DistError as exc:
-            abort = RestartAbort(f"coordination store failed: {exc}")
-            self._give_up(store, abort)
+            abort = RestartAbort(f"in-process store failed: {exc}")
+            self._give_up(records, abort)
             raise abort from exc
-        self._leave(store)
+        self._leave(records)
         return result
 
-    def _give_up(self, store: Optional[CoordinationStore], exc: RestartAbort) -> None:
+    def _give_up(self, records: Optional[RestartRecords], exc: RestartAbort) -> None:
         import torch.distributed as dist
 
         log.error("rank %d: in-process restart gives up: %s", self.rank, exc)
-        if store is None:
+        if records is None:
             return
         try:
-            store.abort(str(exc))
+            records.abort(str(exc))
             # Ranks still running this attempt must leave it to learn about the abort.
-            store.report_restart(self.attempt, None, f"in-process restart aborted: {exc}")
-            self._leave(store)
+            records.report_restart(self.attempt, None, f"in-process restart aborted: {exc}")
+            self._leave(records)
         except dist.DistError as store_exc:
             log.debug("rank %d: could not record the abort: %s", self.rank, store_exc)
 
-    def _leave(self, store: CoordinationStore) -> None:
+    def _leave(self, records: RestartRecords) -> None:
         """Final barrier: rank 0 may serve the store, so it leaves last."""
         self.monitor.stop(self.o.termination_grace_time)  # before leaving, so it reports nothing
-        store.leave(self.rank)
+        records.leave(self.rank)
         if self.rank == 0:
-            missing = store.wait_left(self.o.barrier_timeout)
+            missing = records.wait_left(self.o.barrier_timeout)
             if missing:
                 log.warning("rank 0: ranks %s did not leave within %s s", sorted(missing), self.o.barrier_timeout)
 
     # -- attempts ---------------------------------------------------------------------------
 
-    def _loop(self, store: CoordinationStore) -> Any:
+    def _loop(self, records: RestartRecords) -> Any:
         previous: dict[int, int] = {}
         faults = 0
         healthy = True
         self.monitor.wait_ready(self.shared, self.o.barrier_timeout)
         while True:
             self.shared.enter(self.attempt, RestartPhase.BARRIER)
-            members = store.join(self.attempt, self.rank, self.o.barrier_timeout)
+            members = records.join(self.attempt, self.rank, self.o.barrier_timeout)
             if self.rank not in members:
                 raise RestartAbort(f"rank {self.rank} was recorded as terminated by its peers")
-            ctx = self._assign(members, store.excluded(), previous)
-            store.publish_active(self.attempt, ctx.active)
+            ctx = self._assign(members, records.excluded(), previous)
+            records.publish_active(self.attempt, ctx.active)
             self.shared.enter(self.attempt, RestartPhase.MEMBER)
             state = State(self.attempt, self.rank, self.world_size, ctx.ranks.get(self.rank), len(ctx.active), faults)
             if state.active:
@@ -209,13 +209,13 @@ class RestartLoop:
             else:
                 log.info("rank %d: attempt %d, inactive (%d ranks run the function)", self.rank,
                          self.attempt, state.world_size)
-            outcome = self._run_iteration(store, state)
+            outcome = self._run_iteration(records, state)
             if outcome.done:
                 return outcome.result
             faults += outcome.faulted
             if healthy and not self._recover(dataclasses.replace(state, fault_count=faults)):
                 healthy = False
-                store.mark_excluded(self.rank)
+                records.mark_excluded(self.rank)
             previous = dict(ctx.ranks)
             self.attempt += 1
 
@@ -238,7 +238,7 @@ class RestartLoop:
             )
         return ctx
 
-    def _run_iteration(self, store: CoordinationStore, state: State) -> _Outcome:
+    def _run_iteration(self, records: RestartRecords, state: State) -> _Outcome:
         if self.o.initialize is not None:
             try:
                 self.o.initialize(state)
@@ -246,13 +246,13 @@ class RestartLoop:
                 raise
             except Exception as exc:
                 log.exception("rank %d: initialize failed", self.rank)
-                decision = store.report_restart(self.attempt, self.rank, f"initialize failed: {exc!r}")
+                decision = records.report_restart(self.attempt, self.rank, f"initialize failed: {exc!r}")
                 return _Outcome(faulted=decision.rank == self.rank)
         if not state.active:
-            return _Outcome(done=store.wait_decision(self.attempt).done)
-        return self._run_active(store, state)
+            return _Outcome(done=records.wait_decision(self.attempt).done)
+        return self._run_active(records, state)
 
-    def _run_active(self, store: CoordinationStore, state: State) -> _Outcome:
+    def _run_active(self, records: RestartRecords, state: State) -> _Outcome:
         import torch.distributed as dist
 
         abort = _AbortOnce(self.o.abort, state)
@@ -260,7 +260,7 @@ class RestartLoop:
         call_wrapper = CallWrapper(state, user_store, self.progress, self.interruptor)
         kwargs = dict(self.kwargs, call_wrapper=call_wrapper) if self.takes_call_wrapper else self.kwargs
         monitor = WatchdogThread(
-            store=store, attempt=self.attempt, rank=self.rank, progress=self.progress,
+            records=records, attempt=self.attempt, rank=self.rank, progress=self.progress,
             interruptor=self.interruptor, abort=abort, soft_timeout=self.o.soft_timeout,
             hard_timeout=self.o.hard_timeout, interval=self.o.monitor_thread_interval,
         )
@@ -273,11 +273,11 @@ class RestartLoop:
         if completed:
             monitor.stop()
             self.shared.armed = False
-            store.complete(self.attempt, state.world_size)
-            if store.wait_decision(self.attempt).done:
+            records.complete(self.attempt, state.world_size)
+            if records.wait_decision(self.attempt).done:
                 return _Outcome(done=True, result=value)
         elif not isinstance(value, RankShouldRestart):
-            faulted = self._report_failure(store, value, monitor, abort)
+            faulted = self._report_failure(records, value, monitor, abort)
         # Drop the exception now: its traceback pins the function's frames and
         # with them the process group, whose open connections peers may be
         # blocked on (gloo only notices a peer's abort when its sockets close).
@@ -286,17 +286,17 @@ class RestartLoop:
         abort()
         gc.collect()  # the same for frames caught in reference cycles
         self.shared.armed = False
-        store.record_interrupted(self.attempt, self.rank)
+        records.record_interrupted(self.attempt, self.rank)
         return _Outcome(faulted=faulted or monitor.blamed)
 
     def _report_failure(
-        self, store: CoordinationStore, exc: BaseException, monitor: WatchdogThread, abort: _AbortOnce
+        self, records: RestartRecords, exc: BaseException, monitor: WatchdogThread, abort: _AbortOnce
     ) -> bool:
         """Ask for a restart because the function raised ``exc``; True if the fault is this rank's."""
         reason = f"{type(exc).__name__}: {exc}"[:300]
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: this process leaves
-            store.mark_terminated(self.rank)
-            store.report_restart(self.attempt, self.rank, f"rank {self.rank} exits ({reason})")
+            records.mark_terminated(self.rank)
+            records.report_restart(self.attempt, self.rank, f"rank {self.rank} exits ({reason})")
             monitor.stop()
             abort()
             raise exc
@@ -304,9 +304,9 @@ class RestartLoop:
         if raised_in_torch_distributed(exc):
             # Probably a peer's fault broke the collective: let that peer (or
             # the watchdog process that saw it die) report first.
-            decision = store.decision_within(self.attempt, 2 * self.o.monitor_process_interval)
+            decision = records.decision_within(self.attempt, 2 * self.o.monitor_process_interval)
         if decision is None:
-            decision = store.report_restart(self.attempt, self.rank, reason)
+            decision = records.report_restart(self.attempt, self.rank, reason)
         if decision.rank == self.rank:
             log.error("rank %d: attempt %d failed; restarting all ranks", self.rank, self.attempt, exc_info=exc)
             return True

@@ -3,7 +3,7 @@
 It keeps working when the rank cannot (a main thread stuck in C code while
 holding the GIL stops every thread of the rank). Its jobs:
 
-* heartbeat to the coordination store, so other ranks can tell that this
+* heartbeat to the in-process store, so other ranks can tell that this
   rank (with its monitor) is alive;
 * notice peers whose heartbeat stopped (a lost node) and record them as
   terminated; if one of them runs the function in the current attempt,
@@ -44,8 +44,9 @@ from typing import BinaryIO, Optional
 from ft_core.utils.deadline import wait_until
 
 from .exceptions import RestartAbort
+from .restart_records import RestartRecords
 from .shared_state import RestartPhase, SharedState
-from .store import CoordinationStore, StoreFactory
+from .store_factory import StoreFactory
 
 __all__ = ["WatchdogConfig", "RankWatchdogProcess"]
 
@@ -137,7 +138,7 @@ class _RankMonitor:
         self.stopped = threading.Event()  # the rank asked us to exit
         self.rank_gone = threading.Event()  # the rank process is gone
         self.wake = threading.Event()
-        self.store: Optional[CoordinationStore] = None
+        self.records: Optional[RestartRecords] = None
         self._heartbeat_seen: dict[int, tuple[int, float]] = {}
         self._active: dict[int, set[int]] = {}
 
@@ -201,33 +202,33 @@ class _RankMonitor:
         failures = 0
         while not self.stopped.is_set():
             try:
-                if self.store is None:
-                    self.store = self._connect()
+                if self.records is None:
+                    self.records = self._connect()
                     self.shared.monitor_ready = True
-                self.store.heartbeat(self.cfg.rank)
-                self._check_peers(self.store)
+                self.records.heartbeat(self.cfg.rank)
+                self._check_peers(self.records)
                 failures = 0
             except Exception as exc:  # keep monitoring locally; the rank sees store failures itself
                 failures += 1
                 if failures == 1:
-                    log.warning("rank %d: coordination store failed: %s", self.cfg.rank, exc)
+                    log.warning("rank %d: in-process store failed: %s", self.cfg.rank, exc)
             self.stopped.wait(self.cfg.interval)
 
-    def _connect(self) -> CoordinationStore:
-        store = CoordinationStore(
+    def _connect(self) -> RestartRecords:
+        records = RestartRecords(
             self.cfg.store_factory(host=False, timeout=self.cfg.heartbeat_timeout),
             self.cfg.world_size,
             self.cfg.interval,
         )
-        store.init_heartbeats()
-        return store
+        records.init_heartbeats()
+        return records
 
-    def _check_peers(self, store: CoordinationStore) -> None:
+    def _check_peers(self, records: RestartRecords) -> None:
         now = time.monotonic()
-        terminated = store.terminated()
+        terminated = records.terminated()
         peers = [r for r in range(self.cfg.world_size) if r != self.cfg.rank and r not in terminated]
         stale = set()
-        for peer, count in zip(peers, store.heartbeats(peers)):
+        for peer, count in zip(peers, records.heartbeats(peers)):
             seen = self._heartbeat_seen.get(peer)
             if seen is None or seen[0] != count:
                 self._heartbeat_seen[peer] = (count, now)
@@ -235,29 +236,29 @@ class _RankMonitor:
                 log.warning("rank %d: no heartbeat for %.1f s; recording it as terminated", peer, now - seen[1])
                 stale.add(peer)
         for peer in stale:
-            store.mark_terminated(peer)
-        self._restart_if_active(store, terminated | stale)
+            records.mark_terminated(peer)
+        self._restart_if_active(records, terminated | stale)
 
     def _record_own_termination(self) -> None:
-        store = self.store
-        if store is not None:
-            store.mark_terminated(self.cfg.rank)
-            self._restart_if_active(store, {self.cfg.rank})
+        records = self.records
+        if records is not None:
+            records.mark_terminated(self.cfg.rank)
+            self._restart_if_active(records, {self.cfg.rank})
 
-    def _restart_if_active(self, store: CoordinationStore, terminated: set[int]) -> None:
+    def _restart_if_active(self, records: RestartRecords, terminated: set[int]) -> None:
         """Restart the rank's current attempt if a terminated process runs the function in it."""
         if not terminated or self.shared.phase != RestartPhase.MEMBER:
             return
         attempt = self.shared.attempt
         active = self._active.get(attempt)
         if active is None:
-            active = store.active(attempt)
+            active = records.active(attempt)
             if active is None:
                 return
             self._active[attempt] = active
         lost = active & terminated
-        if lost and store.decision(attempt) is None:
-            store.report_restart(attempt, min(lost), f"rank(s) {sorted(lost)} terminated")
+        if lost and records.decision(attempt) is None:
+            records.report_restart(attempt, min(lost), f"rank(s) {sorted(lost)} terminated")
 
 
 def _read_config(stdin: BinaryIO) -> WatchdogConfig:

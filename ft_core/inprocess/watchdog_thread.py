@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from .blame import main_thread_in_torch_distributed
 from .interruption import Interruptor
-from .progress_watchdog import Progress
-from .store import AttemptDecision, CoordinationStore
+from .progress_watchdog import MainThreadProgress
+from .restart_records import AttemptDecision, RestartRecords
 
 __all__ = ["WatchdogThread"]
 
@@ -36,10 +36,10 @@ class WatchdogThread:
     def __init__(
         self,
         *,
-        store: CoordinationStore,
+        records: RestartRecords,
         attempt: int,
         rank: int,
-        progress: Progress,
+        progress: MainThreadProgress,
         interruptor: Interruptor,
         abort: Callable[[], None],
         soft_timeout: float,
@@ -47,7 +47,7 @@ class WatchdogThread:
         interval: float,
     ) -> None:
         self._thread = threading.Thread(target=self._run, name=f"ft-inprocess-watchdog-{attempt}", daemon=True)
-        self._store = store
+        self._records = records
         self._attempt = attempt
         self._rank = rank
         self._progress = progress
@@ -87,18 +87,18 @@ class WatchdogThread:
 
     def _poll(self) -> AttemptDecision | None:
         try:
-            decision = self._store.decision(self._attempt)
+            decision = self._records.decision(self._attempt)
             if decision is None and self._soft_timeout_due():
                 age = self._progress.age()
-                decision = self._store.report_restart(
+                decision = self._records.report_restart(
                     self._attempt, self._rank, f"no progress for {age:.1f} s (soft_timeout={self._soft_timeout} s)"
                 )
                 self.blamed = decision.rank == self._rank
                 if self.blamed:
                     log.warning("rank %d: soft timeout, no progress for %.1f s; restarting", self._rank, age)
         except Exception as exc:  # the store is gone: nothing to coordinate with, restart (and give up there)
-            log.warning("rank %d: coordination store failed (%s); restarting", self._rank, exc)
-            return AttemptDecision(False, None, f"coordination store failed: {exc}")
+            log.warning("rank %d: in-process store failed (%s); restarting", self._rank, exc)
+            return AttemptDecision(False, None, f"in-process store failed: {exc}")
         return decision
 
     def _soft_timeout_due(self) -> bool:

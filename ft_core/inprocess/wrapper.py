@@ -15,7 +15,7 @@ from .hook_context import RankAssignmentCtx, State
 from .interruption import DEFAULT_INTERRUPT_SIGNAL
 from .rank_assignment import ShiftRanks
 from .restart_loop import RestartLoop
-from .store import StoreFactory, TCPStoreFactory
+from .store_factory import StoreFactory, TCPStoreFactory
 
 __all__ = ["Wrapper"]
 

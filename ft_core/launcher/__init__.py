@@ -11,7 +11,7 @@ torch's seams before anything that uses them is imported, then runs
 * ``head_start``   before the launcher imports torch: the worker factory and the monitor start
 * ``launch``       per-node setup and teardown around the agent
 * ``agent``        ``FtElasticAgent``, torch's ``LocalElasticAgent`` extended at its seams
-* ``coordination`` job-wide cycles, decisions, stop and progress through the rendezvous store
+* ``coordination`` job-wide cycles, decisions, stop and progress through the job store
 * ``node_monitor`` the node's ``RankMonitorServer``: start, tail events, respawn
 * ``control``      workload-control socket server (ExcludeThisNode, ShutdownWorkload)
 * ``progress``     latest checkpointed iteration (progress rule)

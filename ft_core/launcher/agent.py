@@ -121,7 +121,7 @@ class FtElasticAgent(LocalElasticAgent):
         self._opts = options
         self._coord = JobCoordinator(spec.rdzv_handler.get_run_id(), services.events.node, spec.max_restarts,
                                      options.max_no_progress_cycles, options.no_restart_exit_code,
-                                     store=open_job_store(spec.rdzv_handler),
+                                     job_store=open_job_store(spec.rdzv_handler),
                                      min_progress_iterations=options.min_progress_iterations,
                                      faults=FaultPolicy(options.max_identical_faults, options.suspect_checkpoint_steps,
                                                         options.suspect_node_faults))
@@ -155,8 +155,8 @@ class FtElasticAgent(LocalElasticAgent):
         self._cycle = self._coord.begin_cycle(store, group_rank, master_addr,
                                               static=spec.rdzv_handler.get_backend() == "static")
         # Point the workers at the cycle's own store.
-        worker_group.master_addr = self._cycle.store_addr
-        worker_group.master_port = self._cycle.store_port
+        worker_group.master_addr = self._cycle.worker_store_addr
+        worker_group.master_port = self._cycle.worker_store_port
         # Torch derives its logs and TORCHELASTIC_RESTART_COUNT from this; keep it job-wide.
         self._remaining_restarts = spec.max_restarts - self._cycle.restarts
 

@@ -1,17 +1,17 @@
 """Job-wide state shared by the launchers of all nodes through the job store.
 
 Torch's elastic agent keeps its restart budget per node and hands workers a
-store that outlives a restart. This module adds what fault tolerance needs on
+store that outlives a restart (the rendezvous store). This module adds what fault tolerance needs on
 top, in the job store (:mod:`.job_store`: the c10d rendezvous store, or the
 etcd cluster with ``--rdzv-backend=etcd-v3`` or ``etcd-v2``):
 
 * **Cycles.** After each rendezvous the node with group rank 0 takes the next
   job-wide cycle number (``TORCHELASTIC_RESTART_COUNT`` for the workers) and
-  starts a brand-new ``TCPStore`` server for the workers of that cycle, on a
+  starts the *workers' store* of that cycle, a brand-new ``TCPStore`` server, on a
   port the OS picks while the previous cycle's server is still bound. Workers
   therefore never see a previous cycle's keys, nor a port that another process
   may have taken. The address travels in the rendezvous round's own key space.
-  That worker store lives in one launcher for one cycle only: losing its node
+  The workers' store lives in one launcher for one cycle only: losing its node
   ends the cycle (its ranks are gone anyway), and the next cycle's group rank
   0, on a surviving node, serves a new one.
 * **Decisions.** A cycle ends at most once. The job's counters (restarts
@@ -92,8 +92,9 @@ class CycleInfo:
 
     cycle: int
     restarts: int
-    store_addr: str
-    store_port: int
+    #: Where the workers' store of the cycle listens (``MASTER_ADDR``, ``MASTER_PORT`` of its workers).
+    worker_store_addr: str
+    worker_store_port: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,19 +231,19 @@ def decide_cycle_end(state: JobState, cycle: int, reason: str, *, fault: bool, p
 class JobCoordinator:
     """The launcher's view of the job-wide state; see the module docstring.
 
-    ``store`` is the job store when the rendezvous handler has one from the
+    ``job_store`` is the job store when the rendezvous handler has one from the
     start (c10d, etcd-v3, etcd-v2: see :func:`~ft_core.launcher.job_store.open_job_store`);
     otherwise (static) the first rendezvous round provides it.
     """
 
     def __init__(self, run_id: str, node: str, max_restarts: int, max_no_progress_cycles: int,
-                 no_restart_exit_code: int, store: Optional[JobStore] = None,
+                 no_restart_exit_code: int, job_store: Optional[JobStore] = None,
                  min_progress_iterations: int = 1, faults: FaultPolicy = FaultPolicy()) -> None:
         self.run_id = run_id
         self.node = node
         self.policy = RestartPolicy(max_restarts, max_no_progress_cycles, no_restart_exit_code,
                                     min_progress_iterations, faults)
-        self._job = store
+        self._job = job_store
         self._rendezvous_count = 0
         # Held so the server lives exactly as long as the cycle it serves.
         self._worker_store_server: Optional[dist.TCPStore] = None
@@ -252,7 +253,7 @@ class JobCoordinator:
         """The job store (None until the first rendezvous of a static job): other job-wide state lives there too."""
         return self._job
 
-    # -- store plumbing ---------------------------------------------------
+    # -- job store plumbing------------------------------------------------
     def _state(self) -> JobState:
         assert self._job is not None
         raw = self._job.get(STATE_KEY)
@@ -296,17 +297,17 @@ class JobCoordinator:
             self._job = job_store_on(base, self.run_id)
         namespace = f"ft_launcher/rdzv{self._rendezvous_count}" if static else "ft_launcher"
         self._rendezvous_count += 1
-        cycle_store = dist.PrefixStore(namespace, rdzv_store)
+        round_keys = dist.PrefixStore(namespace, rdzv_store)  # where the cycle's info is published
         if group_rank == 0:
             # Bind the new server before releasing the old one: the OS cannot give the same port back.
             server = dist.TCPStore(master_addr, 0, is_master=True, wait_for_workers=False)
             self._worker_store_server = server
             info = CycleInfo(cycle=self._job.add(CYCLES_KEY, 1) - 1, restarts=self._state().restarts,
-                             store_addr=master_addr, store_port=server.port)
-            cycle_store.set("cycle", msgspec.json.encode(info).decode())
+                             worker_store_addr=master_addr, worker_store_port=server.port)
+            round_keys.set("cycle", msgspec.json.encode(info).decode())
         else:
             self._worker_store_server = None
-            info = _decode("cycle", cycle_store.get("cycle").decode(), CycleInfo)
+            info = _decode("cycle", round_keys.get("cycle").decode(), CycleInfo)
         return info
 
     # -- decisions --------------------------------------------------------
@@ -370,15 +371,15 @@ class JobCoordinator:
     def wait_spares_released(self, count: int, timeout: float) -> bool:
         """Keep the job store up until ``count`` spares have read how the job ended.
 
-        With c10d the first launcher hosts the store: when it exits, a spare
-        cannot learn anything. A store outside the launchers (etcd) needs no wait.
+        With c10d the first launcher hosts the rendezvous store, and the job store on it: when
+        it exits, a spare cannot learn anything. A job store outside the launchers (etcd) needs no wait.
         """
         if self._job is None:
             return False
         if self._job.survives_node_loss:
             return True
-        store = self._job
-        return bool(wait_until(lambda: int(store.get(SPARES_RELEASED_KEY) or 0) >= count, timeout))
+        job_store = self._job
+        return bool(wait_until(lambda: int(job_store.get(SPARES_RELEASED_KEY) or 0) >= count, timeout))
 
     # -- training complete ------------------------------------------------
     def node_finished(self, cycle: int) -> None:

@@ -43,8 +43,8 @@ _DIAGNOSIS = msgspec.json.Decoder(Optional[Diagnosis])
 class CulpritExchange:
     """The job store keys of the diagnosis of one job; see the module docstring."""
 
-    def __init__(self, store: JobStore, node: str, stack_dump_timeout: float) -> None:
-        self._store = store
+    def __init__(self, job_store: JobStore, node: str, stack_dump_timeout: float) -> None:
+        self._job_store = job_store
         self.node = node
         #: The others snapshot their ranks (stack dumps included) before they share.
         self.evidence_timeout = EVIDENCE_TIMEOUT + stack_dump_timeout
@@ -56,22 +56,22 @@ class CulpritExchange:
 
     def request(self, cycle: int) -> None:
         """As the deciding node of a hang: ask every node for its evidence."""
-        self._store.set(f"diagnosis/{cycle}/wanted", "1")
+        self._job_store.set(f"diagnosis/{cycle}/wanted", "1")
 
     def requested(self, cycle: int) -> bool:
         """As another node: whether the decider wants evidence (False: its fault was no hang, or it is gone)."""
         wanted, result = f"diagnosis/{cycle}/wanted", self._result_key(cycle)
 
         def answer() -> Optional[str]:
-            if self._store.get(wanted) is not None:
+            if self._job_store.get(wanted) is not None:
                 return "wanted"
-            return "published" if self._store.get(result) is not None else None
+            return "published" if self._job_store.get(result) is not None else None
 
         # The decider marks or publishes right after deciding, before any node can learn of the decision.
         return wait_until(answer, self.evidence_timeout) == "wanted"
 
     def share(self, cycle: int, group_rank: int, evidence: Sequence[RankEvidence]) -> None:
-        self._store.set(f"diagnosis/{cycle}/evidence/{group_rank}", msgspec.json.encode(list(evidence)).decode())
+        self._job_store.set(f"diagnosis/{cycle}/evidence/{group_rank}", msgspec.json.encode(list(evidence)).decode())
 
     def decide(self, cycle: int, nodes: int, evidence: Sequence[RankEvidence],
                world_size: Optional[int] = None) -> Optional[Diagnosis]:
@@ -81,11 +81,11 @@ class CulpritExchange:
         connected (see :func:`~ft_core.diagnosis.diagnose`); without it, nothing is inferred.
         """
         keys = [f"diagnosis/{cycle}/evidence/{rank}" for rank in range(nodes)]
-        wait_until(lambda: all(self._store.get(key) is not None for key in keys), self.evidence_timeout)
+        wait_until(lambda: all(self._job_store.get(key) is not None for key in keys), self.evidence_timeout)
         everything = list(evidence)
         missing = []
         for rank, key in enumerate(keys):
-            raw = self._store.get(key)
+            raw = self._job_store.get(key)
             if raw is None:
                 missing.append(rank)
                 continue
@@ -103,12 +103,12 @@ class CulpritExchange:
 
     def publish(self, cycle: int, result: Optional[Diagnosis]) -> None:
         """The job-wide diagnosis of ``cycle`` (None: its fault was no hang)."""
-        self._store.set(self._result_key(cycle), _NONE if result is None else msgspec.json.encode(result).decode())
+        self._job_store.set(self._result_key(cycle), _NONE if result is None else msgspec.json.encode(result).decode())
 
     def wait(self, cycle: int, evidence: Sequence[RankEvidence]) -> Optional[Diagnosis]:
         """As another node: the deciding node's diagnosis; this node's own if none comes in time."""
         key = self._result_key(cycle)
-        raw = wait_until(lambda: self._store.get(key), 2 * self.evidence_timeout)
+        raw = wait_until(lambda: self._job_store.get(key), 2 * self.evidence_timeout)
         if raw is not None:
             try:
                 published = _DIAGNOSIS.decode(raw)

@@ -1,4 +1,4 @@
-"""``--rdzv-backend=etcd-v3``: torch's dynamic rendezvous, its store and the job store on etcd's v3 API.
+"""``--rdzv-backend=etcd-v3``: torch's dynamic rendezvous, the rendezvous store and the job store on etcd v3.
 
 Torch's own etcd backends (``etcd``, ``etcd-v2``) speak etcd's v2 API, which
 etcd 3.5 serves only with ``--enable-v2`` and 3.6 no longer serves at all.
@@ -20,8 +20,8 @@ pure-Python client of etcd's v3 JSON gateway (etcd >= 3.4):
 * :class:`EtcdV3RendezvousBackend`: the rendezvous state is one key;
   ``set_state`` is a transaction that compares the key's mod revision (the
   fencing token ``get_state`` returned) and answers with the state in force.
-* :class:`EtcdV3Store`: the ``torch.distributed.Store`` the rendezvous hands
-  out (per-round keys, the cycle's store address).
+* :class:`EtcdV3Store`: the rendezvous store, the ``torch.distributed.Store`` the rendezvous
+  hands out (per-round keys, the address of the cycle's workers' store).
 
 The job store (:class:`~ft_core.launcher.job_store.EtcdV3JobStore`) uses the
 same client and lease. Key layout under ``/ft_launcher/<run id>/``: ``lease``
@@ -422,7 +422,7 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
 
 
 class EtcdV3Store(dist.Store):
-    """A ``torch.distributed.Store`` in etcd keys under ``prefix``, attached to the job's lease.
+    """The rendezvous store: a ``torch.distributed.Store`` in etcd keys under ``prefix``, attached to the job's lease.
 
     ``get`` and ``wait`` poll until the key exists or the store's timeout passes
     (then ``LookupError``, as torch's ``EtcdStore``).

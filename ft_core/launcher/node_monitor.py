@@ -11,7 +11,7 @@ from ft_core.config import FaultToleranceConfig
 from ft_core.events import Event, read_records
 from ft_core.jobdir import JobDir
 from ft_core.monitor import MonitorProcess, RankMonitorServer
-from ft_core.monitor.snapshot import SNAPSHOT_SIGNAL
+from ft_core.monitor.live_ranks import LIVE_RANKS_SIGNAL
 from ft_core.monitor.spawn import StandbyMonitor
 
 __all__ = ["NodeMonitor"]
@@ -82,7 +82,7 @@ class NodeMonitor:
         if not self.is_alive() or self.pid is None:
             return False
         try:
-            os.kill(self.pid, SNAPSHOT_SIGNAL)
+            os.kill(self.pid, LIVE_RANKS_SIGNAL)
         except ProcessLookupError:
             return False
         return True

@@ -5,7 +5,7 @@ seconds, wall-clock aligned (round ``k`` ends at ``k * interval``), and emits
 its ranks' window medians (:class:`~ft_core.events.PhaseMedians`). Then:
 
 1. every launcher publishes its node's medians under the job-store key
-   ``straggler/<group rank>`` (overwritten each round: the store does not grow);
+   ``straggler/<group rank>`` (overwritten each round: the job store does not grow);
 2. the launcher of group rank 0 -- the aggregator -- reads every node's entry
    half an interval after the round ended, keeps those of the round, and
    judges them with one :class:`~ft_core.straggler_scoring.StragglerJudge` per cycle;
@@ -16,7 +16,7 @@ its ranks' window medians (:class:`~ft_core.events.PhaseMedians`). Then:
 A node whose medians arrive more than half an interval late is left out of
 that round (its ranks neither count for nor break a run). Nothing is read or
 written until this node's monitor reported phases in the cycle: a job that
-marks no phase costs no store traffic.
+marks no phase costs no job store traffic.
 
 The actions never stop a slow but healthy job:
 
@@ -129,12 +129,12 @@ class StragglerDetector:
     Args:
         interval, threshold, consecutive, action: the ``straggler_*`` config keys.
         node: this launcher (``host:pid``), named as ``rank_node`` in the events of its ranks.
-        store: returns the job store (None until the first rendezvous of a static job).
+        job_store: returns the job store (None until the first rendezvous of a static job).
         on_round: called with every report read (all scores of the round), e.g. by the metrics endpoint.
     """
 
     def __init__(self, interval: float, threshold: float, consecutive: int, action: StragglerAction, node: str,
-                 store: Callable[[], Optional[JobStore]],
+                 job_store: Callable[[], Optional[JobStore]],
                  on_round: Optional[Callable[[StragglerRound], None]] = None,
                  min_phase_seconds: float = DEFAULT_MIN_PHASE_SECONDS) -> None:
         self.interval = interval
@@ -143,7 +143,7 @@ class StragglerDetector:
         self.min_phase_seconds = min_phase_seconds
         self.action = action
         self.node = node
-        self._store = store
+        self._job_store = job_store
         self._on_round = on_round
         self._state = _CycleState(-1, StragglerJudge(threshold, consecutive, min_phase_seconds))
 
@@ -154,30 +154,30 @@ class StragglerDetector:
 
     def publish(self, record: PhaseMedians, cycle: int, group_rank: int) -> None:
         """Put this node's medians of one round (from its monitor) in the job store."""
-        store = self._store()
-        if store is None or group_rank < 0:
+        job_store = self._job_store()
+        if job_store is None or group_rank < 0:
             return
         self._for_cycle(cycle).active = True
         entry = NodeMedians(cycle=cycle, round=record.round, node=self.node, medians=record.medians)
-        store.set(_medians_key(group_rank), msgspec.json.encode(entry).decode())
+        job_store.set(_medians_key(group_rank), msgspec.json.encode(entry).decode())
 
     def poll(self, cycle: int, group_rank: int, group_world_size: int, wall: Optional[float] = None
              ) -> list[Straggler]:
         """Judge a round if this node aggregates and one is due; return the stragglers of a new report."""
         state = self._for_cycle(cycle)
-        store = self._store()
-        if not state.active or store is None:
+        job_store = self._job_store()
+        if not state.active or job_store is None:
             return []
         wall = time.time() if wall is None else wall
         if group_rank == 0:
             due = math.floor((wall - self.interval / 2) / self.interval)
             if state.judged_round is None or due > state.judged_round:
                 state.judged_round = due
-                self._judge(store, state, due, group_world_size)
+                self._judge(job_store, state, due, group_world_size)
         if wall < state.next_poll:
             return []
         state.next_poll = wall + min(_POLL_INTERVAL, self.interval / 4)
-        raw = store.get(REPORT_KEY)
+        raw = job_store.get(REPORT_KEY)
         if raw is None:
             return []
         try:
@@ -194,11 +194,11 @@ class StragglerDetector:
             log.warning("%s; action: %s", straggler.describe(), straggler.action.value)
         return list(report.stragglers)
 
-    def _judge(self, store: JobStore, state: _CycleState, round_: int, group_world_size: int) -> None:
+    def _judge(self, job_store: JobStore, state: _CycleState, round_: int, group_world_size: int) -> None:
         medians: list[PhaseMedian] = []
         nodes: dict[int, str] = {}
         for group_rank in range(group_world_size):
-            raw = store.get(_medians_key(group_rank))
+            raw = job_store.get(_medians_key(group_rank))
             if raw is None:
                 continue
             try:
@@ -212,7 +212,8 @@ class StragglerDetector:
         if not medians:
             return
         result = state.judge.judge(medians)
-        restarted = self._restarted(store) if result.stragglers and self.action is StragglerAction.RESTART else set()
+        restarted = (self._restarted(job_store) if result.stragglers and self.action is StragglerAction.RESTART
+                     else set())
         stragglers = []
         for s in result.stragglers:
             node = nodes[s.rank]
@@ -222,18 +223,18 @@ class StragglerDetector:
                             "came): straggler_action falls back to report for that node", s.rank, node)
             elif action is StragglerAction.RESTART:
                 restarted.add(node)
-                store.set(RESTARTED_KEY, msgspec.json.encode(sorted(restarted)).decode())
+                job_store.set(RESTARTED_KEY, msgspec.json.encode(sorted(restarted)).decode())
             stragglers.append(Straggler(
                 cycle=state.cycle, rank=s.rank, rank_node=node, phase=s.phase, relative_score=round(s.relative, 4),
                 individual_score=round(s.individual, 4), median=s.median, window=s.samples,
                 threshold=self.threshold, consecutive=self.consecutive, action=action))
         report = StragglerRound(cycle=state.cycle, round=round_, scores=result.scores, stragglers=stragglers)
-        store.set(REPORT_KEY, msgspec.json.encode(report).decode())
+        job_store.set(REPORT_KEY, msgspec.json.encode(report).decode())
 
 
     @staticmethod
-    def _restarted(store: JobStore) -> set[str]:
-        raw = store.get(RESTARTED_KEY)
+    def _restarted(job_store: JobStore) -> set[str]:
+        raw = job_store.get(RESTARTED_KEY)
         if raw is None:
             return set()
         try:

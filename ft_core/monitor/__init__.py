@@ -1,6 +1,6 @@
 """The node monitor: one process per node that watches every local rank and kills hung ones.
 
-* :mod:`.server` -- :class:`RankMonitorServer`, the event loop and its actions (hangs, snapshots, status);
+* :mod:`.server` -- :class:`RankMonitorServer`, the event loop and its actions (hangs, the live ranks' evidence, status);
 * :mod:`.watched_rank` -- the rules of one rank: open sections, deadlines, the CPU probe;
 * :mod:`.defences` -- against bad peers: accept, shed, caps, rejection, the descriptor reserve;
 * :mod:`.handlers` -- one handler per message type (the handshake first);

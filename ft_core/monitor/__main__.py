@@ -13,8 +13,8 @@ from typing import Optional
 
 from ft_core.config_loading import load_json
 from ft_core.jobdir import TOKEN_ENV
+from ft_core.monitor.live_ranks import LIVE_RANKS_SIGNAL
 from ft_core.monitor.server import RankMonitorServer
-from ft_core.monitor.snapshot import SNAPSHOT_SIGNAL
 from ft_core.monitor.spawn import STANDBY_FLAG
 
 
@@ -53,7 +53,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    signal.signal(SNAPSHOT_SIGNAL, lambda _signum, _frame: server.request_snapshot())
+    signal.signal(LIVE_RANKS_SIGNAL, lambda _signum, _frame: server.request_live_ranks())
 
     def _ready() -> None:
         # The parent waits for this line on our stdout; afterwards stdout is unused.

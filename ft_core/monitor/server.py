@@ -1,4 +1,4 @@
-"""The node monitor's loop and its actions: read every rank, judge deadlines, act on hangs, snapshots, status.
+"""The node monitor's loop and its actions: read every rank, judge deadlines, act on hangs, live-rank evidence, status.
 
 It serves all local ranks over one ``AF_UNIX`` socket from a single-threaded
 event loop. Each connected rank has deadlines (first heartbeat, next heartbeat,
@@ -58,8 +58,8 @@ from ft_core.jobdir import PRIVATE_FILE_MODE, JobDir, saved_stack_path
 from ft_core.monitor.defences import HANDSHAKE_TIMEOUT, Connection, Defences
 from ft_core.monitor.handlers import MessageHandlers
 from ft_core.monitor.hang import DumpWait, Expiry, Hang
+from ft_core.monitor.live_ranks import LiveRanksEvidence
 from ft_core.monitor.slow_storage import SlowStorage
-from ft_core.monitor.snapshot import Snapshot
 from ft_core.monitor.spawn import run_in_subprocess
 from ft_core.monitor.stack_copy import STACK_COPY_CLOSE_TIMEOUT, StackCopier
 from ft_core.monitor.status import STATUS_INTERVAL, MonitorStatus, RankStatus, status_path, write_status
@@ -141,9 +141,9 @@ class RankMonitorServer:
         #: Seconds of monitor lateness granted to the ranks so far; see :meth:`_now`.
         self._grace = 0.0
         self._late_warnings = LogThrottle(LATE_WARNINGS_PER_WINDOW, LATE_WARNING_WINDOW)
-        #: Set by :meth:`request_snapshot` (a signal handler); the socket pair wakes the loop for it.
-        self._snapshot_requested = False
-        self._snapshot: Optional[Snapshot] = None
+        #: Set by :meth:`request_live_ranks` (a signal handler); the socket pair wakes the loop for it.
+        self._live_ranks_requested = False
+        self._live_ranks: Optional[LiveRanksEvidence] = None
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_w.setblocking(False)
         #: Straggler detection: phase durations per rank, and the report round last closed (see :meth:`_periodic`).
@@ -200,9 +200,9 @@ class RankMonitorServer:
                     pass  # only the read end is registered, and only while serving
                 sock.close()
 
-    def request_snapshot(self) -> None:
-        """Write a ``ranks_snapshot`` of the live ranks soon (safe from a signal handler; see :mod:`.snapshot`)."""
-        self._snapshot_requested = True
+    def request_live_ranks(self) -> None:
+        """Write a ``ranks_snapshot`` of the live ranks soon (safe from a signal handler; see :mod:`.live_ranks`)."""
+        self._live_ranks_requested = True
         try:
             self._wake_w.send(b"s")
         except OSError:
@@ -312,11 +312,11 @@ class RankMonitorServer:
     def _check_deadlines(self, now: float) -> float:
         """Act on every expired deadline; return how long the loop may sleep."""
         sleep = self.cfg.workload_check_interval
-        if self._snapshot_requested:
-            self._snapshot_requested = False
-            self._start_snapshot(now)
-        if self._snapshot is not None:
-            sleep = min(sleep, self._advance_snapshot(now))
+        if self._live_ranks_requested:
+            self._live_ranks_requested = False
+            self._start_live_ranks(now)
+        if self._live_ranks is not None:
+            sleep = min(sleep, self._advance_live_ranks(now))
         for conn in list(self._connections.values()):
             if conn.rank is None:
                 if now - conn.accepted_at <= HANDSHAKE_TIMEOUT:
@@ -481,10 +481,10 @@ class RankMonitorServer:
             self._stack_copies.submit(self.stacks_dir, rank.restart_count, rank.rank, rank.pid, stack,
                                       rank.dump_path)
 
-    # -- snapshot of the live ranks (diagnosis) ---------------------------
-    def _start_snapshot(self, now: float) -> None:
+    # -- evidence of the live ranks (diagnosis) ----------------------------
+    def _start_live_ranks(self, now: float) -> None:
         """Take the evidence of every live rank and ask each that can dump for its stack."""
-        snapshot = self._snapshot = Snapshot()
+        evidence = self._live_ranks = LiveRanksEvidence()
         wall_now = time.time()
         sig = self.cfg.stack_dump_signal
         for conn in self._connections.values():
@@ -500,18 +500,18 @@ class RankMonitorServer:
                     os.kill(rank.pid, sig)
                     dump = DumpWait(offset, now + self.cfg.stack_dump_timeout)
                 except OSError as exc:
-                    log.debug("no stack dump from rank %d for the snapshot: %s", rank.rank, exc)
-            snapshot.add(rank.evidence(now, wall_now), rank.dump_path, dump)
-        self._advance_snapshot(now)
+                    log.debug("no stack dump from rank %d for the live ranks evidence: %s", rank.rank, exc)
+            evidence.add(rank.evidence(now, wall_now), rank.dump_path, dump)
+        self._advance_live_ranks(now)
 
-    def _advance_snapshot(self, now: float) -> float:
-        """Wait for the snapshot's dumps without blocking the loop; record it once they are in."""
-        assert self._snapshot is not None
-        wait = self._snapshot.poll(now, _file_size)
+    def _advance_live_ranks(self, now: float) -> float:
+        """Wait for the evidence's dumps without blocking the loop; record it once they are in."""
+        assert self._live_ranks is not None
+        wait = self._live_ranks.poll(now, _file_size)
         if wait is not None:
             return wait
-        self._record(self._snapshot.record(_read_from))
-        self._snapshot = None
+        self._record(self._live_ranks.record(_read_from))
+        self._live_ranks = None
         return self.cfg.workload_check_interval
 
     # -- subprocess helper ------------------------------------------------

@@ -2,7 +2,7 @@
 
 * :mod:`~ft_core.snapshots.space`: the job's snapshot directory in shared memory
   (``/dev/shm/ft-<uid>/job-<random>``), which ``ft_launcher`` owns;
-* :mod:`~ft_core.snapshots.store`: each rank's two checksummed slots in it;
+* :mod:`~ft_core.snapshots.slots`: each rank's two checksummed slots in it;
 * :mod:`~ft_core.snapshots.room`: whether the node has room for them, from the state's metadata, before any copy;
 * :mod:`~ft_core.snapshots.writer`: the thread that serialises and writes off the training thread;
 * :mod:`~ft_core.snapshots.interval`: ``snapshot_every="auto"``, the interval from the measured cost;

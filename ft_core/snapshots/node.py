@@ -27,8 +27,8 @@ from ft_core.jobdir import MONITOR_SOCKET_ENV
 from ft_core.snapshots.interval import AUTO, AutoInterval, SnapshotCost, SnapshotEvery
 from ft_core.snapshots.resume import Agreement, agree, all_ranks_max, all_ranks_ok, choose, record_choice
 from ft_core.snapshots.room import StateSize, read_limits, refusal, state_size
+from ft_core.snapshots.slots import SLOTS, Snapshot, SnapshotSlots
 from ft_core.snapshots.space import snapshot_dir_for_socket
-from ft_core.snapshots.store import SLOTS, Snapshot, SnapshotStore
 from ft_core.snapshots.writer import SnapshotWriter, copies_done, copy_state, side_stream
 
 __all__ = ["NodeSnapshots", "load_snapshot", "process_snapshots", "save_snapshot"]
@@ -37,16 +37,16 @@ log = logging.getLogger("ft_core.snapshots")
 
 
 class NodeSnapshots:
-    """The snapshot store of global rank ``rank``, its writer thread and the resume decision.
+    """The snapshot slots of global rank ``rank``, their writer thread and the resume decision.
 
     ``every``: a snapshot every this many steps (0: none), or, with ``auto``, the interval
     :class:`~ft_core.snapshots.interval.AutoInterval` derives from the measured cost (then a
     collective: every rank calls :meth:`due` at every step).
     """
 
-    def __init__(self, store: SnapshotStore, socket_path: str, every: int, auto: Optional[AutoInterval] = None
+    def __init__(self, slots: SnapshotSlots, socket_path: str, every: int, auto: Optional[AutoInterval] = None
                  ) -> None:
-        self.store = store
+        self.slots = slots
         self.socket_path = socket_path
         self.auto = auto
         self._every = every
@@ -86,8 +86,8 @@ class NodeSnapshots:
         directory = snapshot_dir_for_socket(socket_path)
         if directory is None:
             return None
-        store = SnapshotStore(directory, rank, world_size)
-        return cls(store, socket_path, 0, AutoInterval()) if every == AUTO else cls(store, socket_path, int(every))
+        slots = SnapshotSlots(directory, rank, world_size)
+        return cls(slots, socket_path, 0, AutoInterval()) if every == AUTO else cls(slots, socket_path, int(every))
 
     @classmethod
     def for_process(cls) -> Optional[NodeSnapshots]:
@@ -113,7 +113,7 @@ class NodeSnapshots:
         """
         skipped: dict[tuple[int, str], str] = {}
         while True:  # each turn skips one more of the at most SLOTS snapshots a rank holds
-            self.agreement = agreement = agree(self.store, frozenset(skipped))
+            self.agreement = agreement = agree(self.slots, frozenset(skipped))
             source, reason = choose(agreement, disk_step)
             snapshot = agreement.snapshot
             if source is not ResumeSource.SNAPSHOT or snapshot is None:
@@ -128,7 +128,7 @@ class NodeSnapshots:
         self.source = source
         keep = agreement.snapshot.slot if state is not None and agreement.snapshot is not None else None
         self._start_writer(keep, discard=True)
-        if self.store.rank == 0:
+        if self.slots.rank == 0:
             record_choice(self.socket_path, self.cycle, source, reason, agreement, disk_step)
         log.info("resume: %s (%s)", source.value, reason)
         return state
@@ -138,7 +138,7 @@ class NodeSnapshots:
         """The state of ``snapshot`` and None, or None and why it must not be resumed from (this rank's view)."""
         path = snapshot.path
         try:
-            state = load(path) if load is not None else self.store.load(snapshot)
+            state = load(path) if load is not None else self.slots.load(snapshot)
         except Exception as exc:  # noqa: BLE001 - a snapshot that does not load is skipped, on every rank
             log.warning("snapshot %s does not load: %s: %s", path, type(exc).__name__, exc)
             return None, f"does not load: {type(exc).__name__}: {exc}"
@@ -152,8 +152,8 @@ class NodeSnapshots:
         if self.writer is not None:
             self.writer.close()
         self._resumes += 1
-        # The lineage: the same on every rank of this cycle, new at every resume (see ft_core.snapshots.store).
-        self.writer = SnapshotWriter(self.store, f"{self.cycle}.{self._resumes}", keep_slot=keep, discard=discard)
+        # The lineage: the same on every rank of this cycle, new at every resume (see ft_core.snapshots.slots).
+        self.writer = SnapshotWriter(self.slots, f"{self.cycle}.{self._resumes}", keep_slot=keep, discard=discard)
         return self.writer
 
     def due(self, step: int, every: Optional[int] = None) -> bool:
@@ -195,7 +195,7 @@ class NodeSnapshots:
         started = time.perf_counter()
         proposed, any_busy = all_ranks_max([self.auto.propose(cost), int(busy)])
         self._decision_s = time.perf_counter() - started
-        if self.auto.agree(proposed) and self.store.rank == 0:
+        if self.auto.agree(proposed) and self.slots.rank == 0:
             log.info("snapshot_every='auto': a snapshot every %d steps from step %d (rank 0: %s; steps of %.3f s; "
                      "the largest interval any rank asked for)", self.auto.every, step,
                      _described(cost), self.auto.step_s or 0.0)
@@ -207,10 +207,10 @@ class NodeSnapshots:
         return self._off
 
     def turn_off(self) -> None:
-        """No snapshot from now on (``auto`` found no room); the store's slots are removed, the buffers freed."""
+        """No snapshot from now on (``auto`` found no room); the rank.s slots are removed, the buffers freed."""
         self.auto, self._every, self._staging, self._stream, self._off = None, 0, None, None, True
         self.close()
-        self.store.discard()
+        self.slots.discard()
 
     def save(self, step: int, state: Any, wait: bool = False, *, started: Optional[float] = None) -> bool:
         """Copy ``state`` (this thread) and have the writer write it (its thread); False when skipped.
@@ -252,19 +252,19 @@ class NodeSnapshots:
         held = 0
         for slot in range(SLOTS):
             try:
-                held += os.path.getsize(self.store.state_file(slot))
+                held += os.path.getsize(self.slots.state_file(slot))
             except OSError:  # no such slot (or the writer is discarding it)
                 pass
         ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
         staged = state_size(self._staging).total if self._staging is not None else 0
-        found = refusal(size, ranks, read_limits(self.store.directory), held=held, staged=staged)
-        refused, by = all_ranks_max([int(found is not None), self.store.rank if found is not None else -1])
+        found = refusal(size, ranks, read_limits(self.slots.directory), held=held, staged=staged)
+        refused, by = all_ranks_max([int(found is not None), self.slots.rank if found is not None else -1])
         if not refused:
             return True
-        if found is not None and by == self.store.rank:  # one line for the job: the last rank that found no room
+        if found is not None and by == self.slots.rank:  # one line for the job: the last rank that found no room
             log.info("snapshot_every='auto': in-memory snapshots are off for this job, no copy was made: %s (rank "
                      "%d); see 'Memory' in docs/snapshots.md",
-                     found.describe(size, ranks), self.store.rank)
+                     found.describe(size, ranks), self.slots.rank)
         self.turn_off()
         return False
 
@@ -307,10 +307,10 @@ def load_snapshot(disk_step: Optional[int] = None, *,
 
 
 def save_snapshot(state_dict: Any, step: int, wait: bool = False) -> bool:
-    """Copy ``state_dict`` (tensors to host memory) and write it to the node's snapshot store in a thread.
+    """Copy ``state_dict`` (tensors to host memory) and write it to the rank.s snapshot slots in a thread.
 
     Returns at once (with ``wait``: once it is written); False when skipped (the previous snapshot
-    is still being written, or there is no store: not under ``ft_launcher``).
+    is still being written, or there is no snapshot directory: not under ``ft_launcher``).
     """
     snapshots = process_snapshots()
     return snapshots is not None and snapshots.save(int(step), state_dict, wait=wait)

@@ -1,7 +1,7 @@
 """The ranks' agreement on the newest snapshot every rank holds, and the choice between it and the disk checkpoint.
 
-Before loading, every rank lists the snapshots of its store whose content passes its
-checksum (:meth:`~ft_core.snapshots.store.SnapshotStore.verified`), and the ranks
+Before loading, every rank lists the snapshots in its slots whose content passes its
+checksum (:meth:`~ft_core.snapshots.slots.SnapshotSlots.verified`), and the ranks
 exchange the lists through ``torch.distributed`` (a gloo group: small CPU objects,
 whatever the training backend). The agreed snapshot is the newest ``(step, lineage)``
 every rank holds; when a rank holds none (a replaced node, a torn write, another world
@@ -22,7 +22,7 @@ from typing import Any, Optional
 from ft_core.events import ResumeChosen, ResumeSource
 from ft_core.rank_records import write_rank_record
 from ft_core.snapshots.condemned import condemned, snapshot_name
-from ft_core.snapshots.store import Snapshot, SnapshotStore
+from ft_core.snapshots.slots import Snapshot, SnapshotSlots
 
 __all__ = ["Agreement", "agree", "all_ranks_max", "all_ranks_ok", "choose", "record_choice"]
 
@@ -66,7 +66,7 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def agree(store: SnapshotStore, skip: frozenset[tuple[int, str]] = frozenset()) -> Agreement:
+def agree(slots: SnapshotSlots, skip: frozenset[tuple[int, str]] = frozenset()) -> Agreement:
     """Agree with every rank on the newest snapshot all of them hold (a collective: call it on every rank).
 
     The ranks exchange what their slots' manifests list (cheap), then check the checksums of the
@@ -78,8 +78,8 @@ def agree(store: SnapshotStore, skip: frozenset[tuple[int, str]] = frozenset()) 
     import torch.distributed as dist
 
     try:
-        skip = skip | condemned(store.directory)
-        mine = {(s.step, s.lineage): s for s in store.listed() if (s.step, s.lineage) not in skip}
+        skip = skip | condemned(slots.directory)
+        mine = {(s.step, s.lineage): s for s in slots.listed() if (s.step, s.lineage) not in skip}
     except (OSError, ValueError) as exc:  # the marks say which snapshots are bad: unread, none is trusted
         log.warning("snapshots not offered for the resume: the marks of condemned snapshots are unreadable: %s", exc)
         mine = {}
@@ -94,17 +94,17 @@ def agree(store: SnapshotStore, skip: frozenset[tuple[int, str]] = frozenset()) 
     torn: list[int] = []
     for step, lineage in sorted(common, reverse=True):
         snapshot = mine[step, lineage]
-        problem = store.verify(snapshot)
+        problem = slots.verify(snapshot)
         if all_ranks_ok(problem is None):
             why = f"every rank holds a verified snapshot of step {step}"
             if torn:
                 why += f" (newer ones fail their checksum on some rank: steps {', '.join(map(str, torn))})"
-            return Agreement(snapshot, why, store.world_size)
+            return Agreement(snapshot, why, slots.world_size)
         torn.append(step)
         held = [{key for key in offer if key != (step, lineage)} for offer in held]
     if torn and not any(held):
         return Agreement(None, f"no verified snapshot (steps {', '.join(map(str, torn))} fail their checksum on "
-                               "some rank)", store.world_size)
+                               "some rank)", slots.world_size)
     empty = [rank for rank, offer in enumerate(held) if not offer]
     if len(empty) == len(held):
         reason = "no rank holds a verified snapshot"
@@ -114,7 +114,7 @@ def agree(store: SnapshotStore, skip: frozenset[tuple[int, str]] = frozenset()) 
         listed = "; ".join(f"rank {rank}: {sorted(step for step, _ in offer)}"
                            for rank, offer in list(enumerate(held))[:_MAX_LISTED])
         reason = f"no snapshot that every rank holds ({listed})"
-    return Agreement(None, reason, store.world_size)
+    return Agreement(None, reason, slots.world_size)
 
 
 def choose(agreement: Agreement, disk_step: Optional[int]) -> tuple[ResumeSource, str]:

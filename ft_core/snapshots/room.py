@@ -144,7 +144,7 @@ def read_limits(directory: str, *, cgroup_root: str = "/sys/fs/cgroup") -> Limit
     """The readings :func:`refusal` decides from, for snapshots in ``directory``."""
     path = directory
     while not os.path.isdir(path) and os.path.dirname(path) != path:
-        path = os.path.dirname(path)  # the store's directories are made at its first write
+        path = os.path.dirname(path)  # the slots' directories are made at their first write
     try:
         stat = os.statvfs(path)
         shm_free: Optional[int] = stat.f_bavail * stat.f_frsize

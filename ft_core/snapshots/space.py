@@ -7,7 +7,7 @@ its workers, and follows the job directory's rules (:mod:`ft_core.jobdir`)::
     /dev/shm/ft-<uid>/                 mode 0700, verified like the runtime root
       job-<random>/                    mode 0700, the job dir's name; locked (flock) by its launcher
         owner.pid                      written once the launcher holds the lock
-        world<W>/rank<R>/slot<0|1>/    a rank's two slots (ft_core.snapshots.store)
+        world<W>/rank<R>/slot<0|1>/    a rank's two slots (ft_core.snapshots.slots)
 
 It is created with the job directory (:func:`claim_snapshot_dir`, from
 :func:`ft_core.jobdir.claim_job_dir`) and removed with it, whatever way the launcher

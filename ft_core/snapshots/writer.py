@@ -1,4 +1,4 @@
-"""The writer thread: serialises a snapshot and writes it to the store, off the training thread.
+"""The writer thread: serialises a snapshot and writes it to a slot, off the training thread.
 
 The training thread only copies the state (:func:`copy_state`: every tensor cloned to
 host memory, so training may change its own tensors at once; CUDA tensors into reused
@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Optional
 
-from ft_core.snapshots.store import Snapshot, SnapshotStore
+from ft_core.snapshots.slots import Snapshot, SnapshotSlots
 
 __all__ = ["SnapshotWriter", "copies_done", "copy_state", "side_stream"]
 
@@ -111,10 +111,10 @@ def copies_done(stream: Any) -> Any:
 class SnapshotWriter:
     """Writes submitted snapshots of one rank in a daemon thread, one at a time."""
 
-    def __init__(self, store: SnapshotStore, lineage: str, *, keep_slot: Optional[int] = None,
+    def __init__(self, slots: SnapshotSlots, lineage: str, *, keep_slot: Optional[int] = None,
                  discard: bool = False) -> None:
         """``discard``: first remove every slot but ``keep_slot`` (after a resume: the slots not resumed from)."""
-        self.store = store
+        self.slots = slots
         self.lineage = lineage
         #: Snapshots skipped because the previous write was still running.
         self.skipped = 0
@@ -192,7 +192,7 @@ class SnapshotWriter:
         import torch
 
         if self._discard:  # before any write: one submitted meanwhile waits for it
-            self.store.discard(keep=self._keep_slot)
+            self.slots.discard(keep=self._keep_slot)
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._pending is not None or self._closed)
@@ -208,7 +208,7 @@ class SnapshotWriter:
                 if ready is not None:
                     ready.synchronize()  # the device-to-host copies: the only wait, and off the training thread
                 slot = self._target_slot()
-                self.last = self.store.write(slot, step, self.lineage, functools.partial(torch.save, state))
+                self.last = self.slots.write(slot, step, self.lineage, functools.partial(torch.save, state))
                 self.error = None
                 with self._cond:
                     self.last_cost = (time.thread_time() - cpu, time.perf_counter() - wall)
@@ -227,4 +227,4 @@ class SnapshotWriter:
             return 1 - self.last.slot  # double buffering: never the newest
         if self._keep_slot is not None:
             return 1 - self._keep_slot  # the snapshot resumed from stays until a newer one is whole
-        return self.store.next_slot()
+        return self.slots.next_slot()

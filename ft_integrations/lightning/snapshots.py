@@ -6,7 +6,7 @@ with the callbacks' states and the loops' progress) plus the RNG states, taken a
 of every ``snapshot_every``-th training batch (``"auto"``, the default: every so many
 steps that their measured cost stays within 2 % of the step time, see
 :mod:`ft_core.snapshots.interval`; the interval is kept in the callback's state). The training thread only copies its
-tensors; the node's snapshot store is written by a thread (:mod:`ft_core.snapshots`).
+tensors; the rank.s snapshot slots are written by a thread (:mod:`ft_core.snapshots`).
 
 On a restart the ranks agree on the newest snapshot every rank holds; when it is newer
 than the disk checkpoint, it becomes the checkpoint Lightning restores from. The choice is
@@ -86,7 +86,7 @@ class LightningSnapshots:
     @classmethod
     def for_trainer(cls, trainer: pl.Trainer, every: SnapshotEvery, learn_step: Optional[int] = None
                     ) -> Optional[LightningSnapshots]:
-        """None when this run has no node snapshot store (not launched by ``ft_launcher``): with a warning
+        """None when this run has no snapshot directory (not launched by ``ft_launcher``): with a warning
         when ``every`` is a number, quietly for ``"auto"`` (the default: off without ft_launcher).
 
         Under ``ft_launcher`` a collective (every rank, in ``setup``): snapshots are on for every rank or
@@ -98,14 +98,14 @@ class LightningSnapshots:
             some_have, some_lack = all_ranks_max([int(node is not None), int(node is None)])
             if some_have and some_lack:
                 rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every!r}): not every rank has a snapshot "
-                               "store (ft_launcher could not make one in its node's /dev/shm): snapshots are off on "
+                               "directory (ft_launcher could not make one in its node's /dev/shm): snapshots are off on "
                                "every rank")
                 return None
         if node is None:
             if every == AUTO:
-                log.debug("snapshot_every='auto': no snapshot store on this node (not ft_launcher): snapshots are off")
+                log.debug("snapshot_every='auto': no snapshot directory on this node (not ft_launcher): snapshots are off")
             else:
-                rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every}): no snapshot store on this node "
+                rank_zero_warn(f"FaultToleranceCallback(snapshot_every={every}): no snapshot directory on this node "
                                "(snapshots need ft_launcher, which keeps them across worker restarts): snapshots "
                                "are off")
             return None
@@ -195,7 +195,7 @@ class LightningSnapshots:
         if self.node.auto is None:
             return
         if every == 0 and type(every) is int:
-            if self.node.store.rank == 0:
+            if self.node.slots.rank == 0:
                 log.info("snapshot_every='auto': in-memory snapshots stay off: an earlier run of this job found no "
                          "room for them")
             self.node.turn_off()

@@ -20,7 +20,7 @@ import time
 import pytest
 from helpers import REPO_ROOT, python_env
 
-from ft_core.checkpoint_manifest import Version, choose_checkpoint, verified_version
+from ft_core.checkpoint_manifest import Version, first_accepted, verified_version
 
 SAVER = os.path.join(REPO_ROOT, "tests", "integration", "checkpoint_workers", "saver.py")
 SIZE = 4 << 20
@@ -45,7 +45,7 @@ def test_a_kill_at_any_instant_of_a_save_leaves_a_whole_checkpoint_to_resume_fro
         finally:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        chosen, rejected = choose_checkpoint(_newest_first(tmp_path))
+        chosen, rejected = first_accepted(_newest_first(tmp_path))
         assert chosen is not None, (kill, rejected)
         version = verified_version(chosen)
         assert isinstance(version, Version), (kill, version)

@@ -1,4 +1,4 @@
-"""One rank of a gloo job that resumes from the snapshot stores of several scenarios (``agree.py OUT DIR...``).
+"""One rank of a gloo job that resumes from the snapshot slots of several scenarios (``agree.py OUT DIR...``).
 
 For each directory (prepared by the test: ``<dir>/shm`` holds the stores, ``<dir>/job-x`` the job dir),
 the rank calls ``NodeSnapshots.resume(disk_step=5)`` and appends ``{dir, rank, step, source, reason}`` to OUT.
@@ -13,13 +13,13 @@ import sys
 import torch.distributed as dist
 
 from ft_core.snapshots.node import NodeSnapshots
-from ft_core.snapshots.store import SnapshotStore
+from ft_core.snapshots.slots import SnapshotSlots
 
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 out, directories = sys.argv[1], sys.argv[2:]
 for directory in directories:
-    node = NodeSnapshots(SnapshotStore(os.path.join(directory, "shm"), rank, world),
+    node = NodeSnapshots(SnapshotSlots(os.path.join(directory, "shm"), rank, world),
                          os.path.join(directory, "job-x", "monitor.sock"), every=5)
     state = node.resume(disk_step=5)
     node.close()

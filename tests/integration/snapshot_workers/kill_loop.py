@@ -34,7 +34,7 @@ import torch
 
 from ft_core.jobdir import JobDir
 from ft_core.snapshots.node import NodeSnapshots
-from ft_core.snapshots.store import SnapshotStore
+from ft_core.snapshots.slots import SnapshotSlots
 
 ELEMENTS = 1 << 18  # 1 MiB of float32 per tensor
 #: A paced victim's step (``EVERY`` given).
@@ -50,10 +50,10 @@ def _state(step: int) -> dict:
 def victim(directory: str, kill: int, ready_fd: int, write_forever: bool, every: int, progress: mmap.mmap) -> None:
     torch.set_num_threads(1)
     job = JobDir(os.path.join(directory, "job-x"))
-    store = SnapshotStore(os.path.join(directory, "shm"), rank=0, world_size=1)
-    torn = len(store.verified()[1])
+    slots = SnapshotSlots(os.path.join(directory, "shm"), rank=0, world_size=1)
+    torn = len(slots.verified()[1])
     killed_at, _, skipped = PROGRESS.unpack_from(progress)
-    node = NodeSnapshots(store, job.monitor_socket, every=every or 1)
+    node = NodeSnapshots(slots, job.monitor_socket, every=every or 1)
     state = node.resume(disk_step=0)  # the disk checkpoint: step 0, always there
     step = int(state["step"]) if state is not None else 0
     whole = state is None or all(bool((t == step).all()) for t in (state["a"], state["b"]))

@@ -3,7 +3,7 @@
 Every rank all-reduces a step's update over gloo, saves a snapshot every 2 steps
 (``ft_core.save_snapshot``, waiting for the write so the test knows what each
 rank holds) and, on a restart, resumes from ``load_snapshot()`` (no disk checkpoint).
-Appends ``{rank, cycle, resumed_step, store, weight}`` to ``SNAP_OUT`` at start and at the end.
+Appends ``{rank, cycle, resumed_step, slots, weight}`` to ``SNAP_OUT`` at start and at the end.
 ``SNAP_STEPS``: steps to reach; ``SNAP_KILL_AT``: global rank 1 SIGKILLs itself after that step in cycle 0.
 ``SNAP_NAN_AT``: in cycle 0 every rank's weight turns NaN at that step (its snapshot holds the NaN).
 ``SNAP_BAD_STEP``: global rank 1, resumed from the snapshot of that step, raises ``ValueError`` at the
@@ -43,7 +43,7 @@ step = 0
 if state is not None:
     weight, step = state["weight"], state["step"]
 snapshots = process_snapshots()
-record(resumed_step=step, store=snapshots.store.path if snapshots is not None else None)
+record(resumed_step=step, slots=snapshots.slots.path if snapshots is not None else None)
 resumed_bad = state is not None and step == bad_step and rank == 1
 while step < steps:
     step += 1

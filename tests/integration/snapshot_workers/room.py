@@ -30,7 +30,7 @@ import torch  # noqa: E402
 from ft_core.jobdir import JobDir  # noqa: E402
 from ft_core.snapshots.interval import AutoInterval  # noqa: E402
 from ft_core.snapshots.node import NodeSnapshots  # noqa: E402
-from ft_core.snapshots.store import SnapshotStore  # noqa: E402
+from ft_core.snapshots.slots import SnapshotSlots  # noqa: E402
 
 numel = int(os.environ["SNAP_MB"]) * (1 << 20) // 4
 state = {"model": {"w": torch.ones(numel // 2)}, "optimizer": {"exp_avg": torch.ones(numel - numel // 2)}, "step": 0}
@@ -44,7 +44,7 @@ rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_S
 if world_size > 1:
     torch.distributed.init_process_group("gloo")
 job = JobDir(os.environ["SNAP_JOB_DIR"]).create()
-node = NodeSnapshots(SnapshotStore(os.environ["SNAP_DIR"], rank, world_size), job.monitor_socket, 0, AutoInterval())
+node = NodeSnapshots(SnapshotSlots(os.environ["SNAP_DIR"], rank, world_size), job.monitor_socket, 0, AutoInterval())
 node.resume(None)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 taken = []

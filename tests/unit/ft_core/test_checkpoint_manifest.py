@@ -10,7 +10,7 @@ import pytest
 from ft_core.checkpoint_manifest import (
     DIR_MANIFEST,
     Rejection,
-    choose_checkpoint,
+    first_accepted,
     manifest_path,
     mark_bad,
     read_manifest,
@@ -114,11 +114,11 @@ def test_a_checkpoint_marked_bad_is_rejected_and_the_newest_older_good_one_chose
     mark_bad(str(paths[0]), "the same ValueError twice right after resuming from it")
     with open(paths[1], "r+b") as handle:
         handle.truncate(3)
-    chosen, rejected = choose_checkpoint(map(str, paths))
+    chosen, rejected = first_accepted(map(str, paths))
     assert chosen == str(paths[2])
     assert [r.path for r in rejected] == [str(paths[0]), str(paths[1])]
     assert rejected[0].reason == "marked bad: the same ValueError twice right after resuming from it"
-    assert choose_checkpoint([str(paths[0])]) == (None, [rejected[0]])
+    assert first_accepted([str(paths[0])]) == (None, [rejected[0]])
 
 
 def test_a_mark_condemns_the_content_it_saw_not_a_later_save_under_the_same_name(tmp_path):

@@ -1,11 +1,9 @@
-"""The culprit ranking rule (ft_core.diagnosis) and the monitor's snapshot waiting (ft_core.monitor.snapshot)."""
+"""The culprit ranking rule (ft_core.diagnosis)."""
 
 from __future__ import annotations
 
 from ft_core.diagnosis import STACKS_BLIND, STOPPED_FIRST_MARGIN, diagnose, stack_in_collective
 from ft_core.events import RankEvidence
-from ft_core.monitor.hang import DumpWait
-from ft_core.monitor.snapshot import Snapshot
 
 IN_ALL_REDUCE = """Current thread 0x00007f0000000001 (most recent call first):
   File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2501 in all_reduce
@@ -100,7 +98,7 @@ def test_who_stopped_first_decides_only_without_stacks_and_beyond_the_margin():
                            ev(1, iteration=5, last_activity=late, in_collective=False)])) == ([1], [0])
 
 
-def test_a_hang_record_wins_over_a_snapshot_of_the_same_rank():
+def test_a_hang_record_wins_over_the_live_evidence_of_the_same_rank():
     verdict = diagnose([ev(1, iteration=2, in_collective=True), ev(1, iteration=2, hung=True, in_collective=False),
                         ev(0, iteration=2, in_collective=True)])
     assert ranks(verdict) == ([1], [0]) and verdict.culprits[0].hung
@@ -174,27 +172,3 @@ def test_stack_classification():
                    '  File "/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", line 395 in backward\n'
                    '  File "/work/train.py", line 12 in training_step\n')
     assert stack_in_collective(in_backward) is True
-
-
-def test_snapshot_waits_for_every_dump_then_classifies_each_stack():
-    snapshot = Snapshot()
-    snapshot.add(ev(1, iteration=3), "/d1", DumpWait(offset=10, deadline=51.0))
-    snapshot.add(ev(0, iteration=3), "/d0", DumpWait(offset=0, deadline=51.0))
-    snapshot.add(ev(2, iteration=3))  # no dump asked (it cannot dump): recorded as it is
-    sizes = {"/d0": 0, "/d1": 10}
-    assert snapshot.poll(50.0, sizes.__getitem__) is not None  # nothing written yet
-    sizes.update({"/d0": 300, "/d1": 250})
-    assert snapshot.poll(50.01, sizes.__getitem__) is not None  # still growing
-    assert snapshot.poll(50.02, sizes.__getitem__) is None  # settled
-    stacks = {("/d0", 0): IN_ALL_REDUCE, ("/d1", 10): IN_SLEEP}
-    record = snapshot.record(lambda path, offset: stacks[(path, offset)])
-    assert [(e.rank, e.in_collective, e.stack_dump_file) for e in record.ranks] == \
-        [(0, True, "/d0"), (1, False, "/d1"), (2, None, None)]
-
-
-def test_snapshot_gives_up_on_a_rank_that_never_dumps_at_its_deadline():
-    snapshot = Snapshot()
-    snapshot.add(ev(0), "/d0", DumpWait(offset=0, deadline=50.5))
-    assert snapshot.poll(50.4, lambda _path: 0) is not None
-    assert snapshot.poll(50.5, lambda _path: 0) is None
-    assert snapshot.record(lambda _path, _offset: "").ranks[0].in_collective is None

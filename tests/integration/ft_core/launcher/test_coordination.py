@@ -28,7 +28,7 @@ NODES = itertools.count()
 
 
 def coordinator(new_job_store, max_restarts: int = 3, max_no_progress_cycles: int = 0) -> JobCoordinator:
-    return JobCoordinator("test", f"node{next(NODES)}", max_restarts, max_no_progress_cycles, 93, store=new_job_store())
+    return JobCoordinator("test", f"node{next(NODES)}", max_restarts, max_no_progress_cycles, 93, job_store=new_job_store())
 
 
 def test_compare_set_writes_only_over_the_expected_value(new_job_store):
@@ -143,14 +143,14 @@ def test_finished_nodes_are_counted_per_cycle(new_job_store):
 
 def test_cycle_numbers_and_the_workers_store_are_agreed_after_each_rendezvous(new_job_store):
     store = new_job_store()
-    a = JobCoordinator("test", "a", 3, 0, 93, store=store)
-    b = JobCoordinator("test", "b", 3, 0, 93, store=new_job_store())
+    a = JobCoordinator("test", "a", 3, 0, 93, job_store=store)
+    b = JobCoordinator("test", "b", 3, 0, 93, job_store=new_job_store())
     for rnd in range(2):
         rdzv_store = dist.PrefixStore(f"round{rnd}", dist.HashStore())  # torch's store of one round
         first = a.begin_cycle(rdzv_store, 0, "127.0.0.1", static=False)
         assert b.begin_cycle(rdzv_store, 1, "127.0.0.1", static=False) == first
-        assert (first.cycle, first.restarts, first.store_addr) == (rnd, rnd, "127.0.0.1")
-        worker_store = dist.TCPStore("127.0.0.1", first.store_port, is_master=False)  # the cycle's own store
+        assert (first.cycle, first.restarts, first.worker_store_addr) == (rnd, rnd, "127.0.0.1")
+        worker_store = dist.TCPStore("127.0.0.1", first.worker_store_port, is_master=False)  # the cycle's own store
         assert not worker_store.check(["anything"])
         b.end_cycle(first.cycle, "crash", fault=True, progress_active=False)
 
@@ -159,17 +159,17 @@ def test_a_foreign_value_in_the_job_store_is_rejected_by_name(new_job_store):
     store = new_job_store()
     store.set("state", '{"restarts": "many"}')
     with pytest.raises(CoordinationError, match=r"job store key 'state': invalid value .*restarts"):
-        JobCoordinator("test", "a", 3, 0, 93, store=store).poll(0)
+        JobCoordinator("test", "a", 3, 0, 93, job_store=store).poll(0)
 
 
 def test_spares_released_wait_is_needed_only_when_the_store_lives_in_a_launcher(new_job_store):
     store = new_job_store()
-    a = JobCoordinator("test", "a", 3, 0, 93, store=store)
+    a = JobCoordinator("test", "a", 3, 0, 93, job_store=store)
     if store.survives_node_loss:
         assert a.wait_spares_released(1, timeout=0)  # etcd stays up: nothing to wait for
         return
     assert not a.wait_spares_released(1, timeout=0.2)
-    JobCoordinator("test", "spare", 3, 0, 93, store=new_job_store()).spare_released()
+    JobCoordinator("test", "spare", 3, 0, 93, job_store=new_job_store()).spare_released()
     assert a.wait_spares_released(1, timeout=5)
 
 

@@ -346,5 +346,5 @@ def test_a_stalled_log_filesystem_delays_neither_the_kill_nor_the_record(tmp_pat
     finally:
         released.set()
         server.stop()
-        server.request_snapshot()  # wakes the loop, which sees the stop
+        server.request_live_ranks()  # wakes the loop, which sees the stop
         thread.join(30)

@@ -66,4 +66,4 @@ def test_a_snapshot_that_fails_the_next_step_twice_is_condemned_and_the_job_resu
     assert decision["cycle"] == 2 and decision["checkpoint"] == "snapshot:6:0.1"
     chosen = {e["cycle"]: (e["source"], e["step"]) for e in events if e["event"] == "resume_chosen"}
     assert chosen[3] == ("disk", None), chosen
-    assert not any(os.path.exists(r["store"]) for r in records if r.get("store"))
+    assert not any(os.path.exists(r["slots"]) for r in records if r.get("slots"))

@@ -23,8 +23,8 @@ def _records(path) -> list[dict]:
     return read_events(str(path))[0] if os.path.exists(path) else []
 
 
-def _job_snapshot_dir(store: str) -> str:
-    return os.path.dirname(os.path.dirname(store))  # <shm>/ft-<uid>/job-<random>/world<W>/rank<R>
+def _job_snapshot_dir(slots: str) -> str:
+    return os.path.dirname(os.path.dirname(slots))  # <shm>/ft-<uid>/job-<random>/world<W>/rank<R>
 
 
 @pytest.mark.timeout(240)
@@ -42,8 +42,8 @@ def test_a_restarted_rank_resumes_from_the_snapshot_every_rank_holds(tmp_path):
     assert {r["weight"] for r in ends} == {24.0}  # 12 steps of 2 ranks' all-reduced ones, none counted twice
     chosen = [e for e in node.events("resume_chosen") if e["cycle"] == 1]
     assert [(e["source"], e["step"]) for e in chosen] == [("snapshot", 6)]
-    stores = {r["store"] for r in records if "store" in r}
-    assert None not in stores and not any(os.path.exists(_job_snapshot_dir(s)) for s in stores)
+    slot_dirs = {r["slots"] for r in records if "slots" in r}
+    assert None not in slot_dirs and not any(os.path.exists(_job_snapshot_dir(s)) for s in slot_dirs)
 
 
 @pytest.mark.timeout(240)
@@ -53,19 +53,19 @@ def test_the_next_launch_removes_the_snapshots_of_a_sigkilled_launcher(tmp_path)
         node = group.start(script=(PLAIN,), name="killed", SNAP_OUT=str(out), SNAP_STEPS="1000000")
 
         def snapshot_written() -> str | None:
-            stores = [r["store"] for r in _records(out) if r.get("store")]
-            return stores[0] if stores and os.path.exists(os.path.join(stores[0], "slot0", DIR_MANIFEST)) else None
+            slot_dirs = [r["slots"] for r in _records(out) if r.get("slots")]
+            return slot_dirs[0] if slot_dirs and os.path.exists(os.path.join(slot_dirs[0], "slot0", DIR_MANIFEST)) else None
 
-        store = wait_for(snapshot_written, 120, "a snapshot in shared memory")
+        slots = wait_for(snapshot_written, 120, "a snapshot in shared memory")
         tree = [node.proc.pid, *(p.pid for p in psutil.Process(node.proc.pid).children(recursive=True))]
         node.proc.kill()  # SIGKILL: the launcher's cleanup never runs
         node.proc.wait()
         wait_for(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
                                  for pid in tree), 30, "the workers to die with their launcher")
-        assert os.path.exists(_job_snapshot_dir(store))  # left behind, no owner
+        assert os.path.exists(_job_snapshot_dir(slots))  # left behind, no owner
 
         again = group.start(script=(PLAIN,), name="again", SNAP_OUT=str(tmp_path / "again.jsonl"), SNAP_STEPS="2")
         assert again.wait(180) == 0, again.output()[-4000:]
-    assert not os.path.exists(_job_snapshot_dir(store))
-    new_stores = {r["store"] for r in _records(tmp_path / "again.jsonl") if r.get("store")}
-    assert new_stores and not any(os.path.exists(_job_snapshot_dir(s)) for s in new_stores)
+    assert not os.path.exists(_job_snapshot_dir(slots))
+    new_slot_dirs = {r["slots"] for r in _records(tmp_path / "again.jsonl") if r.get("slots")}
+    assert new_slot_dirs and not any(os.path.exists(_job_snapshot_dir(s)) for s in new_slot_dirs)

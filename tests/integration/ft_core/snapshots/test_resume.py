@@ -18,15 +18,15 @@ from helpers import REPO_ROOT, free_port, python_env
 
 from ft_core.events import read_records
 from ft_core.jobdir import JobDir
-from ft_core.snapshots.store import SnapshotStore
+from ft_core.snapshots.slots import SnapshotSlots
 
 AGREE = os.path.join(REPO_ROOT, "tests", "integration", "snapshot_workers", "agree.py")
 
 
-def _write(directory, rank: int, world: int, slot: int, step: int) -> SnapshotStore:
-    store = SnapshotStore(str(directory / "shm"), rank, world)
-    store.write(slot, step, "0.1", lambda handle: torch.save({"step": step}, handle))
-    return store
+def _write(directory, rank: int, world: int, slot: int, step: int) -> SnapshotSlots:
+    slots = SnapshotSlots(str(directory / "shm"), rank, world)
+    slots.write(slot, step, "0.1", lambda handle: torch.save({"step": step}, handle))
+    return slots
 
 
 @pytest.mark.timeout(180)
@@ -40,7 +40,7 @@ def test_two_ranks_resume_from_the_newest_snapshot_both_hold_whole_or_from_disk(
             _write(scenarios[name], rank, 2, 1, 20)
         _write(scenarios["other_world"], rank, 3, 0, 30)
     _write(scenarios["replaced"], 0, 2, 0, 10)
-    with open(SnapshotStore(str(scenarios["torn"] / "shm"), 1, 2).state_file(1), "r+b") as handle:
+    with open(SnapshotSlots(str(scenarios["torn"] / "shm"), 1, 2).state_file(1), "r+b") as handle:
         handle.seek(40)
         handle.write(b"torn")
     out = tmp_path / "out.jsonl"

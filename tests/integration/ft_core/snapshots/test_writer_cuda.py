@@ -10,7 +10,7 @@ import torch
 
 from ft_core.jobdir import JobDir
 from ft_core.snapshots.node import NodeSnapshots
-from ft_core.snapshots.store import SnapshotStore
+from ft_core.snapshots.slots import SnapshotSlots
 
 pytestmark = pytest.mark.cuda  # skipped without a CUDA device (tests/conftest.py); make test-gpu runs it
 
@@ -27,7 +27,7 @@ def test_a_1_gib_cuda_state_blocks_the_training_thread_only_to_queue_its_copies(
     state = {"model": {"w": torch.randn(GIB // 8, device=device)},
              "optimizer": {"exp_avg": torch.randn(GIB // 8, device=device)}, "step": 0}  # 1 GiB of float32
     job = JobDir(str(tmp_path / "job-x")).create()
-    node = NodeSnapshots(SnapshotStore(str(tmp_path / "snapshots"), 0, 1), job.monitor_socket, every=1)
+    node = NodeSnapshots(SnapshotSlots(str(tmp_path / "snapshots"), 0, 1), job.monitor_socket, every=1)
     try:
         assert node.save(1, state, wait=True)  # the first one allocates the pinned buffers
         buffers = [t.data_ptr() for t in _staged(node)]
@@ -51,9 +51,9 @@ def test_a_1_gib_cuda_state_blocks_the_training_thread_only_to_queue_its_copies(
         del pageable
         assert blocked < synchronous / 4, (blocked, synchronous)
 
-        snapshot = node.store.listed()[0]
+        snapshot = node.slots.listed()[0]
         assert snapshot.step == 2
-        loaded = node.store.load(snapshot)
+        loaded = node.slots.load(snapshot)
         assert torch.equal(loaded["model"]["w"], expected["w"])
         assert torch.equal(loaded["optimizer"]["exp_avg"], expected["exp_avg"])
     finally:

@@ -59,9 +59,9 @@ def test_a_kill_between_checkpoints_resumes_from_the_newest_snapshot(tmp_path, f
     assert kill_step - fault.resume_step <= SNAPSHOT_EVERY
 
     # The launcher removed the job's snapshots when it ended.
-    stores = {run["snapshot_store"] for run in runs.values()}
-    assert None not in stores and len({os.path.dirname(os.path.dirname(s)) for s in stores}) == 1
-    assert not any(os.path.exists(os.path.dirname(os.path.dirname(s))) for s in stores)
+    slot_dirs = {run["snapshot_slots"] for run in runs.values()}
+    assert None not in slot_dirs and len({os.path.dirname(os.path.dirname(s)) for s in slot_dirs}) == 1
+    assert not any(os.path.exists(os.path.dirname(os.path.dirname(s))) for s in slot_dirs)
 
 
 @pytest.mark.timeout(480)

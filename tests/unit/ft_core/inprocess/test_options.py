@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch.distributed as dist
 
-from ft_core.inprocess import TCPStoreFactory, Wrapper
+from ft_core.inprocess import Wrapper
 from ft_core.utils.validation import ValidationError
 
 FAST = dict(soft_timeout=1.0, hard_timeout=2.0, heartbeat_timeout=5.0, barrier_timeout=10.0,
@@ -53,26 +53,6 @@ def test_options_are_keyword_only_and_hooks_callable():
     Wrapper(progress_watchdog_interval=None, abort=None)
 
 
-def test_tcp_store_factory_reads_the_launcher_environment(monkeypatch):
-    for name in ("FT_INPROCESS_STORE_PORT", "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID",
-                 "TORCHELASTIC_RESTART_COUNT"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MASTER_ADDR", "node0")
-    monkeypatch.setenv("MASTER_PORT", "29500")
-    assert TCPStoreFactory().resolve() == TCPStoreFactory("node0", 29501, "ft_inprocess/none/0", True)
-    # Under torchrun the agent's store outlives every worker: use it, and a namespace per restart cycle.
-    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
-    assert TCPStoreFactory().resolve() == TCPStoreFactory("node0", 29500, "ft_inprocess/job7/2", False)
-    monkeypatch.setenv("FT_INPROCESS_STORE_PORT", "4000")
-    assert TCPStoreFactory().resolve().port == 4000
-    monkeypatch.setenv("FT_INPROCESS_STORE_PORT", "port")
-    with pytest.raises(ValueError, match="FT_INPROCESS_STORE_PORT: invalid value 'port'; allowed: an integer from 1"):
-        TCPStoreFactory().resolve()
-    monkeypatch.delenv("MASTER_ADDR")
-    with pytest.raises(ValueError, match="TCPStoreFactory.host_name: host_name=None and MASTER_ADDR is not set"):
-        TCPStoreFactory().resolve()
 
 
 def test_call_checks_environment_thread_and_torch_distributed(monkeypatch):

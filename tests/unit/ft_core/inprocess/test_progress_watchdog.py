@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from ft_core.inprocess.progress_watchdog import Progress, ProgressWatchdog
+from ft_core.inprocess.progress_watchdog import MainThreadProgress, ProgressWatchdog
 from ft_core.inprocess.shared_state import SharedState
 
 pytestmark = pytest.mark.timeout(60)
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_progress_moves_only_while_the_main_thread_runs_python():
     shared = SharedState.create()
-    progress = Progress(shared)
+    progress = MainThreadProgress(shared)
     watchdog = ProgressWatchdog(progress, 0.02).start()
     try:
         start = progress.last

@@ -30,7 +30,7 @@ def test_made_progress(latest, mark, minimum, expected):
 
 def _coordinator(min_progress_iterations: int, max_no_progress_cycles: int = 2) -> JobCoordinator:
     return JobCoordinator("run", "node0", max_restarts=100, max_no_progress_cycles=max_no_progress_cycles,
-                          no_restart_exit_code=93, store=C10dJobStore(dist.HashStore()),
+                          no_restart_exit_code=93, job_store=C10dJobStore(dist.HashStore()),
                           min_progress_iterations=min_progress_iterations)
 
 

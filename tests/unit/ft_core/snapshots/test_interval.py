@@ -1,5 +1,5 @@
 """``snapshot_every="auto"``: the interval rule (pure), its hysteresis, a rank's measurements, and the
-interval over many resumes (rule 2); then the rule applied by a real store and writer thread in one
+interval over many resumes (rule 2); then the rule applied by real slots and a writer thread in one
 process (no launcher, no process group). Under a second in all."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ft_core.snapshots.interval import (
 )
 from ft_core.snapshots.node import NodeSnapshots
 from ft_core.snapshots.room import read_limits, refusal, state_size
-from ft_core.snapshots.store import SnapshotStore
+from ft_core.snapshots.slots import SnapshotSlots
 from ft_core.utils.validation import ValidationError
 
 #: docs/measured.md: a 192 MB state blocks the step 22 ms, the writer spends 0.42 s of CPU in 0.28 s... per snapshot.
@@ -204,10 +204,10 @@ def test_snapshot_every_arg_names_the_argument_the_value_and_what_is_allowed(bad
     assert "'auto'" in message and "None or 0" in message and ">= 1" in message
 
 
-# -- applied by a real store and writer thread ----------------------------------------------------
+# -- applied by real slots and a writer thread ----------------------------------------------------
 def _auto_node(tmp_path) -> NodeSnapshots:
     job = JobDir(str(tmp_path / "job-x")).create()
-    return NodeSnapshots(SnapshotStore(str(tmp_path / "shm"), 0, 1), job.monitor_socket, 0, AutoInterval())
+    return NodeSnapshots(SnapshotSlots(str(tmp_path / "shm"), 0, 1), job.monitor_socket, 0, AutoInterval())
 
 
 def _state(step: int) -> dict:
@@ -229,7 +229,7 @@ def test_auto_probes_at_step_10_then_snapshots_at_the_interval_measured(tmp_path
     every = node.auto.every
     assert taken[:2] == [FIRST_EVERY, 2 * FIRST_EVERY]
     assert all(step % every == 0 for step in taken[2:])
-    assert node.writer is None and [s.step for s in node.store.verified()[0]][0] == taken[-1]
+    assert node.writer is None and [s.step for s in node.slots.verified()[0]][0] == taken[-1]
 
 
 def test_auto_turns_snapshots_off_when_shared_memory_has_no_room_for_the_double_buffers(tmp_path, monkeypatch,
@@ -242,7 +242,7 @@ def test_auto_turns_snapshots_off_when_shared_memory_has_no_room_for_the_double_
     with caplog.at_level(logging.INFO, logger="ft_core.snapshots"):
         taken = [step for step in range(1, 40) if node.maybe_save(step, lambda step=step: _state(step))]
     assert taken == [] and node.every == 0 and node.auto is None and node.off
-    assert node.store.verified() == ([], [])  # nothing in shared memory
+    assert node.slots.verified() == ([], [])  # nothing in shared memory
     (record,) = [r for r in caplog.records if "snapshots are off" in r.getMessage()]
     assert record.levelno == logging.INFO and "no copy was made" in record.getMessage()
     assert not node.due(50, every=1)  # not even the one at the step timeouts are learned at

@@ -82,7 +82,7 @@ def test_an_unknown_reading_refuses_nothing(unknown):
 
 
 def test_the_readings_of_this_machine(tmp_path):
-    limits = read_limits(str(tmp_path / "not" / "made" / "yet"))  # the store's directories come at its first write
+    limits = read_limits(str(tmp_path / "not" / "made" / "yet"))  # the slots' directories come at their first write
     assert limits.shm_free is not None and limits.shm_free > 0
     assert limits.memory_available is not None and limits.memory_available > 0
 

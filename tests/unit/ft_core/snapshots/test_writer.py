@@ -9,7 +9,7 @@ import threading
 
 import torch
 
-from ft_core.snapshots.store import SnapshotStore
+from ft_core.snapshots.slots import SnapshotSlots
 from ft_core.snapshots.writer import SnapshotWriter, copy_state
 
 
@@ -17,9 +17,9 @@ def _state(step: int) -> dict:
     return copy_state({"step": step, "w": torch.full((8,), float(step))})
 
 
-def _slots(tmp_path) -> SnapshotStore:
+def _slots(tmp_path) -> SnapshotSlots:
     """One rank's two slots, slot 0 holding step 10 (resumed from) and slot 1 the older step 5."""
-    slots = SnapshotStore(str(tmp_path), rank=0, world_size=1)
+    slots = SnapshotSlots(str(tmp_path), rank=0, world_size=1)
     for slot, step in ((1, 5), (0, 10)):
         slots.write(slot, step, "0.1", lambda handle, step=step: torch.save(_state(step), handle))
     return slots
@@ -40,7 +40,7 @@ def test_after_a_resume_the_other_slot_is_discarded_and_the_resumed_one_kept_unt
 
 
 def test_a_failed_write_is_recorded_and_the_next_one_succeeds(tmp_path):
-    slots = SnapshotStore(str(tmp_path), rank=0, world_size=1)
+    slots = SnapshotSlots(str(tmp_path), rank=0, world_size=1)
     writer = SnapshotWriter(slots, "0.1")
     try:
         assert writer.submit(1, {"lock": threading.Lock()}) and writer.wait(30)  # torch.save cannot pickle it

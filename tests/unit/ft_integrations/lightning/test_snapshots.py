@@ -1,5 +1,5 @@
 """The callback's state keeps what ``snapshot_every="auto"`` decided across resumes: the interval, or off for want
-of room (a real store and writer thread in one process; no trainer, no launcher)."""
+of room (a real slots and writer thread in one process; no trainer, no launcher)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import torch
 from ft_core.jobdir import JobDir
 from ft_core.snapshots.interval import AutoInterval
 from ft_core.snapshots.node import NodeSnapshots
-from ft_core.snapshots.store import SnapshotStore
+from ft_core.snapshots.slots import SnapshotSlots
 from ft_integrations.lightning.snapshots import LightningSnapshots
 
 
 def _snapshots(tmp_path, name: str, every: int = 0, auto: bool = True) -> LightningSnapshots:
     job = JobDir(str(tmp_path / f"job-{name}")).create()
-    store = SnapshotStore(str(tmp_path / f"shm-{name}"), 0, 1)
-    return LightningSnapshots(NodeSnapshots(store, job.monitor_socket, every, AutoInterval() if auto else None))
+    slots = SnapshotSlots(str(tmp_path / f"shm-{name}"), 0, 1)
+    return LightningSnapshots(NodeSnapshots(slots, job.monitor_socket, every, AutoInterval() if auto else None))
 
 
 def _state(step: int) -> dict:

@@ -1,4 +1,4 @@
-"""The snapshot store, its writer thread, its directory's lifetime and the resume choice (one process, no launcher)."""
+"""The snapshot slots, their writer thread, its directory's lifetime and the resume choice (one process, no launcher)."""
 
 from __future__ import annotations
 
@@ -14,65 +14,65 @@ from ft_core.events import ResumeSource, read_records
 from ft_core.jobdir import OWNER_FILE, JobDir, claim_job_dir
 from ft_core.snapshots.node import NodeSnapshots
 from ft_core.snapshots.resume import Agreement, agree, choose
+from ft_core.snapshots.slots import STATE_FILE, SnapshotSlots
 from ft_core.snapshots.space import claim_snapshot_dir, snapshot_dir_for_socket
-from ft_core.snapshots.store import STATE_FILE, SnapshotStore
 from ft_core.snapshots.writer import SnapshotWriter, copy_state
 
 
-def _write(store: SnapshotStore, slot: int, step: int, lineage: str = "0.1") -> None:
-    store.write(slot, step, lineage, lambda handle: torch.save({"step": step, "w": torch.full((64,), step)}, handle))
+def _write(slots: SnapshotSlots, slot: int, step: int, lineage: str = "0.1") -> None:
+    slots.write(slot, step, lineage, lambda handle: torch.save({"step": step, "w": torch.full((64,), step)}, handle))
 
 
 def test_writes_alternate_between_two_slots_and_the_newest_two_stay_whole(tmp_path):
-    store = SnapshotStore(str(tmp_path), rank=0, world_size=2)
-    writer = SnapshotWriter(store, "0.1")
+    slots = SnapshotSlots(str(tmp_path), rank=0, world_size=2)
+    writer = SnapshotWriter(slots, "0.1")
     for step in (5, 10, 15):
         assert writer.submit(step, copy_state({"step": step, "w": torch.full((64,), step)}))
         assert writer.wait(30)
     writer.close()
-    good, rejected = store.verified()
+    good, rejected = slots.verified()
     assert [s.step for s in good] == [15, 10] and not rejected
     assert {s.slot for s in good} == {0, 1}
     assert torch.load(good[0].path, weights_only=False)["w"][0].item() == 15
 
 
 def test_a_torn_write_leaves_the_previous_snapshot_to_resume_from(tmp_path):
-    store = SnapshotStore(str(tmp_path), rank=0, world_size=1)
-    _write(store, 0, 5)
+    slots = SnapshotSlots(str(tmp_path), rank=0, world_size=1)
+    _write(slots, 0, 5)
 
     def torn(handle):
         handle.write(b"half a pickle")
         raise KeyboardInterrupt  # the writer dies mid-write
 
     with pytest.raises(KeyboardInterrupt):
-        store.write(1, 10, "0.1", torn)
-    assert not os.path.exists(os.path.join(store.slot_dir(1), DIR_MANIFEST))
-    good, _ = store.verified()
+        slots.write(1, 10, "0.1", torn)
+    assert not os.path.exists(os.path.join(slots.slot_dir(1), DIR_MANIFEST))
+    good, _ = slots.verified()
     assert [s.step for s in good] == [5]
-    assert store.next_slot() == 1  # the next write goes to the torn slot again, never over step 5
+    assert slots.next_slot() == 1  # the next write goes to the torn slot again, never over step 5
 
 
 def test_a_snapshot_whose_bytes_changed_fails_its_checksum(tmp_path):
-    store = SnapshotStore(str(tmp_path), rank=0, world_size=1)
-    _write(store, 0, 5)
-    _write(store, 1, 10)
-    with open(store.state_file(1), "r+b") as handle:  # same size, one byte flipped
+    slots = SnapshotSlots(str(tmp_path), rank=0, world_size=1)
+    _write(slots, 0, 5)
+    _write(slots, 1, 10)
+    with open(slots.state_file(1), "r+b") as handle:  # same size, one byte flipped
         handle.seek(100)
         byte = handle.read(1)
         handle.seek(100)
         handle.write(bytes([byte[0] ^ 0xFF]))
-    good, rejected = store.verified()
+    good, rejected = slots.verified()
     assert [s.step for s in good] == [5]
     assert len(rejected) == 1 and "checksum" in rejected[0].reason
 
 
 def test_snapshot_files_are_0600_in_0700_directories(tmp_path):
-    store = SnapshotStore(str(tmp_path), rank=1, world_size=2)
-    _write(store, 0, 5)
-    for path in (store.path, store.slot_dir(0)):
+    slots = SnapshotSlots(str(tmp_path), rank=1, world_size=2)
+    _write(slots, 0, 5)
+    for path in (slots.path, slots.slot_dir(0)):
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
     for name in (STATE_FILE, DIR_MANIFEST):
-        assert stat.S_IMODE(os.stat(os.path.join(store.slot_dir(0), name)).st_mode) == 0o600
+        assert stat.S_IMODE(os.stat(os.path.join(slots.slot_dir(0), name)).st_mode) == 0o600
 
 
 def test_copy_state_is_a_copy_and_keeps_tied_tensors_tied():
@@ -126,11 +126,11 @@ def test_no_launcher_no_snapshots(tmp_path, monkeypatch):
 
 
 def test_the_snapshot_is_chosen_only_when_newer_than_the_disk_checkpoint(tmp_path):
-    store = SnapshotStore(str(tmp_path), rank=0, world_size=1)
-    assert choose(agree(store), 10) == (ResumeSource.DISK, "no rank holds a verified snapshot: resuming from "
+    slots = SnapshotSlots(str(tmp_path), rank=0, world_size=1)
+    assert choose(agree(slots), 10) == (ResumeSource.DISK, "no rank holds a verified snapshot: resuming from "
                                                            "the disk checkpoint of step 10")
-    _write(store, 0, 15)
-    agreement = agree(store)
+    _write(slots, 0, 15)
+    agreement = agree(slots)
     assert agreement.snapshot is not None and agreement.snapshot.step == 15
     assert choose(agreement, 10)[0] is ResumeSource.SNAPSHOT
     assert choose(agreement, None)[0] is ResumeSource.SNAPSHOT
@@ -140,16 +140,16 @@ def test_the_snapshot_is_chosen_only_when_newer_than_the_disk_checkpoint(tmp_pat
 
 def test_resume_loads_the_snapshot_keeps_its_slot_and_records_one_event(tmp_path, monkeypatch):
     job = JobDir(str(tmp_path / "job-x")).create()
-    store = SnapshotStore(str(tmp_path / "shm"), rank=0, world_size=1)
-    _write(store, 0, 15, lineage="0.1")
-    _write(store, 1, 20, lineage="0.1")
+    slots = SnapshotSlots(str(tmp_path / "shm"), rank=0, world_size=1)
+    _write(slots, 0, 15, lineage="0.1")
+    _write(slots, 1, 20, lineage="0.1")
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    node = NodeSnapshots(store, job.monitor_socket, every=5)
+    node = NodeSnapshots(slots, job.monitor_socket, every=5)
     state = node.resume(disk_step=10)
     assert state is not None and state["step"] == 20
     assert node.save(25, {"step": 25, "w": torch.zeros(2)}) and node.writer is not None and node.writer.wait(30)
     node.close()
-    good, _ = store.verified()
+    good, _ = slots.verified()
     assert [(s.step, s.lineage) for s in good] == [(25, "1.1"), (20, "0.1")]  # 20 stayed until 25 was whole
     [record] = read_records(job.monitor_events)[0]
     assert record.source is ResumeSource.SNAPSHOT and (record.step, record.disk_step, record.cycle) == (20, 10, 1)
@@ -158,17 +158,17 @@ def test_resume_loads_the_snapshot_keeps_its_slot_and_records_one_event(tmp_path
 
 def test_resume_from_disk_discards_every_slot(tmp_path):
     job = JobDir(str(tmp_path / "job-x")).create()
-    store = SnapshotStore(str(tmp_path / "shm"), rank=0, world_size=1)
-    _write(store, 0, 15)
-    node = NodeSnapshots(store, job.monitor_socket, every=5)
+    slots = SnapshotSlots(str(tmp_path / "shm"), rank=0, world_size=1)
+    _write(slots, 0, 15)
+    node = NodeSnapshots(slots, job.monitor_socket, every=5)
     assert node.resume(disk_step=30) is None
     node.close()
-    assert store.listed() == []
+    assert slots.listed() == []
     assert read_records(job.monitor_events)[0][0].source is ResumeSource.DISK
 
 
 def test_snapshots_are_due_every_n_steps_once():
-    node = NodeSnapshots(SnapshotStore("/nonexistent", 0, 1), "/nonexistent/monitor.sock", every=5)
+    node = NodeSnapshots(SnapshotSlots("/nonexistent", 0, 1), "/nonexistent/monitor.sock", every=5)
     assert [step for step in range(12) if node.due(step)] == [5, 10]
 
 
@@ -183,48 +183,48 @@ def test_copy_state_reuses_a_previous_copy_in_place():
 
 
 def test_a_snapshot_due_while_the_previous_is_written_is_skipped_without_copying(tmp_path):
-    store = SnapshotStore(str(tmp_path), rank=0, world_size=1)
-    node = NodeSnapshots(store, str(tmp_path / "job-x" / "monitor.sock"), every=1)
+    slots = SnapshotSlots(str(tmp_path), rank=0, world_size=1)
+    node = NodeSnapshots(slots, str(tmp_path / "job-x" / "monitor.sock"), every=1)
     release = threading.Event()
     assert node.save(1, {"w": torch.zeros(2)}, wait=True)
     assert node.writer is not None
-    node.writer.store = _Blocking(store, release)  # the next write blocks until released
+    node.writer.slots = _Blocking(slots, release)  # the next write blocks until released
     assert node.save(2, {"w": torch.zeros(2)})
     staging = node._staging
     assert not node.save(3, {"w": torch.ones(2)}) and node.writer.skipped == 1
     assert node._staging is staging and staging["w"].tolist() == [0.0, 0.0]  # the copy being written untouched
     release.set()
     node.close()
-    assert [s.step for s in store.verified()[0]] == [2, 1]
+    assert [s.step for s in slots.verified()[0]] == [2, 1]
 
 
 class _Blocking:
-    def __init__(self, store, release):
-        self.store, self.release = store, release
+    def __init__(self, slots, release):
+        self.slots, self.release = slots, release
 
     def write(self, *args):
         self.release.wait(30)
-        return self.store.write(*args)
+        return self.slots.write(*args)
 
     def __getattr__(self, name):
-        return getattr(self.store, name)
+        return getattr(self.slots, name)
 
 
 def test_the_agreement_skips_a_newest_snapshot_that_fails_its_checksum(tmp_path):
-    store = SnapshotStore(str(tmp_path), rank=0, world_size=1)
-    _write(store, 0, 5)
-    _write(store, 1, 10)
-    with open(store.state_file(1), "r+b") as handle:
+    slots = SnapshotSlots(str(tmp_path), rank=0, world_size=1)
+    _write(slots, 0, 5)
+    _write(slots, 1, 10)
+    with open(slots.state_file(1), "r+b") as handle:
         handle.seek(100)
         handle.write(b"\0\1\2\3")
-    agreement = agree(store)
+    agreement = agree(slots)
     assert agreement.snapshot is not None and agreement.snapshot.step == 5
     assert "fail their checksum on some rank: steps 10" in agreement.reason
 
 
 @pytest.mark.parametrize("size", [0, 1, (8 << 20) + 3])
 def test_a_mapped_checksum_is_the_read_one(tmp_path, size):
-    # The store checks its slots over memory maps (checksum(mapped=True)); manifests are the same either way.
+    # The slots checks its slots over memory maps (checksum(mapped=True)); manifests are the same either way.
     from ft_core.checkpoint_manifest import checksum
 
     path = tmp_path / "f"
@@ -234,15 +234,15 @@ def test_a_mapped_checksum_is_the_read_one(tmp_path, size):
 
 def test_a_resumed_state_is_mapped_copy_on_write_so_training_never_changes_the_slot(tmp_path):
     job = JobDir(str(tmp_path / "job-x")).create()
-    store = SnapshotStore(str(tmp_path / "shm"), rank=0, world_size=1)
-    _write(store, 0, 15)
-    node = NodeSnapshots(store, job.monitor_socket, every=5)
+    slots = SnapshotSlots(str(tmp_path / "shm"), rank=0, world_size=1)
+    _write(slots, 0, 15)
+    node = NodeSnapshots(slots, job.monitor_socket, every=5)
     state = node.resume(disk_step=None)
     assert node.source is ResumeSource.SNAPSHOT and state["w"][0].item() == 15
     state["w"].add_(1)  # training updates what it loaded in place (a CPU optimizer keeps the loaded tensors)
     assert node.writer is not None and node.save(20, {"step": 20, "w": state["w"]}, wait=True)  # into slot 1
     node.close()
     assert state["w"][0].item() == 16
-    assert store.verify(store.listed()[1]) is None  # slot 0 still holds step 15 whole
-    assert torch.load(store.state_file(0), weights_only=False)["w"][0].item() == 15
-    assert torch.load(store.state_file(1), weights_only=False)["w"][0].item() == 16
+    assert slots.verify(slots.listed()[1]) is None  # slot 0 still holds step 15 whole
+    assert torch.load(slots.state_file(0), weights_only=False)["w"][0].item() == 15
+    assert torch.load(slots.state_file(1), weights_only=False)["w"][0].item() == 16

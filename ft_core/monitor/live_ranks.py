@@ -1,12 +1,12 @@
 """The evidence of every live rank of the node, taken when the launcher asks at the end of a faulty cycle.
 
-The launcher sends :data:`SNAPSHOT_SIGNAL` to the monitor when a cycle ends
+The launcher sends :data:`LIVE_RANKS_SIGNAL` to the monitor when a cycle ends
 for a hang (here or on another node). The monitor then asks every live rank
 for a stack dump -- the same faulthandler dump it asks of a hung rank, which
 only writes a file -- and, once the dumps settled or ``stack_dump_timeout``
 passed, writes one ``ranks_snapshot`` record: what each rank was doing, and
 whether its stack shows it blocked in a collective. The launcher feeds that to
-:func:`ft_core.diagnosis.diagnose`. A snapshot never kills nor delays a kill:
+:func:`ft_core.diagnosis.diagnose`. Taking it never kills nor delays a kill:
 hung ranks are handled by :mod:`.hang` as before, and only ranks that said
 they can dump (they sent a dump path and a first sign of life) are signalled.
 
@@ -27,10 +27,10 @@ from ft_core.diagnosis import stack_in_collective
 from ft_core.events import LiveRanks, RankEvidence
 from ft_core.monitor.hang import DumpWait
 
-__all__ = ["SNAPSHOT_SIGNAL", "Snapshot"]
+__all__ = ["LIVE_RANKS_SIGNAL", "LiveRanksEvidence"]
 
-#: What the launcher sends the monitor process to ask for a snapshot.
-SNAPSHOT_SIGNAL = signal.SIGUSR1
+#: What the launcher sends the monitor process to ask for the evidence of its live ranks.
+LIVE_RANKS_SIGNAL = signal.SIGUSR1
 
 
 @dataclasses.dataclass
@@ -41,7 +41,7 @@ class _Pending:
 
 
 @dataclasses.dataclass
-class Snapshot:
+class LiveRanksEvidence:
     """The evidence of the live ranks, waiting for the stack dumps that were asked for."""
 
     _ranks: list[_Pending] = dataclasses.field(default_factory=list)

@@ -1,4 +1,4 @@
-"""A rank's snapshot store: two slots, each a state file and a checkpoint manifest, written in turn.
+"""A rank's two snapshot slots, each a state file and a checkpoint manifest, written in turn.
 
 ::
 
@@ -38,7 +38,7 @@ from ft_core.checkpoint_manifest import (
 )
 from ft_core.jobdir import create_private_file, make_private_dir
 
-__all__ = ["SLOTS", "STATE_FILE", "Snapshot", "SnapshotStore"]
+__all__ = ["SLOTS", "STATE_FILE", "Snapshot", "SnapshotSlots"]
 
 log = logging.getLogger("ft_core.snapshots")
 
@@ -60,13 +60,13 @@ class Snapshot:
     path: str
 
 
-class SnapshotStore:
+class SnapshotSlots:
     """The two slots of global rank ``rank`` in a job of ``world_size`` ranks, under ``directory``."""
 
     def __init__(self, directory: str, rank: int, world_size: int) -> None:
         self.rank = rank
         self.world_size = world_size
-        #: The job's snapshot directory (every rank's stores are under it).
+        #: The job's snapshot directory (every rank's slots are under it).
         self.directory = directory
         self.path = os.path.join(directory, f"world{world_size}", f"rank{rank}")
 
