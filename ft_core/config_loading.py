@@ -3,8 +3,9 @@
 Each loader returns a :class:`LoadedConfig`: the config and, beside it, the
 keys the user set (:attr:`LoadedConfig.explicit_keys`: YAML keys, ``--ft-*``
 flags, mapping keys, even when a value equals the default). The config itself
-does not record them; they travel beside it from the loader to the node monitor
-(``python -m ft_core.monitor --config-json``), where
+does not record them; the :class:`LoadedConfig` travels whole from the loader to
+the node monitor (``ft_launcher``'s command line, ``launch``, ``NodeMonitor``,
+``run_in_subprocess``, ``python -m ft_core.monitor --config-json``), where
 :func:`ft_core.config_fallback.with_fallback` lets exactly those win over a
 rank's fallback values.
 
@@ -23,8 +24,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Collection, Mapping
-from typing import TYPE_CHECKING, Any, Optional
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from ft_core.config import ConfigError, FaultToleranceConfig
 from ft_core.config_sources import flag_values, yaml_section
@@ -49,10 +50,10 @@ class LoadedConfig:
     explicit_keys: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, cfg: FaultToleranceConfig, explicit_keys: Optional[Collection[str]] = None) -> LoadedConfig:
-        """``cfg`` and the keys set at launch; None: every key (a config given alone is taken as it is,
-        so a rank's fallback values fill in nothing but section names)."""
-        return cls(cfg, frozenset(cfg.field_names() if explicit_keys is None else explicit_keys))
+    def of(cls, config: FaultToleranceConfig | LoadedConfig) -> LoadedConfig:
+        """A config as loaded, as it is; a config given alone, with every key set at launch (it is taken
+        as it is, so a rank's fallback values fill in nothing but section names)."""
+        return config if isinstance(config, LoadedConfig) else cls(config, frozenset(config.field_names()))
 
     def replace(self, **changes: Any) -> LoadedConfig:
         """A validated copy with ``changes``, which become set at launch; the other keys keep their status."""

@@ -143,8 +143,7 @@ def main(argv: Optional[list[str]] = None, *, head_start: Optional[HeadStart] = 
         _quiet_torch_elastic()
     if derived:
         log.info("under SLURM job %s: %s", os.environ.get("SLURM_JOB_ID"), " ".join(derived))
-    return launch(config, entrypoint, cmd_args, cfg, options, explicit_keys=loaded.explicit_keys,
-                  head_start=head_start)
+    return launch(config, entrypoint, cmd_args, loaded, options, head_start=head_start)
 
 
 if __name__ == "__main__":
