@@ -10,9 +10,10 @@ Example::
 
 Values are checked and converted by :mod:`ft_core.utils.validation`; a bad one
 raises :class:`ConfigError` naming the key, the value and what is allowed.
-Loading (defaults < YAML file < ``--ft-<field>`` flags, and the keys the user
-set, which travel beside the config) is :mod:`ft_core.config_loading`; which
-keys a rank may fill in is :mod:`ft_core.config_fallback`.
+Where the values come from (a YAML file, ``--ft-<field>`` flags) is
+:mod:`ft_core.config_sources`, below this module; the config as loaded, with the
+keys the user set, is :mod:`ft_core.config_loading`, above it; which keys a rank
+may fill in is :mod:`ft_core.config_fallback`.
 
 NVRx compatibility: a YAML file or keyword arguments written for
 nvidia-resiliency-ext load here. With ``ignore_not_recognized=True`` (NVRx's
@@ -37,6 +38,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import msgspec
 
+from ft_core.config_sources import (
+    NVRX_ONLY_KEYS,
+    ConfigError,
+    add_flags,
+    flag_values,
+    recognized,
+    write_yaml,
+    yaml_section,
+)
 from ft_core.protocol import DEFAULT_MAX_FRAME_BYTES, MAX_FRAME_BYTES_LIMIT
 from ft_core.straggler_scoring import DEFAULT_MIN_PHASE_SECONDS, DEFAULT_WINDOW, StragglerAction
 from ft_core.timeouts import HeartbeatTimeouts, SectionTimeouts
@@ -80,10 +90,6 @@ class LogLevel(enum.IntEnum):
     WARN = logging.WARNING
     ERROR = logging.ERROR
     CRITICAL = logging.CRITICAL
-
-
-class ConfigError(ValidationError):
-    """A configuration value is invalid; the message names the key, the value and what is allowed."""
 
 
 def _config_error(exc: ValidationError) -> ConfigError:
@@ -298,18 +304,6 @@ _CHECKS: dict[str, Callable[[str, Any], Any]] = {
     "compile_timeout": _seconds(allow_none=True),
 }
 
-#: Keys of NVRx's ``FaultToleranceConfig`` (releases 0.3 to 0.6 and its main branch) that this
-#: project does not implement: accepted and skipped with one warning (``ignore_not_recognized``).
-NVRX_ONLY_KEYS = frozenset({
-    "node_health_check_interval", "restart_check_interval", "enable_nic_monitor", "enable_nic_healthcheck",
-    "pci_topo_file", "link_down_path_template", "link_state_path_template", "enable_dist_storage_healthcheck",
-    "storage_healthcheck_path", "use_infra_group_rank", "segment", "numa_bind_strict",
-    "gpu_memory_reclaim_timeout", "gpu_memory_tolerance_mb", "gpu_memory_poll_interval",
-    "check_remaining_processes", "attribution_endpoint", "attribution_stop_action", "attribution_export_url",
-    "cycle_info_dir",
-})
-
-
 @dataclasses.dataclass
 class FaultToleranceConfig:
     """Settings shared by the launcher, the node monitor and every rank's client.
@@ -456,17 +450,19 @@ class FaultToleranceConfig:
 
     @classmethod
     def from_dict(cls, mapping: Mapping[str, Any], ignore_not_recognized: bool = True) -> FaultToleranceConfig:
-        """Build from a mapping of field names to values (:func:`ft_core.config_loading.load_mapping`).
+        """Build from a mapping of field names to values.
 
         With ``ignore_not_recognized`` (the default, as in NVRx) keys that are
         not ours are skipped: keys of NVRx's config that this project does not
         implement (:data:`NVRX_ONLY_KEYS`) with one warning, any other with one
         warning naming the known key it resembles. Without it, either is an
-        error with a "did you mean" suggestion.
+        error with a "did you mean" suggestion (:func:`ft_core.config_sources.recognized`).
         """
-        from ft_core.config_loading import load_mapping  # the loaders import this module
-
-        return load_mapping(mapping, ignore_not_recognized).cfg
+        known, nvrx_only = recognized(mapping, _FIELD_NAMES, ignore_not_recognized)
+        cfg = cls(**known)
+        for key, value in nvrx_only.items():  # readable as given (NVRx code reads them back), with no effect here
+            setattr(cfg, key, value)
+        return cfg
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> FaultToleranceConfig:
@@ -481,44 +477,35 @@ class FaultToleranceConfig:
         data["straggler_action"] = self.straggler_action.value
         return data
 
-    # -- NVRx's loaders: the loading itself is :mod:`ft_core.config_loading` (which imports this module) --
+    # -- NVRx's loaders: where the values come from is :mod:`ft_core.config_sources` (below this module) --
     @classmethod
     def from_yaml_file(cls, cfg_path: str | os.PathLike[str],
                        ignore_not_recognized: bool = True) -> FaultToleranceConfig:
         """Read the first ``fault_tolerance:`` mapping found at any depth of a YAML file.
 
-        ``ignore_not_recognized`` as in :meth:`from_dict`; see :func:`ft_core.config_loading.load_yaml_file`.
+        ``ignore_not_recognized`` as in :meth:`from_dict`.
 
         Raises:
             FileNotFoundError: ``cfg_path`` does not exist (as NVRx).
             ConfigError: the file cannot be read, is not YAML, repeats a key, has no
                 ``fault_tolerance:`` mapping, or holds a bad key or value.
         """
-        from ft_core.config_loading import load_yaml_file
-
-        return load_yaml_file(cfg_path, ignore_not_recognized).cfg
+        return cls.from_dict(yaml_section(cfg_path), ignore_not_recognized)
 
     def to_yaml_file(self, path: str | os.PathLike[str]) -> None:
         """Write ``{"fault_tolerance": {...}}`` atomically (temp file + fsync + rename)."""
-        from ft_core.config_loading import write_yaml_file
-
-        write_yaml_file(self, path)
+        write_yaml(self.to_dict(), path)
 
     @classmethod
     def add_argparse_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        """Add ``--ft-cfg-path`` and one ``--ft-<field>`` flag per field
-        (:func:`ft_core.config_loading.add_argparse_args`)."""
-        from ft_core.config_loading import add_argparse_args
-
-        return add_argparse_args(parser)
+        """Add ``--ft-cfg-path`` and one ``--ft-<field>`` flag per field (:func:`ft_core.config_sources.add_flags`)."""
+        return add_flags(parser, dataclasses.fields(cls), FIELD_HELP)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> FaultToleranceConfig:
         """Merge defaults < YAML (``args.ft_cfg_path``) < ``--ft-<field>`` flags
-        (:func:`ft_core.config_loading.load_args`, which also returns the keys set)."""
-        from ft_core.config_loading import load_args
-
-        return load_args(args).cfg
+        (:func:`ft_core.config_loading.load_args` also returns the keys set)."""
+        return cls.from_dict(flag_values(args, _FIELD_NAMES))
 
 
 #: Each field's one-line documentation: the help of its ``--ft-*`` flag.

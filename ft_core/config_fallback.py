@@ -4,17 +4,18 @@ A rank's integration (the Lightning callback's ``config=``, a Hydra recipe's
 ``fault_tolerance`` block) may offer values for the timeout keys
 (:data:`FALLBACK_FIELDS`, :func:`fallback_of`) with its handshake; the monitor
 completes its own config with them (:func:`with_fallback`), except where the
-launcher's user set a key: the keys set at launch travel beside the config
+launcher's user set a key: the keys set at launch travel with the config
 (:class:`ft_core.config_loading.LoadedConfig`) and always win.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ft_core.config import ConfigError, FaultToleranceConfig, checked_value
+from ft_core.config_loading import LoadedConfig
 
 __all__ = ["FALLBACK_FIELDS", "fallback_of", "with_fallback"]
 
@@ -36,14 +37,11 @@ def fallback_of(cfg: FaultToleranceConfig) -> dict[str, Any]:
     return {key: values[key] for key in FALLBACK_FIELDS}
 
 
-def with_fallback(
-    cfg: FaultToleranceConfig, fallback: Mapping[str, Any], explicit: Collection[str]
-) -> FaultToleranceConfig:
-    """``cfg`` completed by a rank's ``fallback`` values: the keys in ``explicit`` win.
+def with_fallback(launched: LoadedConfig, fallback: Mapping[str, Any]) -> FaultToleranceConfig:
+    """The config of ``launched`` completed by a rank's ``fallback`` values: the keys set at launch win.
 
-    ``explicit`` are the keys the user set at launch
-    (:attr:`~ft_core.config_loading.LoadedConfig.explicit_keys`: YAML keys,
-    ``--ft-*`` flags, mapping keys), whatever their values; a flag that repeats
+    The keys set at launch are :attr:`~ft_core.config_loading.LoadedConfig.explicit_keys`
+    (YAML keys, ``--ft-*`` flags, mapping keys), whatever their values; a flag that repeats
     the default still wins. Every other key of ``fallback`` is taken. Sections
     merge per name, the launch-time entry winning. This lets one training
     config (e.g. a Hydra recipe's ``fault_tolerance`` block) drive a launcher
@@ -58,7 +56,8 @@ def with_fallback(
         raise ConfigError("fallback config", unknown, "keys " + ", ".join(FALLBACK_FIELDS),
                           problem=f"keys {unknown} cannot come from a rank")
     requested = {key: checked_value(key, value) for key, value in fallback.items()}
-    changes = {key: value for key, value in requested.items() if key not in explicit}
+    cfg = launched.cfg
+    changes = {key: value for key, value in requested.items() if key not in launched.explicit_keys}
     if "rank_section_timeouts" in requested:
         changes["rank_section_timeouts"] = {**requested["rank_section_timeouts"], **cfg.rank_section_timeouts}
     return dataclasses.replace(cfg, **changes) if changes else cfg

@@ -1,4 +1,4 @@
-"""Megatron-LM's tracker file, as the launcher reads it: which ``iter_N`` a job resumed from, and moving it back.
+"""Megatron-LM's checkpoints (``iter_N`` directories, the tracker file): which one a job resumed from; moving back.
 
 Megatron-LM writes each checkpoint to ``<save>/iter_NNNNNNN`` and then points
 ``<save>/latest_checkpointed_iteration.txt`` (the tracker) at it; a resume from
@@ -13,7 +13,9 @@ would load it again at the next restart; :func:`roll_back` points the tracker at
 the newest older ``iter_M`` that is not marked bad, atomically, keeping the
 tracker as it was in ``latest_checkpointed_iteration.txt.bad-<N>``.
 
-Torch-free: the launcher and the integrations read the same names.
+The one home of these names (:data:`TRACKER_FILENAME`, :func:`checkpoint_dir`,
+:func:`iteration_of`): the launcher and the Megatron integration
+(:mod:`ft_integrations.megatron.checkpoints`, its hooks) import them from here. Torch-free.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ It measures, in each rank, the delay to the first heartbeat, the largest gap
 between heartbeats, the longest run of each section and the longest time
 outside every section (including the stretch still running when the
 calculation is made). ``_synchronized`` takes the maximum over all ranks with
-one all-reduce (when a process group exists), so every rank computes identical
+one all-reduce (:func:`ft_core.all_ranks.all_ranks_max`), so every rank computes identical
 timeouts; a rank without data for a phase contributes nothing to it. A new
 value is ``max observed * safety_factor`` and is merged with a previously
 *calculated* one as NVRx does, by an exponential average (alpha 0.5), with
@@ -29,7 +29,7 @@ NVRx's own ``TimeoutsCalc`` API (``update_on_section_event`` with a
 observations and the same merge rule, for code written against NVRx
 (``nvidia_resiliency_ext.fault_tolerance.timeouts_calc`` in the import alias).
 
-This module imports torch lazily, only for the all-reduce.
+This module imports torch lazily, only for the all-reduce (in :mod:`ft_core.all_ranks`).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Optional
 
+from ft_core.all_ranks import all_ranks_max, process_group_exists
 from ft_core.timeouts import COMPILE_SECTION, HeartbeatTimeouts, JobLife, SectionTimeouts
 from ft_core.warmup import WarmupRule
 
@@ -72,34 +73,9 @@ class SectionAction(enum.Enum):
     CLOSE_ALL = enum.auto()
 
 
-
-def _process_group_exists() -> bool:
-    import sys
-
-    dist_module = sys.modules.get("torch.distributed")
-    return dist_module is not None and dist_module.is_available() and dist_module.is_initialized()
-
-
-def _all_reduce_max(values: list[float]) -> list[float]:
-    """MAX over all ranks if a default process group exists; identity otherwise."""
-    import sys
-
-    if not _process_group_exists():
-        return values
-    dist_module = sys.modules["torch.distributed"]
-    import torch
-
-    device = torch.device("cpu")
-    if dist_module.get_backend() == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist_module.all_reduce(tensor, op=dist_module.ReduceOp.MAX)
-    return tensor.cpu().tolist()
-
-
 def _synchronized(local: list[Optional[float]]) -> list[Optional[float]]:
     """All-reduce MAX of the values; ``None`` only where *no* rank had a measurement."""
-    reduced = _all_reduce_max([_NO_DATA if value is None else float(value) for value in local])
+    reduced = all_ranks_max([_NO_DATA if value is None else float(value) for value in local])
     return [None if value < 0 else value for value in reduced]
 
 
@@ -323,7 +299,7 @@ class TimeoutsCalc:
         A phase no rank observed stays unobserved. Raises :class:`TimeoutsCalcError`
         without an initialized default process group.
         """
-        if not _process_group_exists():
+        if not process_group_exists():
             raise TimeoutsCalcError("synchronize_all() needs an initialized torch.distributed process group")
         synced = _synchronized([self.first_hb_delay, self.max_hb_interval, self.max_out_of_section,
                                 *(self.section_max.get(name) for name in self.sections)])

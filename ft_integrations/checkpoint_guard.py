@@ -7,8 +7,8 @@ load and the older ones they could fall back to, newest first. Each candidate in
 turn is checked (its manifest, :func:`ft_core.checkpoint_manifest.verify`), loaded,
 and its floating-point tensors checked for NaN and infinity; the first that
 passes on *every* rank is used (the ranks agree through the default process
-group, one small all-reduce per candidate, so no rank resumes from another
-checkpoint than its peers). Every rejected candidate is reported with its reason:
+group, one small all-reduce per candidate: :func:`ft_core.all_ranks.all_ranks_ok`;
+so no rank resumes from another checkpoint than its peers). Every rejected candidate is reported with its reason:
 logged, and under ``ft_launcher`` written as a ``checkpoint_rejected`` record, and
 the checkpoint used as a ``checkpoint_loaded`` one (:mod:`ft_core.rank_records`):
 a later fault's fingerprint names it, so the launcher can mark it bad.
@@ -27,6 +27,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, Optional
 
+from ft_core.all_ranks import all_ranks_ok
 from ft_core.checkpoint_manifest import Rejection, Version, checksum, read_manifest, verified_version
 from ft_core.events import CheckpointLoaded, CheckpointRejected
 from ft_core.fault_policy import FaultPolicy, NonFiniteLossError
@@ -82,21 +83,6 @@ def fallback_candidates(requested: str, pattern_suffix: str = ".ckpt") -> list[s
     return [path for _, _, path in sorted(found, reverse=True)]
 
 
-def _all_ranks_agree(ok: bool) -> bool:
-    """True when ``ok`` on every rank of the default process group (``ok`` itself without one)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return ok
-    device = torch.device("cpu")
-    if dist.get_backend() == "nccl":  # NCCL reduces device tensors only
-        device = torch.device("cuda", torch.cuda.current_device())
-    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
-
-
 def load_verified(requested: str, fallbacks: Sequence[str], load: Callable[[str], Any], *,
                   weights: Optional[Callable[[Any], Any]] = None, require_manifest: Optional[bool] = None,
                   split_checksums: bool = False, agree_before_load: bool = False) -> LoadResult:
@@ -137,7 +123,7 @@ def load_verified(requested: str, fallbacks: Sequence[str], load: Callable[[str]
         if isinstance(found, Rejection) and found.reason.startswith("marked bad") and os.path.isfile(candidate):
             condemned.setdefault(checksum(candidate), candidate)
         state = None
-        if agree_before_load and not _all_ranks_agree(problem is None):
+        if agree_before_load and not all_ranks_ok(problem is None):
             problem = problem or Rejection(candidate, "rejected by another rank")
         if problem is None:
             try:
@@ -148,7 +134,7 @@ def load_verified(requested: str, fallbacks: Sequence[str], load: Callable[[str]
             bad = nonfinite_tensors(weights(state))
             if bad:
                 problem = Rejection(candidate, f"non-finite values in {', '.join(bad)}")
-        if _all_ranks_agree(problem is None):
+        if all_ranks_ok(problem is None):
             if rejected:
                 log.warning("resuming from %s instead of %s: %s", candidate, requested,
                             "; ".join(f"{r.path}: {r.reason}" for r in rejected))

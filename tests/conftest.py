@@ -80,15 +80,14 @@ def start_monitor(tmp_path, monkeypatch):
     monitors = []
 
     def start(cfg=None, *, token: str = MONITOR_TOKEN, attach: bool = False, **cfg_kwargs):
-        explicit_keys = None  # a config given whole: every key counts as set at launch
         if cfg is None:
-            # The keys given are set at launch: a rank's fallback values fill in the others.
-            loaded = load_mapping(cfg_kwargs)
-            cfg, explicit_keys = loaded.cfg, loaded.explicit_keys
+            # The keys given are set at launch: a rank's fallback values fill in the others. A config given
+            # whole is taken as it is: every key counts as set at launch.
+            cfg = load_mapping(cfg_kwargs)
         elif cfg_kwargs:
             raise TypeError("start_monitor: pass either a config or its keywords, not both")
         socket_path = str(tmp_path / f"job{len(monitors)}" / "monitor.sock")
-        monitor = RankMonitorServer.run_in_subprocess(cfg, socket_path, token=token, explicit_keys=explicit_keys)
+        monitor = RankMonitorServer.run_in_subprocess(cfg, socket_path, token=token)
         monitors.append(monitor)
         if attach:
             monkeypatch.setenv("FT_MONITOR_TOKEN", token)

@@ -16,8 +16,8 @@ from typing import Optional
 
 from torch.distributed.run import config_from_args, get_args_parser, parse_min_max_nnodes
 
-from ft_core.config import LogLevel
-from ft_core.config_loading import add_argparse_args, load_args
+from ft_core.config import FaultToleranceConfig, LogLevel
+from ft_core.config_loading import load_args
 from ft_core.launcher.head_start import HeadStart
 from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
@@ -76,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser.set_defaults(nnodes=None)  # not given: derive_nnodes (the srun step's nodes, else torchrun's 1:1)
     parser.add_argument("--version", action="version", version=version_line(parser.prog),
                         help="print ft-suite-pytorch's, Python's and torch's versions and exit")
-    add_argparse_args(parser)
+    FaultToleranceConfig.add_argparse_args(parser)
     add_launcher_args(parser)
     return parser
 
@@ -143,8 +143,7 @@ def main(argv: Optional[list[str]] = None, *, head_start: Optional[HeadStart] = 
         _quiet_torch_elastic()
     if derived:
         log.info("under SLURM job %s: %s", os.environ.get("SLURM_JOB_ID"), " ".join(derived))
-    return launch(config, entrypoint, cmd_args, cfg, options, explicit_keys=loaded.explicit_keys,
-                  head_start=head_start)
+    return launch(config, entrypoint, cmd_args, loaded, options, head_start=head_start)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import secrets
 import signal
 import sys
 import tempfile
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any, Optional, Union
 
 from torch.distributed.elastic import metrics
@@ -19,7 +19,7 @@ from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 from torch.distributed.launcher.api import LaunchConfig, _get_addr_and_port
 
-from ft_core.config import FaultToleranceConfig
+from ft_core.config_loading import LoadedConfig
 from ft_core.events import LauncherExit, LauncherStarted
 from ft_core.jobdir import claim_job_dir, saved_stacks_dir
 from ft_core.launcher.agent import FtElasticAgent
@@ -50,12 +50,11 @@ log = logging.getLogger("ft_core.launcher")
 
 
 def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[Any],
-           cfg: FaultToleranceConfig, options: LauncherOptions, *, explicit_keys: Collection[str],
-           head_start: Optional[HeadStart] = None) -> int:
+           loaded: LoadedConfig, options: LauncherOptions, *, head_start: Optional[HeadStart] = None) -> int:
     """Run this node's part of the job; returns the launcher's exit code (see "Exit codes" in ``docs/launcher.md``).
 
-    ``explicit_keys``: the keys of ``cfg`` the user set (``--ft-*`` flags, ``--ft-cfg-path`` keys), for the
-    node monitor: a rank's fallback values fill in the others. ``head_start``: the worker factory and
+    ``loaded``: the fault tolerance config and the keys the user set (``--ft-*`` flags, ``--ft-cfg-path``
+    keys), whole for the node monitor: a rank's fallback values fill in the others. ``head_start``: the worker factory and
     the monitor's process started before the launcher's imports (:mod:`.head_start`); the factory is
     used if it fits the job, else stopped.
     """
@@ -71,7 +70,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     # The in-memory snapshots' directory in /dev/shm: the same name, lock and lifetime (None: no snapshots).
     snapshots = claim_snapshot_dir(job_dir)
     token = secrets.token_hex(16)
-    monitor = NodeMonitor(cfg, job_dir, token, stacks_dir=saved_stacks_dir(events.path), explicit_keys=explicit_keys,
+    monitor = NodeMonitor(loaded, job_dir, token, stacks_dir=saved_stacks_dir(events.path),
                           standby=head_start.monitor if head_start is not None else None)
     control = None
     agent = None
@@ -97,11 +96,11 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
             prometheus.start(options.metrics_port, options.metrics_targets_dir
                              or os.path.join(os.path.dirname(events.path), SCRAPE_TARGETS_DIR))
         monitor.start(wait=False)
-        control = WorkloadControlServer(job_dir.launcher_socket, token, cfg.max_frame_bytes)
+        control = WorkloadControlServer(job_dir.launcher_socket, token, loaded.cfg.max_frame_bytes)
         events.write(LauncherStarted(
             run_id=config.run_id, min_nodes=config.min_nodes, max_nodes=config.max_nodes,
             nproc_per_node=config.nproc_per_node, max_restarts=config.max_restarts,
-            rdzv_backend=config.rdzv_backend, monitor_pid=monitor.pid, config=cfg.to_dict()))
+            rdzv_backend=config.rdzv_backend, monitor_pid=monitor.pid, config=loaded.cfg.to_dict()))
         services = Services(monitor, control, events, token, factory=factory,
                             on_straggler_round=prometheus.observe_round if prometheus is not None else None)
         spec = _worker_spec(config, entrypoint, args)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Collection
 from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
+from ft_core.config_loading import LoadedConfig
 from ft_core.events import Event, read_records
 from ft_core.jobdir import JobDir
 from ft_core.monitor import MonitorProcess, RankMonitorServer
@@ -29,11 +29,11 @@ class NodeMonitor:
     workers started after a respawn find it where they expect it.
     """
 
-    def __init__(self, cfg: FaultToleranceConfig, job_dir: JobDir, token: str, stacks_dir: Optional[str] = None,
-                 explicit_keys: Optional[Collection[str]] = None, standby: Optional[StandbyMonitor] = None) -> None:
-        self.cfg = cfg
-        #: The keys of ``cfg`` set at launch (None: all): a rank's fallback values fill in the others.
-        self.explicit_keys = explicit_keys
+    def __init__(self, loaded: LoadedConfig, job_dir: JobDir, token: str, stacks_dir: Optional[str] = None,
+                 standby: Optional[StandbyMonitor] = None) -> None:
+        #: The config and the keys set at launch, passed whole to the monitor: a rank's fallback values fill
+        #: in the other keys.
+        self.loaded = loaded
         #: Where the monitor keeps the stacks of hung ranks (next to the event log: the job dir is removed).
         self.stacks_dir = stacks_dir
         self.socket_path = job_dir.monitor_socket
@@ -46,6 +46,10 @@ class NodeMonitor:
         self._offset = 0
 
     @property
+    def cfg(self) -> FaultToleranceConfig:
+        return self.loaded.cfg
+
+    @property
     def pid(self) -> Optional[int]:
         return self._proc.pid if self._proc is not None else None
 
@@ -53,9 +57,8 @@ class NodeMonitor:
         """Start the monitor; with ``wait=False`` call :meth:`wait_ready` before workers need it."""
         standby, self._standby = self._standby, None
         self._proc = RankMonitorServer.run_in_subprocess(
-            self.cfg, self.socket_path, token=self._token, events_path=self.events_path,
-            stacks_dir=self.stacks_dir, wait=wait, launcher_reports_hangs=True, explicit_keys=self.explicit_keys,
-            standby=standby)
+            self.loaded, self.socket_path, token=self._token, events_path=self.events_path,
+            stacks_dir=self.stacks_dir, wait=wait, launcher_reports_hangs=True, standby=standby)
         self._starting = not wait
         log.debug("rank monitor started (pid %d)", self._proc.pid)
 

@@ -44,8 +44,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     # and still gets its fair share of CPU, so deadlines are met within milliseconds.
     with contextlib.suppress(AttributeError, OSError):
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    server = RankMonitorServer(cfg, args.socket, token, args.events, args.stacks_dir, args.launcher_reports_hangs,
-                               loaded.explicit_keys)
+    server = RankMonitorServer(loaded, args.socket, token, args.events, args.stacks_dir, args.launcher_reports_hangs)
 
     def _stop(_signum: int, _frame: object) -> None:
         server.stop()

@@ -21,8 +21,9 @@ import os
 from collections.abc import Callable
 from typing import NoReturn, Optional
 
-from ft_core.config import FaultToleranceConfig, timeouts_of
+from ft_core.config import timeouts_of
 from ft_core.config_fallback import with_fallback
+from ft_core.config_loading import LoadedConfig
 from ft_core.events import (
     CheckpointReported,
     Event,
@@ -65,8 +66,8 @@ class MessageHandlers:
     """Handles the messages of the monitor's connections; see the module docstring.
 
     Args:
-        cfg: the monitor's config (a rank's own is completed from it in the handshake).
-        explicit_keys: the keys of ``cfg`` set at launch; a rank's fallback values fill in the others.
+        launched: the monitor's config and the keys set at launch (a rank's own config is completed from
+            it in the handshake: its fallback values fill in the other keys).
         token: the job secret every connection must present first.
         dump_dir: the job's stacks directory, where a rank's dump file must be.
         phases: straggler detection's phase durations per rank (the server closes their report rounds).
@@ -77,8 +78,7 @@ class MessageHandlers:
 
     def __init__(
         self,
-        cfg: FaultToleranceConfig,
-        explicit_keys: frozenset[str],
+        launched: LoadedConfig,
         token: bytes,
         dump_dir: str,
         phases: PhaseWindows,
@@ -86,8 +86,8 @@ class MessageHandlers:
         drop: Drop,
         record_disconnect: Callable[[Connection, WatchedRank], None],
     ) -> None:
-        self.cfg = cfg
-        self.explicit_keys = explicit_keys
+        self.launched = launched
+        self.cfg = launched.cfg
         self._token = token
         self.dump_dir = dump_dir
         self._phases = phases
@@ -141,8 +141,7 @@ class MessageHandlers:
         if msg.role is not Role.RANK:
             raise ProtocolError(f"role {msg.role!r} is not served by the rank monitor")
         try:
-            cfg = (with_fallback(self.cfg, msg.fallback_config, self.explicit_keys)
-                   if msg.fallback_config else self.cfg)
+            cfg = with_fallback(self.launched, msg.fallback_config) if msg.fallback_config else self.cfg
             if msg.num_warmup_iters is not None:  # NVRx: the rank's value wins (validated by the config)
                 cfg = dataclasses.replace(cfg, num_warmup_iterations=msg.num_warmup_iters)
         except ValueError as exc:

@@ -40,7 +40,7 @@ import selectors
 import signal
 import socket
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
@@ -94,33 +94,32 @@ class RankMonitorServer:
     """Watches the ranks of one node; see the module docstring.
 
     Args:
-        cfg: timeouts and behaviour; ranks receive it in the handshake.
+        cfg: timeouts and behaviour; ranks receive it in the handshake. A config as loaded
+            (:class:`~ft_core.config_loading.LoadedConfig`): a rank's fallback values fill in the keys
+            not set at launch (:func:`~ft_core.config_fallback.with_fallback`); a config alone: every key was set.
         socket_path: where to listen. Its directory is created with mode 0700.
         token: the job secret every connection must present first.
         events_path: JSON-lines event log (default: the socket's :class:`~ft_core.jobdir.JobDir` ``monitor_events``).
         stacks_dir: keep each hung rank's stack there as :func:`ft_core.jobdir.saved_stack_path` names it
             (by the cycle it hung in: the rank's ``TORCHELASTIC_RESTART_COUNT``) and report that path;
             default: the rank's own dump file.
-        explicit_keys: the keys of ``cfg`` the user set at launch
-            (:attr:`~ft_core.config_loading.LoadedConfig.explicit_keys`): a rank's fallback values fill
-            in the others (:func:`~ft_core.config_fallback.with_fallback`). None: every key was set.
     """
 
     def __init__(
         self,
-        cfg: FaultToleranceConfig,
+        cfg: FaultToleranceConfig | LoadedConfig,
         socket_path: str,
         token: str,
         events_path: Optional[str] = None,
         stacks_dir: Optional[str] = None,
         launcher_reports_hangs: bool = False,
-        explicit_keys: Optional[Collection[str]] = None,
     ) -> None:
         if not token:
             raise ValueError("token: a non-empty job token is required")
+        launched = LoadedConfig.of(cfg)
+        cfg = launched.cfg
         check_max_frame_bytes(cfg.max_frame_bytes)  # fail at start, not at the first connection
         self.cfg = cfg
-        self.explicit_keys = LoadedConfig.of(cfg, explicit_keys).explicit_keys
         self.socket_path = os.path.abspath(socket_path)
         self.job_dir = JobDir.of_socket(self.socket_path)
         self.events_path = events_path or self.job_dir.monitor_events
@@ -150,7 +149,7 @@ class RankMonitorServer:
         self._phases = PhaseWindows(cfg.straggler_window)
         self._phase_round: Optional[int] = None
         #: One handler per message type (see :mod:`.handlers`).
-        self._messages = MessageHandlers(cfg, self.explicit_keys, token.encode(), self.dump_dir, self._phases, self._record, self._drop,
+        self._messages = MessageHandlers(launched, token.encode(), self.dump_dir, self._phases, self._record, self._drop,
                                          self._record_disconnect)
         #: The live status file for the launcher's metrics endpoint, and when it is due; None: metrics off.
         self._status_path = status_path(self.job_dir) if cfg.metrics_port is not None else None

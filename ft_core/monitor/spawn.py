@@ -9,7 +9,7 @@ import secrets
 import select
 import subprocess
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from ft_core.config import FaultToleranceConfig
@@ -34,7 +34,7 @@ STANDBY_FLAG = "--standby"
 
 
 def run_in_subprocess(
-    cfg: FaultToleranceConfig,
+    cfg: FaultToleranceConfig | LoadedConfig,
     socket_path: Optional[str] = None,
     is_restarter_logger: bool = False,
     mp_ctx: Any = None,
@@ -47,7 +47,6 @@ def run_in_subprocess(
     stacks_dir: Optional[str] = None,
     wait: bool = True,
     launcher_reports_hangs: bool = False,
-    explicit_keys: Optional[Collection[str]] = None,
     standby: Optional[StandbyMonitor] = None,
 ) -> MonitorProcess:
     """Start a monitor in a new process (``python -m ft_core.monitor``) and wait until it serves.
@@ -72,8 +71,8 @@ def run_in_subprocess(
     one is generated and exported to ``os.environ`` so that ranks started
     later from this process inherit it. The token is also written to
     ``<socket_path>.token`` (mode 0600) for ranks started elsewhere by the
-    same user. ``stacks_dir``, ``launcher_reports_hangs``, ``explicit_keys`` (None: every key of ``cfg``
-    was set at launch): see :class:`~ft_core.monitor.server.RankMonitorServer`. With a ``standby``
+    same user. ``cfg`` (a config as loaded, with the keys set at launch, or a config alone: every key
+    set), ``stacks_dir``, ``launcher_reports_hangs``: see :class:`~ft_core.monitor.server.RankMonitorServer`. With a ``standby``
     monitor, that process becomes the monitor (it has imported already), unless it is gone.
 
     Raises:
@@ -95,7 +94,7 @@ def run_in_subprocess(
         write_private_file(token_path(socket_path), token)
         child_env = {**os.environ, **(env or {}), TOKEN_ENV: token}  # via the environment: argv is visible to all
         args = [sys.executable, "-m", "ft_core.monitor", "--socket", socket_path,
-                "--config-json", LoadedConfig.of(cfg, explicit_keys).to_json()]
+                "--config-json", LoadedConfig.of(cfg).to_json()]
         if events_path:
             args += ["--events", events_path]
         if stacks_dir:

@@ -21,11 +21,12 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
+from ft_core.all_ranks import all_ranks_max, all_ranks_ok
 from ft_core.events import ResumeSource
 from ft_core.finite import nonfinite_tensors, whole_state
 from ft_core.jobdir import MONITOR_SOCKET_ENV
 from ft_core.snapshots.interval import AUTO, AutoInterval, SnapshotCost, SnapshotEvery
-from ft_core.snapshots.resume import Agreement, agree, all_ranks_max, all_ranks_ok, choose, record_choice
+from ft_core.snapshots.resume import Agreement, agree, choose, record_choice
 from ft_core.snapshots.room import StateSize, read_limits, refusal, state_size
 from ft_core.snapshots.slots import SLOTS, Snapshot, SnapshotSlots
 from ft_core.snapshots.space import snapshot_dir_for_socket
@@ -295,7 +296,7 @@ def load_snapshot(disk_step: Optional[int] = None, *,
                   weights: Optional[Callable[[Any], Any]] = whole_state) -> Optional[Any]:
     """The state of the newest snapshot every rank holds when it is newer than ``disk_step``; else None.
 
-    A collective (through a gloo group when ``torch.distributed`` is initialized): call it on every
+    A collective (over the default group when ``torch.distributed`` is initialized): call it on every
     rank before training, with the step of the disk checkpoint the job would resume from (None:
     none). None also when the job was not launched by ``ft_launcher``, which owns the snapshots.
     A snapshot whose ``weights(state)`` (by default every tensor of it) hold NaN or infinity is

@@ -2,8 +2,8 @@
 
 Before loading, every rank lists the snapshots in its slots whose content passes its
 checksum (:meth:`~ft_core.snapshots.slots.SnapshotSlots.verified`), and the ranks
-exchange the lists through ``torch.distributed`` (a gloo group: small CPU objects,
-whatever the training backend). The agreed snapshot is the newest ``(step, lineage)``
+exchange the lists through ``torch.distributed`` (:mod:`ft_core.all_ranks`: the default
+process group). The agreed snapshot is the newest ``(step, lineage)``
 every rank holds; when a rank holds none (a replaced node, a torn write, another world
 size) there is none, and the job resumes from its disk checkpoint as without snapshots.
 A snapshot is chosen only when it is newer than the disk checkpoint, and only when it
@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any, Optional
+from typing import Optional
 
+from ft_core.all_ranks import all_ranks_ok, every_rank
 from ft_core.events import ResumeChosen, ResumeSource
 from ft_core.rank_records import write_rank_record
 from ft_core.snapshots.condemned import condemned, snapshot_name
 from ft_core.snapshots.slots import Snapshot, SnapshotSlots
 
-__all__ = ["Agreement", "agree", "all_ranks_max", "all_ranks_ok", "choose", "record_choice"]
+__all__ = ["Agreement", "agree", "choose", "record_choice"]
 
 log = logging.getLogger("ft_core.snapshots")
 
@@ -40,32 +41,6 @@ class Agreement:
     world_size: int
 
 
-def _gloo_group() -> Any:
-    """A gloo process group over the default group's ranks (the default group itself when it is gloo).
-
-    Made once per default group (a collective: every rank gets here in the same order), again
-    when the default group was replaced (an in-process restart).
-    """
-    import torch.distributed as dist
-
-    global _GLOO
-    if dist.get_backend() == "gloo":
-        return None
-    world = dist.group.WORLD
-    if _GLOO is None or _GLOO[0] is not world:
-        _GLOO = (world, dist.new_group(backend="gloo"))
-    return _GLOO[1]
-
-
-_GLOO: Optional[tuple[Any, Any]] = None
-
-
-def _distributed() -> bool:
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
 def agree(slots: SnapshotSlots, skip: frozenset[tuple[int, str]] = frozenset()) -> Agreement:
     """Agree with every rank on the newest snapshot all of them hold (a collective: call it on every rank).
 
@@ -75,8 +50,6 @@ def agree(slots: SnapshotSlots, skip: frozenset[tuple[int, str]] = frozenset()) 
     policy condemned (:mod:`ft_core.snapshots.condemned`) nor one of ``skip`` (``(step, lineage)``:
     rejected at this resume already, by its load or its finite check).
     """
-    import torch.distributed as dist
-
     try:
         skip = skip | condemned(slots.directory)
         mine = {(s.step, s.lineage): s for s in slots.listed() if (s.step, s.lineage) not in skip}
@@ -84,12 +57,7 @@ def agree(slots: SnapshotSlots, skip: frozenset[tuple[int, str]] = frozenset()) 
         log.warning("snapshots not offered for the resume: the marks of condemned snapshots are unreadable: %s", exc)
         mine = {}
     offered = sorted(mine)
-    if _distributed():
-        everyone: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, offered, group=_gloo_group())
-    else:
-        everyone = [offered]
-    held = [{(int(step), str(lineage)) for step, lineage in offer} for offer in everyone]
+    held = [{(int(step), str(lineage)) for step, lineage in offer} for offer in every_rank(offered)]
     common = set.intersection(*held) if held else set()
     torn: list[int] = []
     for step, lineage in sorted(common, reverse=True):
@@ -126,23 +94,6 @@ def choose(agreement: Agreement, disk_step: Optional[int]) -> tuple[ResumeSource
     if disk_step is not None and disk_step >= snapshot.step:
         return ResumeSource.DISK, f"{agreement.reason}, not newer than {disk}"
     return ResumeSource.SNAPSHOT, f"{agreement.reason}, newer than {disk}"
-
-
-def all_ranks_ok(ok: bool) -> bool:
-    """True when ``ok`` on every rank (a collective over the gloo group)."""
-    return bool(all_ranks_max([0 if ok else 1])[0] == 0)
-
-
-def all_ranks_max(values: list[int]) -> list[int]:
-    """The largest of every rank's ``values``, element-wise (one all-reduce over the gloo group)."""
-    import torch
-    import torch.distributed as dist
-
-    if not _distributed():
-        return list(values)
-    reduced = torch.tensor(values, dtype=torch.int64)
-    dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=_gloo_group())
-    return [int(value) for value in reduced.tolist()]
 
 
 def record_choice(socket_path: str, cycle: int, source: ResumeSource, reason: str, agreement: Agreement,

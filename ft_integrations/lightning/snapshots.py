@@ -24,13 +24,13 @@ import os
 import random
 from typing import Any, Optional
 
+from ft_core.all_ranks import all_ranks_max, all_ranks_ok
 from ft_core.checkpoint_manifest import read_manifest
 from ft_core.events import ResumeSource
 from ft_core.jobdir import MONITOR_SOCKET_ENV
 from ft_core.snapshots.condemned import snapshot_name
 from ft_core.snapshots.interval import AUTO, SnapshotEvery, snapshot_every_arg
 from ft_core.snapshots.node import NodeSnapshots
-from ft_core.snapshots.resume import all_ranks_max, all_ranks_ok
 from ft_integrations.checkpoint_guard import LoadResult
 from ft_integrations.lightning._pl import pl, rank_zero_warn
 from ft_integrations.lightning.checkpoint_io import checkpoint_weights

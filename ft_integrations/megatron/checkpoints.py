@@ -32,7 +32,7 @@ from ft_core.checkpoint_manifest import read_manifest, write_dir_manifest
 from ft_core.megatron_tracker import checkpoint_dir, iteration_of, tracker_iteration
 from ft_integrations.checkpoint_guard import LoadResult, load_verified
 
-__all__ = ["ManifestWriter", "candidates", "checkpoint_dir", "iteration_of", "load_verified_checkpoint"]
+__all__ = ["ManifestWriter", "candidates", "load_verified_checkpoint"]
 
 log = logging.getLogger("ft_integrations.megatron")
 

@@ -39,10 +39,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, Optional
 
 from ft_core.fault_policy import FaultPolicy
+from ft_core.megatron_tracker import TRACKER_FILENAME, checkpoint_dir, iteration_of
 from ft_integrations.checkpoint_guard import LoadResult, LossWatch
 from ft_integrations.megatron import checkpoints
 from ft_integrations.megatron.args import DEFAULT_CALC_TIMEOUTS_AFTER_ITERS, DEFAULT_NUM_WARMUP_ITERS
-from ft_integrations.megatron.state import FT_STATE_FILENAME, TRACKER_FILENAME, get_state
+from ft_integrations.megatron.state import FT_STATE_FILENAME, get_state
 from ft_integrations.session import (
     FINISHED_FLAG_ENV,
     FaultToleranceSession,
@@ -341,7 +342,7 @@ def on_checkpointing_end(is_async_finalization: bool = False, iteration: Optiona
         client.report_checkpoint(iteration)
         state.reported_iteration = iteration
         if state.manifests is not None and state.save_dir is not None:
-            directory = checkpoints.checkpoint_dir(state.save_dir, iteration)
+            directory = checkpoint_dir(state.save_dir, iteration)
             if os.path.isdir(directory):  # Megatron's layout (another layout gets no manifest)
                 state.manifests.submit(directory, iteration)
     if state.heartbeat_mode:
@@ -401,7 +402,7 @@ def load_checkpoint_verified(load_dir: Optional[str], load: Optional[Callable[[s
         return None
     result = checkpoints.load_verified_checkpoint(load_dir, load, weights)
     if result is not None:
-        iteration = checkpoints.iteration_of(result.path)
+        iteration = iteration_of(result.path)
         get_state().verified_load = (iteration, result.path) if iteration is not None else None
     return result
 
@@ -416,7 +417,7 @@ def choose_checkpoint_iteration(load_dir: Optional[str]) -> Optional[int]:
     is rejected.
     """
     result = load_checkpoint_verified(load_dir)
-    return None if result is None else checkpoints.iteration_of(result.path)
+    return None if result is None else iteration_of(result.path)
 
 
 def state_dict() -> dict[str, Any]:

@@ -6,14 +6,13 @@ import dataclasses
 from typing import TYPE_CHECKING, Optional
 
 from ft_core.client import RankMonitorClient
-from ft_core.megatron_tracker import TRACKER_FILENAME
 from ft_integrations.checkpoint_guard import LossWatch
 from ft_integrations.session import FaultToleranceSession, Section
 
 if TYPE_CHECKING:  # annotations only
     from ft_integrations.megatron.checkpoints import ManifestWriter
 
-__all__ = ["FT_STATE_FILENAME", "TRACKER_FILENAME", "HookState", "get_state", "reset_state"]
+__all__ = ["FT_STATE_FILENAME", "HookState", "get_state", "reset_state"]
 
 #: Name of the learned-timeouts file written into the ``--save`` directory.
 FT_STATE_FILENAME = "ft_state.json"

@@ -221,14 +221,15 @@ def test_the_config_itself_records_no_keys_so_a_copy_marks_none_as_set():
 
 
 def test_a_config_given_alone_counts_every_key_as_set():
-    # RankMonitorServer(cfg) / run_in_subprocess(cfg) without explicit_keys: the config is taken as it is;
+    # RankMonitorServer(cfg) / run_in_subprocess(cfg) with a plain config: it is taken as it is;
     # a rank's fallback cannot loosen or tighten it, only add section names.
     cfg = FaultToleranceConfig(rank_heartbeat_timeout=50, rank_section_timeouts={"step": 9})
     alone = LoadedConfig.of(cfg)
     assert alone.explicit_keys == set(FaultToleranceConfig.field_names())
-    assert LoadedConfig.of(cfg, ["safety_factor"]).explicit_keys == {"safety_factor"}
-    merged = with_fallback(cfg, {"rank_heartbeat_timeout": 0.5, "safety_factor": 2,
-                                 "rank_section_timeouts": {"step": 1, "checkpointing": 30}}, alone.explicit_keys)
+    launched = load_mapping({"safety_factor": 5})
+    assert LoadedConfig.of(launched) is launched  # a config as loaded keeps the keys set at launch
+    merged = with_fallback(alone, {"rank_heartbeat_timeout": 0.5, "safety_factor": 2,
+                                   "rank_section_timeouts": {"step": 1, "checkpointing": 30}})
     assert (merged.rank_heartbeat_timeout, merged.safety_factor) == (50.0, 5.0)
     assert merged.rank_section_timeouts == {"step": 9.0, "checkpointing": 30.0}
 
@@ -253,13 +254,13 @@ def test_verbose_launch_keeps_only_the_keys_set_at_launch(monkeypatch):
 
     launched = {}
 
-    def launch(config, entrypoint, cmd_args, cfg, options, *, explicit_keys, head_start):
-        launched.update(cfg=cfg, explicit_keys=explicit_keys)
+    def launch(config, entrypoint, cmd_args, loaded, options, *, head_start):
+        launched.update(loaded=loaded)
 
     monkeypatch.setattr(cli, "launch", launch)
     assert cli.main(["-v", "--ft-rank-heartbeat-timeout=2700", "train.py"]) is None
-    cfg = launched["cfg"]
-    assert cfg.log_level == logging.DEBUG
-    assert launched["explicit_keys"] == {"rank_heartbeat_timeout", "log_level"}  # -v sets the log level at launch
-    merged = with_fallback(cfg, {"rank_heartbeat_timeout": 0.5, "safety_factor": 2.5}, launched["explicit_keys"])
+    loaded = launched["loaded"]  # one value, the config and the keys set at launch, from the CLI to the monitor
+    assert loaded.cfg.log_level == logging.DEBUG
+    assert loaded.explicit_keys == {"rank_heartbeat_timeout", "log_level"}  # -v sets the log level at launch
+    merged = with_fallback(loaded, {"rank_heartbeat_timeout": 0.5, "safety_factor": 2.5})
     assert (merged.rank_heartbeat_timeout, merged.safety_factor) == (2700.0, 2.5)

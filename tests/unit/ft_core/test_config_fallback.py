@@ -18,7 +18,7 @@ def _load(argv) -> LoadedConfig:
 
 def test_explicit_flag_equal_to_the_default_wins_over_a_rank_fallback():
     launched = _load(["--ft-rank-heartbeat-timeout=2700"])  # the default value, given on purpose
-    merged = with_fallback(launched.cfg, {"rank_heartbeat_timeout": 5.0}, launched.explicit_keys)
+    merged = with_fallback(launched, {"rank_heartbeat_timeout": 5.0})
     assert merged.rank_heartbeat_timeout == 2700.0
 
 
@@ -26,13 +26,12 @@ def test_unset_key_takes_the_rank_fallback():
     launched = _load(["--ft-rank-heartbeat-timeout=2700"])
     fallback = {"initial_rank_heartbeat_timeout": 60, "safety_factor": "2.5", "num_warmup_iterations": 3,
                 "skip_section_response": False, "rank_out_of_section_timeout": 30}
-    merged = with_fallback(launched.cfg, fallback, launched.explicit_keys)
+    merged = with_fallback(launched, fallback)
     assert merged.initial_rank_heartbeat_timeout == 60.0
     assert (merged.safety_factor, merged.num_warmup_iterations) == (2.5, 3)
     assert merged.skip_section_response is False and merged.rank_out_of_section_timeout == 30.0
     # A key set to something else than the default still wins, and the input config is unchanged.
-    assert with_fallback(FaultToleranceConfig.from_kwargs(safety_factor=7), fallback, {"safety_factor"}
-                         ).safety_factor == 7.0
+    assert with_fallback(load_mapping({"safety_factor": 7}), fallback).safety_factor == 7.0
     assert launched.cfg.safety_factor == 5.0
 
 
@@ -40,8 +39,8 @@ def test_yaml_key_equal_to_the_default_wins_over_a_rank_fallback(tmp_path):
     path = tmp_path / "cfg.yaml"
     path.write_text("fault_tolerance:\n  rank_heartbeat_timeout: 2700\n  rank_out_of_section_timeout: null\n")
     launched = _load(["--ft-cfg-path", str(path)])
-    merged = with_fallback(launched.cfg, {"rank_heartbeat_timeout": 5, "rank_out_of_section_timeout": 9,
-                                          "safety_factor": 2}, launched.explicit_keys)
+    merged = with_fallback(launched, {"rank_heartbeat_timeout": 5, "rank_out_of_section_timeout": 9,
+                                      "safety_factor": 2})
     assert merged.rank_heartbeat_timeout == 2700.0
     assert merged.rank_out_of_section_timeout is None  # "no timeout", set on purpose
     assert merged.safety_factor == 2.0
@@ -49,22 +48,21 @@ def test_yaml_key_equal_to_the_default_wins_over_a_rank_fallback(tmp_path):
 
 def test_sections_merge_per_name_and_the_launch_entry_wins():
     launched = _load(["--ft-rank-section-timeouts=step:9"])
-    merged = with_fallback(launched.cfg, {"rank_section_timeouts": {"step": 1, "checkpointing": None}},
-                           launched.explicit_keys)
+    merged = with_fallback(launched, {"rank_section_timeouts": {"step": 1, "checkpointing": None}})
     assert merged.rank_section_timeouts == {"step": 9.0, "checkpointing": None}
-    unset = with_fallback(FaultToleranceConfig(), {"rank_section_timeouts": "step:1"}, frozenset())
+    unset = with_fallback(load_mapping({}), {"rank_section_timeouts": "step:1"})
     assert unset.rank_section_timeouts == {"step": 1.0}
 
 
 def test_fallback_keys_and_values_are_checked():
     with pytest.raises(ConfigError, match=r"fallback config: keys \['rank_termination_signal'\] cannot come from a "
                                           r"rank; allowed: keys initial_rank_heartbeat_timeout"):
-        with_fallback(FaultToleranceConfig(), {"rank_termination_signal": "SIGTERM"}, frozenset())
+        with_fallback(load_mapping({}), {"rank_termination_signal": "SIGTERM"})
     # Checked even where the launcher's value wins: a rank's bad config is reported, not hidden.
     with pytest.raises(ConfigError, match=r"fault_tolerance.safety_factor: invalid value -1"):
-        with_fallback(FaultToleranceConfig(safety_factor=5), {"safety_factor": -1}, {"safety_factor"})
+        with_fallback(load_mapping({"safety_factor": 5}), {"safety_factor": -1})
     with pytest.raises(ConfigError, match=r"fault_tolerance.rank_section_timeouts.step: invalid value 'x'"):
-        with_fallback(FaultToleranceConfig(), {"rank_section_timeouts": {"step": "x"}}, frozenset())
+        with_fallback(load_mapping({}), {"rank_section_timeouts": {"step": "x"}})
 
 
 def test_a_rank_offers_its_fallback_fields_and_the_monitor_builds_the_merged_config_once(monkeypatch):
@@ -77,7 +75,7 @@ def test_a_rank_offers_its_fallback_fields_and_the_monitor_builds_the_merged_con
     monkeypatch.setattr(FaultToleranceConfig, "__post_init__", lambda self: (built.append(1), post_init(self)))
     launched = load_mapping({"safety_factor": 7})
     built.clear()
-    merged = with_fallback(launched.cfg, offered, launched.explicit_keys)
+    merged = with_fallback(launched, offered)
     assert len(built) == 1
     assert (merged.rank_heartbeat_timeout, merged.safety_factor) == (5.0, 7.0)
     assert merged.rank_termination_signal is signal.SIGKILL  # not a fallback field: never offered

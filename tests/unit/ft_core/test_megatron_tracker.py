@@ -63,3 +63,31 @@ def test_without_an_older_checkpoint_the_tracker_is_left_alone(tmp_path):
     assert not (tmp_path / f"{TRACKER_FILENAME}.bad-40").exists()
     (tmp_path / TRACKER_FILENAME).write_text("release\n")  # Megatron's release checkpoints: not an iteration
     assert roll_back(checkpoint_dir(save, 40)) is None and tracker_iteration(save) is None
+
+
+def test_the_names_of_megatron_checkpoints_have_one_home():
+    # TRACKER_FILENAME, checkpoint_dir and iteration_of are defined here and imported from here only:
+    # no module defines the tracker's name again or hands these names on (the hooks took it from their state).
+    import re
+
+    from helpers import REPO_ROOT
+
+    names = ("TRACKER_FILENAME", "checkpoint_dir", "iteration_of")
+    found = []
+    for package in ("ft_core", "ft_integrations"):
+        for directory, _, files in os.walk(os.path.join(REPO_ROOT, package)):
+            for name in (f for f in files if f.endswith(".py")):
+                path = os.path.join(directory, name)
+                text = open(path, encoding="utf-8").read()
+                home = os.path.join(directory, name) == os.path.join(REPO_ROOT, "ft_core", "megatron_tracker.py")
+                if not home and re.search(r"""=\s*["']latest_checkpointed_iteration\.txt["']""", text):
+                    found.append(f"{os.path.relpath(path, REPO_ROOT)} defines the tracker's name")
+                for module, imported in re.findall(r"^\s*from ([\w.]+) import \(?([^)\n]*(?:\n[^)\n]*)*?)\)?$",
+                                                   text, re.M):
+                    if module != "ft_core.megatron_tracker" and set(re.findall(r"\w+", imported)) & set(names):
+                        found.append(f"{os.path.relpath(path, REPO_ROOT)} imports them from {module}")
+                if "__all__" in text and not home:
+                    exported = re.search(r"__all__ = \[([^\]]*)\]", text)
+                    if exported and set(re.findall(r'"(\w+)"', exported.group(1))) & set(names):
+                        found.append(f"{os.path.relpath(path, REPO_ROOT)} exports them")
+    assert found == []

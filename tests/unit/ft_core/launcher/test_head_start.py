@@ -33,7 +33,7 @@ def _wanted(argv: list[str], monkeypatch) -> WorkerFactory:
     """The factory ``launch`` asks for after the real parse (torchrun's parser and its change to the environment)."""
     launched = {}
 
-    def launch(config, entrypoint, cmd_args, cfg, options, *, explicit_keys, head_start):
+    def launch(config, entrypoint, cmd_args, loaded, options, *, head_start):
         launched["factory"] = WorkerFactory.for_job(entrypoint, cmd_args, options.prewarm_modules,
                                                     config.numa_options, env=dict(os.environ))
         return 0

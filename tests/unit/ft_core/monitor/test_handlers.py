@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from ft_core.config import FaultToleranceConfig
+from ft_core.config_loading import LoadedConfig
 from ft_core.events import CheckpointReported, RankConnected, TimeoutsUpdated
 from ft_core.jobdir import LAUNCHER_SOCKET_ENV
 from ft_core.monitor.defences import Connection
@@ -45,7 +46,7 @@ class Monitor:
         self.events: list = []
         self.dropped: list[Connection] = []
         self.disconnected: list[int] = []
-        self.handlers = MessageHandlers(cfg, explicit_keys, TOKEN.encode(), STACKS, PhaseWindows(), self.events.append,
+        self.handlers = MessageHandlers(LoadedConfig(cfg, explicit_keys), TOKEN.encode(), STACKS, PhaseWindows(), self.events.append,
                                         lambda conn, log_it=True: self.dropped.append(conn),
                                         lambda conn, rank: self.disconnected.append(rank.rank))
 
