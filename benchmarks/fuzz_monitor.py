@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import emit, rss_mb  # noqa: E402
 
 from ft_core.config import FaultToleranceConfig  # noqa: E402
-from ft_core.events import read_events  # noqa: E402
+from ft_core.event_file import read_events  # noqa: E402
 from ft_core.monitor import RankMonitorServer  # noqa: E402
 from ft_core.monitor.defences import HANDSHAKE_TIMEOUT  # noqa: E402
 from ft_core.protocol import (  # noqa: E402

@@ -13,7 +13,8 @@ import tempfile
 import textwrap
 
 from ft_core.config import FaultToleranceConfig
-from ft_core.events import EventName, read_events
+from ft_core.event_file import read_events
+from ft_core.events import EventName
 from ft_core.jobdir import MONITOR_SOCKET_ENV, JobDir
 from ft_core.monitor import RankMonitorServer
 

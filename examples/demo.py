@@ -20,7 +20,8 @@ import shutil
 import subprocess
 import sys
 
-from ft_core.events import EventName, read_events
+from ft_core.event_file import read_events
+from ft_core.events import EventName
 from ft_core.jobdir import FINISHED_FLAG_ENV, LAUNCHER_EVENTS_FILE
 from ft_core.launcher.report import build_report, find_event_files, format_report, load_records, plot_timeline
 

@@ -3,7 +3,7 @@
 Some facts are known only inside a rank, at a moment the monitor protocol has no
 message for: which checkpoint the ranks agreed to resume from, which newer ones
 they rejected and why, whether they chose a snapshot. A rank appends such a record
-(one JSON line, :class:`ft_core.events.EventWriter`) to the monitor's event file of
+(one JSON line, :class:`ft_core.event_file.EventWriter`) to the monitor's event file of
 its job directory, found from ``FT_RANK_MONITOR_IPC_SOCKET``; the launcher reads it
 with the monitor's records and forwards it to the job's event log. Without a
 monitor (a plain ``torchrun`` run, a unit test) there is nowhere to write: nothing
@@ -18,7 +18,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from ft_core.events import Event, EventWriter
+from ft_core.event_file import EventWriter
+from ft_core.events import Event
 from ft_core.jobdir import MONITOR_SOCKET_ENV, JobDir
 
 __all__ = ["current_cycle", "write_rank_record"]

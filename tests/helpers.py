@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -1,7 +1,7 @@
 """The launcher's event log (``<log dir>/ft_events.jsonl``) and the human summary printed at exit.
 
 Records are the typed events of :mod:`ft_core.events`, written by its
-:class:`~ft_core.events.EventWriter`: one JSON object per line with at least
+:class:`~ft_core.event_file.EventWriter`: one JSON object per line with at least
 ``event``, ``time`` (unix seconds) and ``node`` (``host:pid`` of the launcher,
 so the logs of several nodes can be merged). Each line is one ``write`` to a
 file opened for appending, so a reader (or a crash) never sees a torn line and
@@ -19,7 +19,8 @@ import time
 from collections.abc import Callable
 from typing import Optional
 
-from ft_core.events import Diagnosis, Event, EventWriter, RestartKind
+from ft_core.event_file import EventWriter
+from ft_core.events import Diagnosis, Event, RestartKind
 from ft_core.jobdir import LAUNCHER_EVENTS_FILE, PRIVATE_DIR_MODE
 from ft_core.launcher.report import Report, build_report, load_records, short_summary
 

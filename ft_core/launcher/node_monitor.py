@@ -8,7 +8,8 @@ from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.config_loading import LoadedConfig
-from ft_core.events import Event, read_records
+from ft_core.event_file import read_records
+from ft_core.events import Event
 from ft_core.jobdir import JobDir
 from ft_core.monitor import MonitorProcess, RankMonitorServer
 from ft_core.monitor.live_ranks import LIVE_RANKS_SIGNAL

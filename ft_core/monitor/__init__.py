@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from ft_core.utils.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from ft_core.events import read_events
+    from ft_core.event_file import read_events
     from ft_core.jobdir import stack_dump_dir
     from ft_core.monitor.server import RankMonitorServer
     from ft_core.monitor.spawn import MonitorProcess
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "MonitorProcess": "ft_core.monitor.spawn",
     "RankMonitorServer": "ft_core.monitor.server",
-    "read_events": "ft_core.events",
+    "read_events": "ft_core.event_file",
     "stack_dump_dir": "ft_core.jobdir",
 }
 

@@ -45,15 +45,8 @@ from typing import Optional
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.config_loading import LoadedConfig
-from ft_core.events import (
-    Event,
-    EventWriter,
-    MonitorLate,
-    MonitorStarted,
-    PhaseMedians,
-    RankDisconnected,
-    RankTerminated,
-)
+from ft_core.event_file import EventWriter
+from ft_core.events import Event, MonitorLate, MonitorStarted, PhaseMedians, RankDisconnected, RankTerminated
 from ft_core.jobdir import PRIVATE_FILE_MODE, JobDir, saved_stack_path
 from ft_core.monitor.defences import HANDSHAKE_TIMEOUT, Connection, Defences
 from ft_core.monitor.handlers import MessageHandlers

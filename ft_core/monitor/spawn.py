@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from ft_core.config import FaultToleranceConfig
 from ft_core.config_loading import LoadedConfig
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 from ft_core.jobdir import (
     TOKEN_ENV,
     JobDir,

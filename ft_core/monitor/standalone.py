@@ -43,7 +43,8 @@ import socket
 
 from ft_core.client import RankMonitorClient, RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
-from ft_core.events import RankConnected, RankDisconnected, read_records
+from ft_core.event_file import read_records
+from ft_core.events import RankConnected, RankDisconnected
 from ft_core.jobdir import MONITOR_SOCKET_ENV, JobDir, runtime_root
 from ft_core.monitor.spawn import MonitorProcess, run_in_subprocess
 from ft_core.utils.deadline import wait_until

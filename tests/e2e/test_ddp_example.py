@@ -17,7 +17,7 @@ import torch
 from helpers import REPO_ROOT, python_env
 from integration.launcher_helpers import run_job
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 TRAIN = os.path.join(REPO_ROOT, "examples", "ddp_train.py")
 HANG_AT, RESUME_AT, STEPS = 25, 20, 40

@@ -23,7 +23,7 @@ import torch
 from helpers import REPO_ROOT, python_env
 from integration.launcher_helpers import run_job
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 PAGES = ["README.md"] + sorted(
     os.path.relpath(os.path.join(root, name), REPO_ROOT)

@@ -19,7 +19,7 @@ import pytest
 from helpers import REPO_ROOT, python_env
 from integration.launcher_helpers import run_job
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 from ft_core.timeouts import describe_timeouts, timeouts_from_state_dict
 
 TRAIN = os.path.join(REPO_ROOT, "examples", "megatron", "train.py")

@@ -18,7 +18,7 @@ import pytest
 from helpers import REPO_ROOT, python_env
 from integration.launcher_helpers import run_job
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 PRETRAIN = os.path.join(REPO_ROOT, "tests", "e2e", "megatron_lm", "pretrain.py")
 

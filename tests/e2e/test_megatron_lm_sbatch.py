@@ -20,7 +20,7 @@ from helpers import REPO_ROOT, free_port, python_env
 from integration.launcher_helpers import ProcessTracker
 from slurm_shims import shims
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 SCRIPT = os.path.join(REPO_ROOT, "examples", "megatron", "pretrain_gpt.sbatch")
 PRETRAIN = os.path.join(REPO_ROOT, "tests", "e2e", "megatron_lm", "pretrain.py")

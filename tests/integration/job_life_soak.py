@@ -21,7 +21,7 @@ from pathlib import Path
 
 from helpers import free_port, kill_group
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 PREEMPTION_POINTS = ["start-up"] * 4 + ["training"] * 6
 

@@ -27,7 +27,7 @@ import psutil
 from etcd_cluster import EtcdCluster
 from helpers import REPO_ROOT, free_port, python_env, spawn_python, wait_for
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 WORKER = os.path.join(REPO_ROOT, "tests", "integration", "launcher_workers", "worker.py")
 

@@ -9,7 +9,7 @@ import sys
 
 from helpers import REPO_ROOT, wait_for
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 RANK_SCRIPT = os.path.join(REPO_ROOT, "tests", "integration", "core_workers", "rank.py")
 BENCHMARKS = os.path.join(REPO_ROOT, "benchmarks")

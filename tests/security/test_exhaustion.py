@@ -23,7 +23,7 @@ from security_helpers import TOKEN, closed_by_peer
 
 from ft_core.config_loading import load_mapping
 from ft_core.data import WorkloadAction
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 from ft_core.jobdir import JobDir
 from ft_core.launcher import control
 from ft_core.launcher.control import WorkloadControlServer

@@ -14,7 +14,8 @@ from helpers import kill_group, python_env, spawn_python, wait_for
 from security_helpers import VICTIM_TEXT, file_mode
 
 from ft_core import jobdir
-from ft_core.events import EventWriter, Progress, RankConnected, read_records
+from ft_core.event_file import EventWriter, read_records
+from ft_core.events import Progress, RankConnected
 from ft_core.launcher.event_log import EventLog
 from ft_core.utils import fileutil
 
@@ -72,7 +73,8 @@ def test_a_new_writer_terminates_a_torn_last_line_instead_of_gluing_its_record_t
 def test_records_of_a_sigkilled_writer_are_whole_lines(tmp_path):
     path = str(tmp_path / "events.jsonl")
     code = textwrap.dedent(f"""
-        from ft_core.events import EventWriter, RankConnected
+        from ft_core.events import RankConnected
+        from ft_core.event_file import EventWriter
         with EventWriter({path!r}) as out:
             i = 0
             while True:

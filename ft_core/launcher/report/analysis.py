@@ -49,6 +49,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Optional
 
+from ft_core.event_file import read_records
 from ft_core.events import (
     CheckpointRejected,
     CycleStart,
@@ -69,7 +70,6 @@ from ft_core.events import (
     WorkerExit,
     WorkersSucceeded,
     WorkloadControlReceived,
-    read_records,
 )
 from ft_core.exit_causes import ExitCause
 from ft_core.fault_policy import FaultAction, FaultOutcome

@@ -164,7 +164,7 @@ def inject(kind: str, client) -> None:
 def start_child() -> None:
     import subprocess
 
-    from ft_core.events import read_events
+    from ft_core.event_file import read_events
 
     def pid_alive(pid: int) -> bool:  # exists and is not a zombie
         try:

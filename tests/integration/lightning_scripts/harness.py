@@ -12,7 +12,7 @@ from pathlib import Path
 from helpers import free_port
 from launcher_helpers import run_job
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 SCRIPTS = Path(__file__).resolve().parent
 

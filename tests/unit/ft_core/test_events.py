@@ -1,4 +1,4 @@
-"""The event records, the JSON-lines writer and the reader (ft_core.events)."""
+"""The event records (ft_core.events): one sample of every type, their JSON, their round trip through the file."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import json
 import os
 import typing
 
-import msgspec
 import pytest
 
+from ft_core import event_file as ef
 from ft_core import events as ev
 from ft_core.straggler_scoring import PhaseMedian, StragglerAction
 
@@ -77,17 +77,17 @@ def test_every_record_type_has_a_sample_and_one_event_name():
 
 def test_every_record_round_trips_through_the_file(tmp_path):
     path = str(tmp_path / "events.jsonl")
-    with ev.EventWriter(path) as out:
+    with ef.EventWriter(path) as out:
         for record in SAMPLES:
             out.write(record)
-    records, offset = ev.read_records(path)
+    records, offset = ef.read_records(path)
     assert records == SAMPLES
     assert offset == os.path.getsize(path)
 
 
 def test_the_json_keeps_plain_names_and_values(tmp_path):
     path = str(tmp_path / "events.jsonl")
-    with ev.EventWriter(path, node="host:7") as out:
+    with ef.EventWriter(path, node="host:7") as out:
         out.write(ev.Restart(time=3.0, cycle=0, kind=ev.RestartKind.HANG, reason="r", restarts=1, max_restarts=2))
         out.write(ev.WorkerExit(time=3.0, cycle=0, local_rank=1, pid=5, cause="crash", signal="SIGKILL"))
     restart, worker_exit = (json.loads(line) for line in open(path, encoding="utf-8") if line.strip())
@@ -96,99 +96,6 @@ def test_the_json_keeps_plain_names_and_values(tmp_path):
     # "exit_code or signal": the unset one (and an unknown rank) is left out, as before.
     assert worker_exit == {"event": "worker_exit", "time": 3.0, "node": "host:7", "cycle": 0, "local_rank": 1,
                            "pid": 5, "cause": "crash", "signal": "SIGKILL"}
-
-
-def test_a_writer_without_node_writes_none_and_a_launcher_writer_stamps_it(tmp_path):
-    monitor_file, launcher_file = str(tmp_path / "m.jsonl"), str(tmp_path / "l.jsonl")
-    record = ev.RankConnected(time=1.0, rank=0, local_rank=0, pid=1, restart_count=0)
-    with ev.EventWriter(monitor_file) as out:
-        out.write(record)
-    with ev.EventWriter(launcher_file, node="host:9") as out:
-        assert out.write(record).node == "host:9"
-    assert "node" not in ev.read_events(monitor_file)[0][0]
-    assert ev.read_events(launcher_file)[0][0]["node"] == "host:9"
-
-
-def test_a_partial_last_line_waits_for_the_next_read(tmp_path):
-    path = tmp_path / "events.jsonl"
-    first = ev.MonitorStarted(time=1.0, pid=1, socket="s")
-    second = ev.RankTerminated(time=2.0, rank=0, pid=2, signal="SIGKILL")
-    with ev.EventWriter(str(path)) as out:
-        out.write(first)
-    whole = path.read_bytes()
-    line = json.dumps({"event": "rank_terminated", "time": 2.0, "rank": 0, "pid": 2, "signal": "SIGKILL"})
-    with open(path, "ab") as handle:
-        handle.write(line[:20].encode())  # a writer caught mid-line
-    records, offset = ev.read_records(str(path))
-    assert records == [first] and offset == len(whole)
-    assert ev.read_events(str(path)) == ([json.loads(whole)], len(whole))
-    with open(path, "ab") as handle:
-        handle.write(line[20:].encode() + b"\n")
-    records, offset = ev.read_records(str(path), offset)
-    assert records == [second] and offset == path.stat().st_size
-    assert ev.read_records(str(path), offset) == ([], offset)
-
-
-def test_unknown_and_corrupt_lines_are_skipped_not_fatal(tmp_path, caplog):
-    path = tmp_path / "events.jsonl"
-    good = ev.Progress(time=1.0, iteration=1, source="file", cycle=0)
-    path.write_bytes(b'{"event": "from_a_newer_version", "time": 1}\n'
-                     b"not json at all\n"
-                     b'{"event": "progress", "time": 1.0, "iteration": "NaN", "source": "x", "cycle": 0}\n'
-                     b"[1, 2]\n"
-                     b'{"event": "progress", "time": 1.0, "iteration": 1, "source": "file", "cycle": 0, "new": 1}\n')
-    assert ev.read_records(str(path))[0] == [good]  # unknown extra fields are fine
-    assert [e["event"] for e in ev.read_events(str(path))[0]] == ["from_a_newer_version", "progress", "progress"]
-    assert "skipping" in caplog.text
-
-
-def test_a_torn_line_costs_only_its_own_record_even_for_a_writer_that_had_the_file_open(tmp_path):
-    # A writer SIGKILLed mid-write() leaves part of its record (no newline); the monitor, whose
-    # writer opened the file before, appends its next record: that record must stay readable.
-    path = tmp_path / "events.jsonl"
-    first = ev.MonitorStarted(time=1.0, pid=1, socket="s")
-    after = ev.RankTerminated(time=2.0, rank=0, pid=2, signal="SIGKILL")
-    torn = json.dumps({"event": "checkpoint_loaded", "time": 1.5, "path": "x" * 100})[:40].encode()
-    with ev.EventWriter(str(path)) as monitor:
-        monitor.write(first)
-        with open(path, "ab") as killed:
-            killed.write(torn)
-        monitor.write(after)
-    assert ev.read_records(str(path)) == ([first, after], path.stat().st_size)
-    assert [e["event"] for e in ev.read_events(str(path))[0]] == ["monitor_started", "rank_terminated"]
-
-
-def test_the_reader_skips_a_torn_line_and_blank_lines_and_reads_the_good_one_after(tmp_path, caplog):
-    path = tmp_path / "events.jsonl"
-    good = ev.Progress(time=1.0, iteration=1, source="file", cycle=0)
-    path.write_bytes(b'\n{"event": "checkpoint_loaded", "time": 1.5, "pa\n\n' + msgspec.json.encode(good) + b"\n\n")
-    assert ev.read_records(str(path)) == ([good], path.stat().st_size)
-    assert ev.read_events(str(path))[0] == [msgspec.to_builtins(good)]
-    assert "skipping" in caplog.text
-
-
-def test_reading_a_missing_file_returns_nothing(tmp_path):
-    assert ev.read_records(str(tmp_path / "none.jsonl"), 5) == ([], 5)
-    assert ev.read_events(str(tmp_path / "none.jsonl")) == ([], 0)
-
-
-def test_each_record_is_one_write_of_a_whole_line(tmp_path, monkeypatch):
-    path = str(tmp_path / "events.jsonl")
-    writes: list[bytes] = []
-    real_write = os.write
-
-    def spy(fd: int, data: bytes) -> int:
-        writes.append(bytes(data))
-        return real_write(fd, data)
-
-    with ev.EventWriter(path) as out:
-        monkeypatch.setattr(os, "write", spy)
-        out.write(SAMPLES[3])  # the largest record: a hang with its stack
-        monkeypatch.undo()
-    # On a fresh line of its own: whatever a killed writer left unfinished before it cannot swallow it.
-    assert len(writes) == 1 and writes[0].startswith(b"\n") and writes[0].endswith(b"\n")
-    assert writes[0].count(b"\n") == 2
-    assert open(path, "rb").read() == writes[0]
 
 
 def test_event_names_are_plain_strings_in_the_json():

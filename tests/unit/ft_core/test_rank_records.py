@@ -1,6 +1,7 @@
 """A rank's own records land in its job's monitor event file, typed; without a monitor nothing is written."""
 
-from ft_core.events import CheckpointLoaded, read_records
+from ft_core.event_file import read_records
+from ft_core.events import CheckpointLoaded
 from ft_core.jobdir import MONITOR_SOCKET_ENV, JobDir
 from ft_core.rank_records import current_cycle, write_rank_record
 

@@ -13,7 +13,7 @@ import pytest
 from helpers import REPO_ROOT
 from launcher_helpers import LauncherGroup
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 WORKERS = os.path.join(REPO_ROOT, "tests", "integration", "launcher_workers")
 CUDA_WORKER = os.path.join(WORKERS, "cuda_worker.py")

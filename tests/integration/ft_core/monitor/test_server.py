@@ -13,7 +13,7 @@ import pytest
 from helpers import kill_group, killed, python_env, spawn_python, wait_for, wait_for_event
 
 from ft_core.config import FaultToleranceConfig
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 from ft_core.protocol import FrameDecoder, Heartbeat, Hello, encode, recv_msg, send_msg
 
 pytestmark = pytest.mark.timeout(120)

@@ -11,7 +11,7 @@ from helpers import REPO_ROOT, free_port
 from launcher_helpers import run_job
 from lightning_scripts.harness import base_env
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 SCRIPT = Path(REPO_ROOT) / "tests" / "integration" / "core_workers" / "standalone_train.py"
 # The default warm-up (5 steps, timed by the generous ``setup`` budget): the hang test hangs past it.

@@ -16,7 +16,7 @@ import pytest
 from helpers import REPO_ROOT
 from launcher_helpers import LauncherGroup
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 PLAIN = os.path.join(REPO_ROOT, "tests", "integration", "snapshot_workers", "plain.py")
 

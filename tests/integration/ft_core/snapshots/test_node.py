@@ -14,7 +14,7 @@ from helpers import REPO_ROOT, wait_for
 from launcher_helpers import LauncherGroup
 
 from ft_core.checkpoint_manifest import DIR_MANIFEST
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 PLAIN = os.path.join(REPO_ROOT, "tests", "integration", "snapshot_workers", "plain.py")
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 from helpers import REPO_ROOT, free_port, python_env
 
-from ft_core.events import read_records
+from ft_core.event_file import read_records
 from ft_core.jobdir import JobDir
 from ft_core.snapshots.slots import SnapshotSlots
 

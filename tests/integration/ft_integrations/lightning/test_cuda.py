@@ -13,7 +13,7 @@ from helpers import free_port
 from launcher_helpers import run_job
 from lightning_scripts.harness import SCRIPTS, base_env, of
 
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
 

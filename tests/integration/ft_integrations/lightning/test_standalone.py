@@ -11,7 +11,7 @@ from helpers import free_port  # noqa: E402
 from launcher_helpers import run_job  # noqa: E402
 from lightning_scripts.harness import SCRIPTS, base_env, reports  # noqa: E402
 
-from ft_core.events import read_events  # noqa: E402
+from ft_core.event_file import read_events  # noqa: E402
 
 CONFIG = {"rank_section_timeouts": {"setup": 120, "step": 5, "checkpointing": 60},
           "rank_out_of_section_timeout": 120, "initial_rank_heartbeat_timeout": None,

@@ -12,7 +12,7 @@ from helpers import wait_for_event
 
 from ft_core.checkpoint_manifest import DIR_MANIFEST, mark_bad, read_manifest, verify
 from ft_core.config import FaultToleranceConfig
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 from ft_core.fault_policy import NONFINITE_LOSS_ERROR, NonFiniteLossError
 from ft_integrations import megatron as ft
 from ft_integrations.checkpoint_guard import NoGoodCheckpointError

@@ -13,7 +13,7 @@ from helpers import kill_group, python_env, spawn_python, wait_for, wait_for_eve
 
 from ft_core.client import RankMonitorClientError
 from ft_core.config import FaultToleranceConfig
-from ft_core.events import read_events
+from ft_core.event_file import read_events
 from ft_core.utils.deadline import wait_until
 from ft_integrations import megatron as ft
 

@@ -12,7 +12,8 @@ import math
 import pytest
 import torch
 
-from ft_core.events import ResumeSource, read_records
+from ft_core.event_file import read_records
+from ft_core.events import ResumeSource
 from ft_core.jobdir import JobDir
 from ft_core.snapshots.condemned import MARKS_FILE, condemn, condemned, parse_snapshot_name, snapshot_name
 from ft_core.snapshots.node import NodeSnapshots

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from ft_core.checkpoint_manifest import DIR_MANIFEST
-from ft_core.events import ResumeSource, read_records
+from ft_core.event_file import read_records
+from ft_core.events import ResumeSource
 from ft_core.jobdir import OWNER_FILE, JobDir, claim_job_dir
 from ft_core.snapshots.node import NodeSnapshots
 from ft_core.snapshots.resume import Agreement, agree, choose

@@ -8,15 +8,8 @@ import sys
 
 from helpers import REPO_ROOT, python_env
 
-from ft_core.events import (
-    CycleStart,
-    EventWriter,
-    LauncherExit,
-    LauncherStarted,
-    Restart,
-    RestartKind,
-    WorkerExit,
-)
+from ft_core.event_file import EventWriter
+from ft_core.events import CycleStart, LauncherExit, LauncherStarted, Restart, RestartKind, WorkerExit
 
 
 def test_ft_launcher_report_subcommand(tmp_path):
