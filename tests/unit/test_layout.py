@@ -30,7 +30,6 @@ NOT_YET_MIRRORED = {
     "ft_core/inprocess/watchdog_thread.py",
     "ft_core/launcher/hang_diagnosis.py",
     "ft_core/launcher/resumed_checkpoint.py",
-    "ft_integrations/fault_injection.py",
     "ft_integrations/lightning/data_phase.py",
     # not yet mirrored: run end to end by tests/integration/ft_core/launcher/test_single_node.py and others
     "ft_core/launcher/launch.py",

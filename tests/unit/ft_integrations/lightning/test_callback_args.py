@@ -53,23 +53,6 @@ def test_snapshot_every_default_is_auto_and_explicit_values_keep_their_meaning(v
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"kind": "kill"}, "exactly one of step= or delay="),
-        ({"kind": "kill", "step": 1, "delay": 1.0}, "exactly one of step= or delay="),
-        ({"kind": "hang_checkpoint", "delay": 1.0}, "use step="),
-        ({"kind": "kill", "step": -1}, r"SimulatedFault.step: invalid value -1; allowed: an integer >= 0"),
-        ({"kind": "kill", "delay": -2}, r"SimulatedFault.delay: invalid value -2; allowed: a number of seconds >= 0"),
-        ({"kind": "kill", "step": 1, "rank": -1}, r"SimulatedFault.rank: invalid value -1; allowed: .* or None"),
-    ],
-)
-def test_simulated_fault_validation(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        SimulatedFault(**kwargs)
-
-
-@pytest.mark.timeout(30)
 def test_valid_arguments_are_kept(tmp_path):
     policy = lambda exc: None  # noqa: E731
     callback = FaultToleranceCallback(
