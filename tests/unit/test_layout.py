@@ -25,11 +25,6 @@ NOT_MIRRORED_DIRS = {Path("ft_integrations/nvrx_alias/shim")}
 #: with its mirrored tests, and a module leaves this list when its tests are moved or written.
 NOT_YET_MIRRORED = {
     # renamed or reworked by issue 35 items 1, 3, 5 and 6 at the same time: mirrored after the merge
-    "ft_core/inprocess/restart_loop.py",
-    "ft_core/inprocess/watchdog_process.py",
-    "ft_core/inprocess/watchdog_thread.py",
-    "ft_core/launcher/hang_diagnosis.py",
-    "ft_core/launcher/resumed_checkpoint.py",
     "ft_integrations/lightning/data_phase.py",
     # not yet mirrored: run end to end by tests/integration/ft_core/launcher/test_single_node.py and others
     "ft_core/launcher/launch.py",

@@ -128,3 +128,24 @@ def kill_leftovers(procs: list[psutil.Process]) -> None:
         except ProcessLookupError:
             pass
 
+
+def events_of(job, rank, event):
+    return [e for e in job.events()[rank] if e["event"] == event]
+
+
+def assert_left_blocked_collective(job, rank):
+    """``rank`` entered the all_reduce of iteration 0 and left it unfinished; iteration 1's completed.
+
+    The gloo timeout is 10 minutes, so within the test only the abort can have released it.
+    """
+    begun = [e["iteration"] for e in events_of(job, rank, "collective_begin")]
+    done = [e["iteration"] for e in events_of(job, rank, "collective_done")]
+    assert (begun, done) == ([0, 1], [1]), job.logs(tail=4000)
+
+
+def assert_restarted_in_process(job, ranks, iterations=(0, 1)):
+    events = job.events()
+    for rank in ranks:
+        runs = starts(events[rank])
+        assert [e["iteration"] for e in runs] == list(iterations), job.logs(tail=4000)
+        assert len({e["pid"] for e in runs}) == 1, f"rank {rank} ran in more than one process: {runs}"

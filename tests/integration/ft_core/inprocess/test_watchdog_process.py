@@ -1,4 +1,5 @@
-"""In-process restart without the ranks that died, hung past the hard timeout or failed too often."""
+"""The watchdog process with real processes: in-process restart without the ranks that died, hung past the hard
+timeout or failed too often (the watchdog process terminates and records them)."""
 
 from __future__ import annotations
 
