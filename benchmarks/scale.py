@@ -143,10 +143,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", default="4,8,16", help="node counts (default: 4,8,16)")
     parser.add_argument("--hangs", type=int, default=2, help="hangs per job, one per cycle (default: 2)")
+    parser.add_argument("--backends", default=",".join(BACKENDS), help=f"(default: {','.join(BACKENDS)})")
     args = parser.parse_args()
     counts = [int(n) for n in args.nodes.split(",")]
     started = time.monotonic()
-    results: dict[str, dict[str, Any]] = {backend: {} for backend in BACKENDS}
+    results: dict[str, dict[str, Any]] = {backend: {} for backend in args.backends.split(",")}
     with tempfile.TemporaryDirectory(prefix="ft-scale-") as tmp:
         missing = etcd_missing()
         cluster: Optional[EtcdCluster] = None
@@ -154,7 +155,7 @@ def main() -> None:
             os.makedirs(os.path.join(tmp, "etcd"))
             cluster = EtcdCluster(os.path.join(tmp, "etcd")).start()
         try:
-            for backend in BACKENDS:
+            for backend in args.backends.split(","):
                 for nodes in counts:
                     etcd = backend.startswith("etcd")
                     skipped = missing if cluster is None else etcd_missing(backend[-2:])

@@ -84,6 +84,7 @@ from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.outcome import Outcome, exit_status, left_job_outcome, signal_outcome
 from ft_core.launcher.rendezvous_skew import join_skew_skipped
 from ft_core.launcher.rendezvous_wait import reporting_rendezvous_wait
+from ft_core.launcher.rendezvous_wake import woken_on_change
 from ft_core.launcher.straggler_exchange import StragglerDetector
 from ft_core.launcher.workers import (
     kill_process_groups,
@@ -157,9 +158,10 @@ class FtElasticAgent(HangDiagnosis, CycleTriggers, LocalElasticAgent):
         spec = worker_group.spec
         # Torch's random skew of a first join spreads the nodes of a starting job; a restart's nodes rejoin
         # together anyway, and one node has nobody to spread out (see .rendezvous_skew).
-        settings = getattr(spec.rdzv_handler, "settings", None)
+        handler = spec.rdzv_handler
+        settings = getattr(handler, "settings", None)
         skip_skew = self._cycle is not None or getattr(settings, "max_nodes", None) == 1
-        with reporting_rendezvous_wait(spec.rdzv_handler), join_skew_skipped(skip_skew):
+        with reporting_rendezvous_wait(handler), join_skew_skipped(skip_skew), woken_on_change(handler):
             super()._rendezvous(worker_group)
         # Torch's WorkerGroup declares these None until its rendezvous has run, as it just did.
         store, group_rank, master_addr = worker_group.store, worker_group.group_rank, worker_group.master_addr
