@@ -12,10 +12,10 @@ only that sleep with a wait that ends when the state reaches its next
 *phase*. The phase of a state is ``2 x round + complete``: it grows by one
 each time a round completes and each time the next round opens, and never
 goes back. Every node that writes a state of a later phase than the one it
-had read (its write won the compare-and-set) sets one notification key per
-phase crossed; a waiting node, holding a state of phase ``p``, blocks on the
-key of phase ``p + 1`` for at most the one second torch would have slept,
-then reads the state afresh as torch would. So:
+had read (its write won the compare-and-set) tells the nodes waiting for each
+phase crossed; a waiting node, holding a state of phase ``p``, waits for phase
+``p + 1`` for at most the one second torch would have slept, then reads the
+state afresh as torch would. So:
 
 * a restart whose nodes all come back (a rank crashed or hung) completes as
   soon as the last node joins: its waits are woken, none times out;
@@ -26,16 +26,15 @@ then reads the state afresh as torch would. So:
 * nothing new can deadlock: a missed notification (a node without this
   module, a lost connection) costs at most the old poll.
 
-Backends: c10d (a key in the rendezvous TCPStore, waited on through a
-second connection, ``TCPStore.clone()``: the waiting connection never holds
-up the job store's) and etcd-v3 (a key beside the state, watched from the
-revision after the state read). etcd-v2 keeps torch's poll. ``--rdzv-conf
-wake_on_change=0`` keeps it on any backend.
+Backends: c10d (a key per phase and one per waiter in the rendezvous
+TCPStore, see :class:`C10dPhaseKeys`) and etcd-v3 (a key per phase beside the
+state, watched from the revision after the state read). etcd-v2 keeps torch's
+poll. ``--rdzv-conf wake_on_change=0`` keeps it on any backend.
 
 Each rendezvous of the launcher logs one line, which ``benchmarks/scale.py`` reads::
 
     rendezvous round 2 (c10d): 2 of 2 waits woken, 0 timed out, 0 missed a change; 5 state reads,
-    4 writes (1 refused), 2 notifications; 7342 bytes
+    4 writes (1 refused), 9 wake-up operations; 7342 bytes
 
 "missed a change": a wait that timed out although the state had reached its next
 phase (the read after it found a later one), i.e. the wake-up did not come.
@@ -46,7 +45,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import itertools
 import logging
+import os
 import re
 import threading
 import time
@@ -86,7 +87,8 @@ class RendezvousCounts:
     reads: int = 0
     writes: int = 0
     refused_writes: int = 0
-    notifications: int = 0
+    #: Store operations of the wake-ups: notification and wake-up keys set, waiter lists, etcd watches.
+    wake_ops: int = 0
     waits: int = 0
     woken: int = 0
     #: Waits that timed out although the state had moved on (the read after them found a later phase).
@@ -102,70 +104,107 @@ class RendezvousCounts:
 
 
 class PhaseKeys(Protocol):
-    """The notification keys of one backend: set one per phase reached, wait for one."""
+    """How one backend tells the nodes waiting for a phase that the state reached it."""
 
-    def notify(self, phase: int) -> int:
-        """Set the key of ``phase``; the bytes sent."""
+    def notify(self, phase: int) -> tuple[int, int]:
+        """Tell the waiters that the state reached ``phase``; the store operations and bytes spent."""
 
     def wait(self, phase: int, timeout: float, token: Optional[Token]) -> tuple[bool, int]:
         """Block until the key of ``phase`` exists (True) or ``timeout`` seconds passed or it failed (False).
 
         ``token`` is the state holder's fencing token of the state read (etcd-v3: its mod revision).
-        Also returns how many keys the wait wrote.
+        Also returns the store operations spent.
         """
+
+    def cancel(self) -> int:
+        """End every wait still blocked (this node's rendezvous is over); the store operations spent."""
 
 
 class C10dPhaseKeys:
-    """Phase keys in the c10d rendezvous' TCPStore.
+    """Phase keys in the c10d rendezvous' TCPStore, and a wake-up key per waiting node.
 
-    A TCPStore wait that times out logs two C++ warnings, every second for a
-    spare waiting hours. So each phase is waited for once, by a thread
-    blocked on its own connection (``TCPStore.clone()``, never the job
-    store's) for up to :data:`BACKGROUND_WAIT`; the rendezvous waits on that
-    thread with torch's one second, and a later wait for the same phase joins
-    it. A wait for a phase that the state has since passed (its key not set:
-    a writer without the wake-up crossed it) is ended by setting its key.
+    A TCPStore wait that times out logs two C++ warnings (every second, for a
+    spare waiting hours), and a wait cannot be cancelled: so each phase is
+    waited for once, by a thread blocked on its own connection
+    (``TCPStore.clone()``, never the job store's) on a key of its own,
+    ``wake/<waiter>``, which the rendezvous thread awaits with torch's one
+    second. A waiter appends its name to the phase's list, then looks for the
+    phase's key; a node reaching the phase sets the phase's key, then reads the
+    list and sets every listed waiter's key: a waiter is either listed before
+    that read or sees the key. At the end of its rendezvous a node sets its
+    own pending keys, so no thread outlives it (one blocked in a store at exit
+    aborts the interpreter).
     """
 
     def __init__(self, store: Any, run_id: str) -> None:
         self._store = store
         self._prefix = f"{NAMESPACE}/{run_id}/rdzv_phase/"
         self._lock = threading.Lock()
-        self._waits: dict[int, threading.Event] = {}  # phase -> set once its key exists
-        self._idle: list[Any] = []  # connections whose wait ended with the key
+        self._waits: dict[int, tuple[str, threading.Event, threading.Thread]] = {}  # phase -> waiter, found
+        self._idle: list[Any] = []  # connections whose wait ended
+        self._names = itertools.count()
 
-    def notify(self, phase: int) -> int:
+    def notify(self, phase: int) -> tuple[int, int]:
         key = f"{self._prefix}{phase}"
         self._store.set(key, b"")
-        return len(key)
+        # compare_set(absent, "", "") creates the list empty; present, it answers the list unchanged: one read.
+        listed = bytes(self._store.compare_set(f"{key}/waiters", "", ""))
+        wake = [f"{self._prefix}wake/{waiter}" for waiter in filter(None, listed.decode().split(","))]
+        for waiter_key in wake:
+            self._store.set(waiter_key, b"")
+        return 2 + len(wake), 2 * len(key) + len(listed) + sum(map(len, wake))
 
     def wait(self, phase: int, timeout: float, token: Optional[Token]) -> tuple[bool, int]:
         with self._lock:
-            passed = [earlier for earlier, found in self._waits.items() if earlier < phase and not found.is_set()]
-            found = self._waits.get(phase)
-            if found is None:
-                found = self._waits[phase] = threading.Event()
-                threading.Thread(target=self._block, args=(phase, found), name="ft-rendezvous-wake",
-                                 daemon=True).start()
-        for earlier in passed:
-            self.notify(earlier)
-        return found.wait(timeout), len(passed)
+            passed = [earlier for earlier, (_, found, _) in self._waits.items() if earlier < phase and not found.is_set()]
+            for done in [earlier for earlier, (_, found, _) in self._waits.items() if earlier < phase and found.is_set()]:
+                del self._waits[done]  # reached: nobody waits for it again
+            pending = self._waits.get(phase)
+        writes = self.cancel(passed)  # phases the state passed without telling us (a writer without the wake-up)
+        if pending is None:
+            waiter = f"{os.getpid()}-{id(self)}-{next(self._names)}"
+            key = f"{self._prefix}{phase}"
+            self._store.append(f"{key}/waiters", f"{waiter},")
+            if self._store.check([key]):
+                    return True, writes + 2
+            found = threading.Event()
+            thread = threading.Thread(target=self._block, args=(phase, waiter, found), name="ft-rendezvous-wake",
+                                      daemon=True)
+            with self._lock:
+                pending = self._waits[phase] = (waiter, found, thread)
+            thread.start()
+            writes += 3  # append, check, the wait
+        return pending[1].wait(timeout), writes
 
-    def _block(self, phase: int, found: threading.Event) -> None:
+    def cancel(self, phases: Optional[list[int]] = None) -> int:
+        """End the waits for ``phases`` (default: every one still blocked); the store operations spent."""
+        with self._lock:
+            ended = [self._waits.pop(phase) for phase in (list(self._waits) if phases is None else phases)]
+        ops = 0
+        for waiter, found, thread in ended:
+            if not found.is_set():
+                ops += 1
+                try:
+                    self._store.set(f"{self._prefix}wake/{waiter}", b"")
+                except RuntimeError:  # the store is gone: so is the thread's wait
+                    pass
+            thread.join(5.0)
+        return ops
+
+    def _block(self, phase: int, waiter: str, found: threading.Event) -> None:
         with self._lock:
             connection = self._idle.pop() if self._idle else None
         try:
             connection = connection or self._store.clone()
-            connection.wait([f"{self._prefix}{phase}"], datetime.timedelta(seconds=BACKGROUND_WAIT))
+            connection.wait([f"{self._prefix}wake/{waiter}"], datetime.timedelta(seconds=BACKGROUND_WAIT))
         except RuntimeError:  # torch's DistStoreError: the long timeout, or the store is gone (reads will say)
             with self._lock:
-                self._waits.pop(phase, None)  # a later wait for this phase starts anew
+                if self._waits.get(phase, (None,))[0] == waiter:
+                    del self._waits[phase]  # a later wait for this phase starts anew
             return
         found.set()
         with self._lock:
             self._idle.append(connection)
-            for earlier in [earlier for earlier in self._waits if earlier < phase - 2]:
-                del self._waits[earlier]  # long reached: nobody waits for them again
 
 
 class EtcdV3PhaseKeys:
@@ -176,10 +215,10 @@ class EtcdV3PhaseKeys:
         self._lease = backend.lease
         self._prefix = backend.key + "_phase/"
 
-    def notify(self, phase: int) -> int:
+    def notify(self, phase: int) -> tuple[int, int]:
         key = f"{self._prefix}{phase}"
         self._client.put(key, b"", self._lease.id)
-        return len(key)
+        return 1, len(key)
 
     def wait(self, phase: int, timeout: float, token: Optional[Token]) -> tuple[bool, int]:
         from etcd3gw.exceptions import WatchTimedOut
@@ -196,10 +235,13 @@ class EtcdV3PhaseKeys:
             return True
 
         try:
-            return bool(self._client.call(watch, f"watch key {self._prefix}{phase}")), 0
+            return bool(self._client.call(watch, f"watch key {self._prefix}{phase}")), 1
         except Exception as exc:  # noqa: BLE001 - any failure: the caller sleeps the rest, as torch would
             log.debug("rendezvous wake-up watch failed: %s", exc)
-            return False, 0
+            return False, 1
+
+    def cancel(self) -> int:
+        return 0  # a watch ends with its wait
 
 
 class _CountingBackend(RendezvousBackend):
@@ -247,8 +289,9 @@ class WakingStateHolder(_BackendRendezvousStateHolder):
         if has_set and written is not None:
             # The write replaced exactly the state read (compare-and-set): it crossed phases read+1 .. written.
             for reached in range(read + 1, written + 1):
-                self.counts.bytes += self._keys.notify(reached)
-                self.counts.notifications += 1
+                ops, size = self._keys.notify(reached)
+                self.counts.wake_ops += ops
+                self.counts.bytes += size
         return has_set
 
     def _sanitize(self) -> None:
@@ -258,12 +301,16 @@ class WakingStateHolder(_BackendRendezvousStateHolder):
             self._polled_at = None
         super()._sanitize()
 
+    def end_waits(self) -> None:
+        """This node's rendezvous is over: nothing of it may still wait."""
+        self.counts.wake_ops += self._keys.cancel()
+
     def wait_for_change(self, timeout: float) -> None:
         """Instead of torch's poll sleep: return when the state's next phase is notified, at most ``timeout``."""
         started = time.monotonic()
         self.counts.waits += 1
-        woken, writes = self._keys.wait(self._stored_phase + 1, timeout, self._token)
-        self.counts.notifications += writes
+        woken, ops = self._keys.wait(self._stored_phase + 1, timeout, self._token)
+        self.counts.wake_ops += ops
         if woken:
             self.counts.woken += 1
         else:
@@ -335,13 +382,14 @@ def woken_on_change(handler: Any) -> Iterator[None]:
         yield
     finally:
         dynamic_rendezvous._delay = original
+        holder.end_waits()
     done = holder.counts.since(before)
     log.info(_LINE, holder.state.round, handler.get_backend(), done.woken, done.waits, done.waits - done.woken,
-             done.missed, done.reads, done.writes, done.refused_writes, done.notifications, done.bytes)
+             done.missed, done.reads, done.writes, done.refused_writes, done.wake_ops, done.bytes)
 
 
 _LINE = ("rendezvous round %d (%s): %d of %d waits woken, %d timed out, %d missed a change; %d state reads, "
-         "%d writes (%d refused), %d notifications; %d bytes")
+         "%d writes (%d refused), %d wake-up operations; %d bytes")
 _LINE_PATTERN = re.compile(re.escape(_LINE).replace("%d", r"(\d+)").replace("%s", r"([\w-]+)"))
 
 
@@ -349,8 +397,8 @@ def logged_rounds(text: str) -> list[tuple[int, RendezvousCounts]]:
     """The (round, counts) of every rendezvous line in a launcher's output, in order (benchmarks, tests)."""
     found = []
     for match in _LINE_PATTERN.finditer(text):
-        round_, _, woken, waits, _, missed, reads, writes, refused, notifications, size = match.groups()
+        round_, _, woken, waits, _, missed, reads, writes, refused, wake_ops, size = match.groups()
         found.append((int(round_), RendezvousCounts(
-            reads=int(reads), writes=int(writes), refused_writes=int(refused), notifications=int(notifications),
+            reads=int(reads), writes=int(writes), refused_writes=int(refused), wake_ops=int(wake_ops),
             waits=int(waits), woken=int(woken), missed=int(missed), bytes=int(size))))
     return found
