@@ -183,7 +183,9 @@ def main() -> None:
     parser.add_argument("--nodes", default="4,8,16", help="node counts (default: 4,8,16; up to 64 fit in 24 GB)")
     parser.add_argument("--hangs", type=int, default=2, help="faults per job, one per cycle (default: 2)")
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"(default: {','.join(FAULTS)})")
-    parser.add_argument("--backends", default=",".join(BACKENDS), help=f"(default: {','.join(BACKENDS)})")
+    parser.add_argument("--backends", default=",".join(BACKENDS),
+                        help=f"(default: {','.join(BACKENDS)}); BACKEND+poll: the same with torch's one-second poll "
+                             "(--rdzv-conf wake_on_change=0), the baseline")
     args = parser.parse_args()
     counts = [int(n) for n in args.nodes.split(",")]
     faults, backends = args.faults.split(","), args.backends.split(",")
@@ -192,18 +194,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ft-scale-") as tmp:
         missing = etcd_missing()
         cluster: Optional[EtcdCluster] = None
-        if missing is None and any(backend.startswith("etcd") for backend in backends):
+        if missing is None and any(backend.startswith("etcd") for backend in backends):  # one server for all
             os.makedirs(os.path.join(tmp, "etcd"))
             cluster = EtcdCluster(os.path.join(tmp, "etcd")).start()
         try:
             for fault, backend, nodes in ((f, b, n) for f in faults for b in backends for n in counts):
-                etcd = backend.startswith("etcd")
-                skipped = missing if cluster is None else etcd_missing(backend[-2:])
+                name, _, poll = backend.partition("+")
+                etcd = name.startswith("etcd")
+                skipped = missing if cluster is None else etcd_missing(name[-2:])
                 if etcd and skipped:
                     results[fault][backend][str(nodes)] = {"skipped": skipped}
                     continue
                 loss = fault == "node_loss"
-                rdzv = Rendezvous(backend, cluster if etcd else None, keep_alive=KEEP_ALIVE if loss else None)
+                rdzv = Rendezvous(name, cluster if etcd else None, keep_alive=KEEP_ALIVE if loss else None,
+                                  conf=("wake_on_change=0",) if poll else ())
                 directory = os.path.join(tmp, f"{fault}-{backend}-{nodes}")
                 os.makedirs(directory)
                 started_at = time.time()
