@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import datetime
 import os
+import pickle
 import re
 import sys
 import tempfile
@@ -132,7 +134,12 @@ def problems(run: ScaleRun, hangs: int) -> list[str]:
         found.append(f"exit codes {run.exit_codes}")
     if len(run.recovery) != hangs:
         found.append(f"{len(run.recovery)} complete recoveries for {hangs} hangs")
-    culprit = f"rank {run.hung_rank} (pid " if run.hung_rank >= 0 else ""  # a lost node: torch's restart, no rank
+    if run.hung_rank < 0:  # a lost node: every survivor restarted once, the spare (last) ran only the new cycle
+        found += [f"survivor {i} restart causes {causes}" for i, causes in enumerate(run.causes[:-1])
+                  if len(causes) != 1]
+        found += [f"the spare ran cycles {run.cycles[-1]}"] if run.cycles[-1] != [1] else []
+        return found
+    culprit = f"rank {run.hung_rank} (pid "
     found += [f"node{i} restart causes {causes}" for i, causes in enumerate(run.causes)
               if len(causes) != hangs or not all(cause.startswith(culprit) for cause in causes)]
     return found
@@ -176,6 +183,29 @@ def measure(run: ScaleRun, hangs: int, cpu: Sampled) -> dict[str, Any]:
         "startup_s": round(run.startup, 3),
         "wall_s": round(run.wall, 1),
     }
+
+
+def state_cost(nodes: int, repeats: int = 5) -> dict[str, float]:
+    """Torch's rendezvous state of a complete round of ``nodes`` (host names of 30 characters): its pickled size,
+    and the seconds one node spends pickling and unpickling it (every read and write of it does one)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _NodeDesc, _RendezvousState
+
+    state = _RendezvousState()
+    now = datetime.datetime.now(datetime.timezone.utc)
+    for index in range(nodes):
+        node = _NodeDesc(f"node{index:05d}.cluster.example.com", 100000 + index, 0)
+        state.participants[node] = index
+        state.last_heartbeats[node] = now
+    state.complete = True
+    dumps, loads = [], []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        bits = pickle.dumps(state)
+        dumps.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        pickle.loads(bits)
+        loads.append(time.perf_counter() - started)
+    return {"bytes": len(bits), "pickle_s": round(min(dumps), 5), "unpickle_s": round(min(loads), 5)}
 
 
 def main() -> None:
@@ -236,6 +266,8 @@ def main() -> None:
         "heartbeat_timeout_s": HEARTBEAT_TIMEOUT,
         "ranks_per_node": 1,
         "results": results,
+        # For the cost model (docs/scale.md): torch's whole state is read and written by every node.
+        "state_cost": {str(n): state_cost(n) for n in (4, 16, 64, 1024, 4096)},
         "total_s": round(time.monotonic() - started, 1),
     })
 

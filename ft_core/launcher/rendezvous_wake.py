@@ -48,6 +48,7 @@ import datetime
 import itertools
 import logging
 import os
+import random
 import re
 import threading
 import time
@@ -281,11 +282,16 @@ class WakingStateHolder(_BackendRendezvousStateHolder):
         self._stored_phase = -1
         #: The phase a wait timed out at, until the next read tells whether it missed a change.
         self._polled_at: Optional[int] = None
+        #: Seconds one state write takes here (a moving average; 2 ms until measured).
+        self._write_seconds = 0.002
 
     def sync(self) -> Optional[bool]:
         written = phase(self._state) if self._dirty else None
         read = self._stored_phase
+        started = time.monotonic()
         has_set = super().sync()
+        if written is not None:  # a write: how long one takes spreads the joins (see wait_for_change)
+            self._write_seconds += (time.monotonic() - started - self._write_seconds) / 4
         if has_set and written is not None:
             # The write replaced exactly the state read (compare-and-set): it crossed phases read+1 .. written.
             for reached in range(read + 1, written + 1):
@@ -313,6 +319,12 @@ class WakingStateHolder(_BackendRendezvousStateHolder):
         self.counts.wake_ops += ops
         if woken:
             self.counts.woken += 1
+            if (self._stored_phase + 1) % 2 == 0:
+                # The next round opened: every node woken writes its join into the one state key, whose
+                # compare-and-set admits one writer at a time. All at once, k nodes would spend k^2/2 refused
+                # writes; spread over 2 x max_nodes x a write's time (at most torch's 1 s), about k/2.
+                spread = min(timeout, 2 * self._settings.max_nodes * self._write_seconds)
+                time.sleep(random.uniform(0.0, spread))
         else:
             self._polled_at = self._stored_phase
             time.sleep(max(0.0, timeout - (time.monotonic() - started)))  # a failed wait still paces the polls
