@@ -236,7 +236,8 @@ def scale_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
                 ops = entry.get("rendezvous_ops", {})
                 measured = (f"{spread(entry['recovery_s'], ' s')}; decision on every node "
                             f"{entry['propagation_s']['median']:.2f} s, rendezvous {entry['rendezvous_s']['median']:.2f} s"
-                            + (f"; {ops['reads']['median']:.0f} state reads, {ops['writes']['median']:.0f} writes, "
+                            + (f"; {ops['reads']['median']:.0f} state reads, {ops['writes']['median']:.0f} writes "
+                               f"({ops['refused_writes']['median']:.0f} refused), "
                                f"{ops['wake_ops']['median']:.0f} wake-up ops, {ops['bytes']['median'] / 1000:.0f} kB"
                                if ops else "")
                             + ("" if entry["ok"] else f" (problems: {'; '.join(entry['problems'])})"))
@@ -245,7 +246,7 @@ def scale_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
                 if polled and polled.get("n"):
                     floor = f"torch's 1 s poll: {spread(polled, ' s')}; " + floor
                 if entry.get("cpu_utilization"):
-                    floor += f"; cores busy {entry['cpu_utilization']['median']:.0%}"
+                    floor += f"; cores busy {min(1.0, entry['cpu_utilization']['median']):.0%}"  # 0.1 s samples: ~1 % noise
                 target = ("≤ 0.5 s" if fault in ("hang", "crash") and int(nodes) <= (8 if backend == "c10d" else 4)
                           else "")
                 yield (f"{_FAULTS[fault]}: {nodes} nodes × 1 rank, {backend} (`scale.py`, "

@@ -1,32 +1,49 @@
-"""Many nodes of one job on one machine: a hang on one rank -> every node restarted. Prints JSON.
+"""Many nodes of one job on one machine: a fault on one node -> every node stepping again. Prints JSON.
 
-For 4, 8 and 16 launchers x 1 rank on loopback, on the c10d backend and on
-etcd-v3 and etcd-v2 (a real single-member etcd server started for the run), one job per
-(backend, node count) with ``--hangs`` hangs, one per cycle, on a rank that is
-not node 0's (``tests/integration/scale_job.py``; workers use only
-``RankMonitorClient`` and never import torch). Per hang:
+For ``--nodes`` launchers x 1 rank on loopback (default 4, 8, 16; up to 64), on
+c10d, etcd-v3 and etcd-v2 (a real single-member etcd server started for the run;
+``BACKEND+poll``: the same with torch's one-second rendezvous poll,
+``--rdzv-conf wake_on_change=0``, the baseline), one job per (fault, backend,
+node count) (``tests/integration/scale_job.py``; workers use only
+``RankMonitorClient`` and never import torch). Faults (``--faults``):
 
-  recovery_s      the monitor's hang detection -> every rank of the next cycle has heartbeated
-  propagation_s   detection -> the last node's restart (the decision has reached every node)
+  hang        ``--hangs`` hangs, one per cycle, on a rank that is not node 0's; from its deadline
+              (the monitor's detection)
+  crash       the same rank exits with code 3 instead; from the crash
+  node_loss   one launcher SIGKILLed with its worker while a hot spare waits, then a peer's rank
+              exits (as its collective fails); from the SIGKILL. Torch drops the lost node after
+              3 missed keep-alives (``keep_alive_interval`` 2 s)
+
+Per fault:
+
+  recovery_s      the fault -> every rank of the next cycle has heartbeated
+  propagation_s   the fault -> the last node's restart (the decision has reached every node)
   rendezvous_s    the last node's restart -> the last node's new workers started
+  rendezvous_ops  summed over the nodes' rendezvous lines (``ft_core.launcher.rendezvous_wake``):
+                  torch's state reads, writes (refused ones), wake-up operations, waits (woken,
+                  missed a change) and bytes
   worker_start_s  floor, same run: a node's workers started -> its rank's first heartbeat
-                  (Python start-up and the client import, no coordination at all)
+  cpu_busy_s, cpu_utilization  the machine's busy CPU-seconds in the window and the share of its
+                  cores: near 100 %, the figure is the cores' (every process counts: run it idle)
 
 On etcd, the server's own request counters (its ``/metrics``, sampled every
 0.1 s) give the store operations:
 
-  etcd_ops_per_restart  per hang, in the recovery window above: reads (v3 Range, v2 get), writes
+  etcd_ops_per_restart  per fault, in the recovery window above: reads (v3 Range, v2 get), writes
                         (v3 Txn and Put, v2 set/compare-and-swap/create/delete) and lease keep-alives
   etcd_ops_per_s        the steady rate while cycle 0 trains (every node polling its job store,
                         torch's rendezvous keep-alives)
 
-Values are summaries (median, p99, min, max, n) over the hangs of one job
-(worker_start_s: over every node and cycle). ``ok`` is true when every
-launcher exited 0, restarted once per hang and named the hung rank as the
-cause; ``problems`` says what differed otherwise. Needs the ``etcd`` binary, etcd3gw for etcd-v3 and python-etcd
-for etcd-v2 (else that backend reports ``skipped``). Finishes within 6 minutes on 2 cores.
+``state_cost``: torch's rendezvous state of 4 to 4,096 nodes, its size and the time to pickle and
+unpickle it (the cost model of docs/scale.md). Values are summaries (median, p99, min, max, n) over
+the faults of one job (worker_start_s: over every node and cycle). ``ok`` is true when every
+launcher exited 0, restarted once per fault and named the faulty rank as the cause (node_loss: every
+survivor restarted once, the spare ran the new cycle); ``problems`` says what differed otherwise.
+Needs the ``etcd`` binary, etcd3gw for etcd-v3 and python-etcd for etcd-v2 (else that backend reports
+``skipped``). About 30 s per job on 2 idle cores at 4-8 nodes; 64 nodes need about 17 GB of memory.
 
-Usage: python benchmarks/scale.py [--nodes 4,8,16] [--hangs 2]
+Usage: python benchmarks/scale.py [--nodes 4,8,16] [--hangs 2] [--faults hang,crash,node_loss]
+       [--backends c10d,etcd-v3,c10d+poll]
 """
 
 from __future__ import annotations
