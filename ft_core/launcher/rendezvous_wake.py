@@ -64,7 +64,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 
 from ft_core.launcher.job_store import NAMESPACE
 
-__all__ = ["WAKE_CONF_KEY", "RendezvousCounts", "WakingStateHolder", "install_wake_on_change", "logged_rounds",
+__all__ = ["LOG_LINE", "WAKE_CONF_KEY", "RendezvousCounts", "WakingStateHolder", "install_wake_on_change", "logged_rounds",
            "woken_on_change"]
 
 log = logging.getLogger("ft_core.launcher")
@@ -396,19 +396,20 @@ def woken_on_change(handler: Any) -> Iterator[None]:
         dynamic_rendezvous._delay = original
         holder.end_waits()
     done = holder.counts.since(before)
-    log.info(_LINE, holder.state.round, handler.get_backend(), done.woken, done.waits, done.waits - done.woken,
+    log.info(LOG_LINE, holder.state.round, handler.get_backend(), done.woken, done.waits, done.waits - done.woken,
              done.missed, done.reads, done.writes, done.refused_writes, done.wake_ops, done.bytes)
 
 
-_LINE = ("rendezvous round %d (%s): %d of %d waits woken, %d timed out, %d missed a change; %d state reads, "
+#: The line each rendezvous logs (``%`` fields: round, backend, then the counts); read back by :func:`logged_rounds`.
+LOG_LINE = ("rendezvous round %d (%s): %d of %d waits woken, %d timed out, %d missed a change; %d state reads, "
          "%d writes (%d refused), %d wake-up operations; %d bytes")
-_LINE_PATTERN = re.compile(re.escape(_LINE).replace("%d", r"(\d+)").replace("%s", r"([\w-]+)"))
+_LOG_LINE_PATTERN = re.compile(re.escape(LOG_LINE).replace("%d", r"(\d+)").replace("%s", r"([\w-]+)"))
 
 
 def logged_rounds(text: str) -> list[tuple[int, RendezvousCounts]]:
     """The (round, counts) of every rendezvous line in a launcher's output, in order (benchmarks, tests)."""
     found = []
-    for match in _LINE_PATTERN.finditer(text):
+    for match in _LOG_LINE_PATTERN.finditer(text):
         round_, _, woken, waits, _, missed, reads, writes, refused, wake_ops, size = match.groups()
         found.append((int(round_), RendezvousCounts(
             reads=int(reads), writes=int(writes), refused_writes=int(refused), wake_ops=int(wake_ops),
