@@ -373,6 +373,7 @@ def woken_on_change(handler: Any) -> Iterator[None]:
     """Within this block (one rendezvous), torch's poll sleeps wait for the next phase; logs the round's counts.
 
     A handler without a :class:`WakingStateHolder` (other backends, ``wake_on_change=0``) keeps torch's sleep.
+    Torch's sleep is a module function: one rendezvous per process at a time (a launcher's).
     """
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
@@ -402,7 +403,7 @@ def woken_on_change(handler: Any) -> Iterator[None]:
 
 #: The line each rendezvous logs (``%`` fields: round, backend, then the counts); read back by :func:`logged_rounds`.
 LOG_LINE = ("rendezvous round %d (%s): %d of %d waits woken, %d timed out, %d missed a change; %d state reads, "
-         "%d writes (%d refused), %d wake-up operations; %d bytes")
+            "%d writes (%d refused), %d wake-up operations; %d bytes")
 _LOG_LINE_PATTERN = re.compile(re.escape(LOG_LINE).replace("%d", r"(\d+)").replace("%s", r"([\w-]+)"))
 
 
