@@ -249,8 +249,9 @@ def scale_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
                     floor += f"; cores busy {min(1.0, entry['cpu_utilization']['median']):.0%}"  # 0.1 s samples: ~1 % noise
                 target = ("≤ 0.5 s" if fault in ("hang", "crash") and int(nodes) <= (8 if backend == "c10d" else 4)
                           else "")
+                restarts = entry["recovery_s"]["n"]
                 yield (f"{_FAULTS[fault]}: {nodes} nodes × 1 rank, {backend} (`scale.py`, "
-                       f"{entry['recovery_s']['n']} restarts)", measured, floor, target)
+                       f"{restarts} restart{'s' if restarts != 1 else ''})", measured, floor, target)
 
 
 SECTIONS = (("ipc_overhead", ipc_rows), ("detection_latency", detection_rows),
