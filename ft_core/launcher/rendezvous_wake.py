@@ -321,8 +321,9 @@ class WakingStateHolder(_BackendRendezvousStateHolder):
             self.counts.woken += 1
             if (self._stored_phase + 1) % 2 == 0:
                 # The next round opened: every node woken writes its join into the one state key, whose
-                # compare-and-set admits one writer at a time. All at once, k nodes would spend k^2/2 refused
-                # writes; spread over 2 x max_nodes x a write's time (at most torch's 1 s), about k/2.
+                # compare-and-set admits one writer at a time; all at once, k nodes spend up to k^2/2 refused
+                # writes. Spread over 2 x max_nodes x a write's time (at most torch's 1 s). Not enough:
+                # measured, refused writes still grow as N^2 (the leaves are not spread; docs/scale.md).
                 spread = min(timeout, 2 * self._settings.max_nodes * self._write_seconds)
                 time.sleep(random.uniform(0.0, spread))
         else:
