@@ -240,13 +240,49 @@ def goodput_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
            f"torchrun: {by_kind(torchrun)}" if torchrun else "", "")
 
 
+_FAULTS = {"hang": "hang → every rank stepping again, from the hung rank's deadline",
+           "crash": "crash → every rank stepping again",
+           "node_loss": "lost node, hot spare → every rank stepping again, from the SIGKILL"}
+
+
+def scale_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
+    """One row per fault, backend and node count (``scale.py``); the ``+poll`` runs are the baseline column."""
+    for fault, backends in data["results"].items():
+        for backend, by_nodes in backends.items():
+            if "+" in backend:
+                continue
+            for nodes, entry in by_nodes.items():
+                if "recovery_s" not in entry or not entry["recovery_s"].get("n"):
+                    continue
+                ops = entry.get("rendezvous_ops", {})
+                measured = (f"{spread(entry['recovery_s'], ' s')}; decision on every node "
+                            f"{entry['propagation_s']['median']:.2f} s, rendezvous {entry['rendezvous_s']['median']:.2f} s"
+                            + (f"; {ops['reads']['median']:.0f} state reads, {ops['writes']['median']:.0f} writes "
+                               f"({ops['refused_writes']['median']:.0f} refused), "
+                               f"{ops['wake_ops']['median']:.0f} wake-up ops, {ops['bytes']['median'] / 1000:.0f} kB"
+                               if ops else "")
+                            + ("" if entry["ok"] else f" (problems: {'; '.join(entry['problems'])})"))
+                floor = f"worker start → first heartbeat {entry['worker_start_s']['median']:.2f} s"
+                polled = backends.get(f"{backend}+poll", {}).get(nodes, {}).get("recovery_s")
+                if polled and polled.get("n"):
+                    floor = f"torch's 1 s poll: {spread(polled, ' s')}; " + floor
+                if entry.get("cpu_utilization"):
+                    floor += f"; cores busy {min(1.0, entry['cpu_utilization']['median']):.0%}"  # 0.1 s samples: ~1 % noise
+                target = ("≤ 0.5 s" if fault in ("hang", "crash") and int(nodes) <= (8 if backend == "c10d" else 4)
+                          else "")
+                restarts = entry["recovery_s"]["n"]
+                yield (f"{_FAULTS[fault]}: {nodes} nodes × 1 rank, {backend} (`scale.py`, "
+                       f"{restarts} restart{'s' if restarts != 1 else ''})", measured, floor, target)
+
+
 SECTIONS = (("ipc_overhead", ipc_rows), ("detection_latency", detection_rows),
             ("restart_latency_prewarm_on", restart_rows), ("restart_latency_prewarm_off", restart_rows),
             ("memory_overhead", memory_rows), ("startup", startup_rows),
             ("startup_prewarm_off", startup_rows), ("false_kills", false_kills_rows),
             ("lightning_overhead", lightning_rows),
             ("inprocess_restart", inprocess_rows), ("snapshot", snapshot_rows),
-            ("checkpoint_verify", checkpoint_verify_rows), ("goodput", goodput_rows))
+            ("checkpoint_verify", checkpoint_verify_rows), ("goodput", goodput_rows), ("scale", scale_rows),
+            ("scale_large", scale_rows))
 
 
 def table(directory: str) -> str:

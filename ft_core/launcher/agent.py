@@ -90,6 +90,7 @@ from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.outcome import Outcome, RendezvousEnd, exit_status, left_job_outcome, signal_outcome
 from ft_core.launcher.rendezvous_skew import join_skew_skipped
 from ft_core.launcher.rendezvous_wait import reporting_rendezvous_wait
+from ft_core.launcher.rendezvous_wake import woken_on_change
 from ft_core.launcher.resumed_checkpoint import mark_checkpoint_bad, megatron_load_at_start
 from ft_core.launcher.services import Services
 from ft_core.launcher.straggler_exchange import StragglerDetector
@@ -142,18 +143,16 @@ class FtElasticAgent(LocalElasticAgent):
     # -- seams: rendezvous, environment, start, stop, monitor ---------------
     @override
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
-        spec = worker_group.spec
+        spec, handler = worker_group.spec, worker_group.spec.rdzv_handler
         # Torch's random skew of a first join spreads the nodes of a starting job; a restart's nodes rejoin
         # together anyway, and one node has nobody to spread out (see .rendezvous_skew).
-        settings = getattr(spec.rdzv_handler, "settings", None)
-        skip_skew = self._cycle is not None or getattr(settings, "max_nodes", None) == 1
-        with reporting_rendezvous_wait(spec.rdzv_handler), join_skew_skipped(skip_skew):
+        skip_skew = self._cycle is not None or getattr(getattr(handler, "settings", None), "max_nodes", None) == 1
+        with reporting_rendezvous_wait(handler), join_skew_skipped(skip_skew), woken_on_change(handler):
             super()._rendezvous(worker_group)
         # Torch's WorkerGroup declares these None until its rendezvous has run, as it just did.
         store, group_rank, master_addr = worker_group.store, worker_group.group_rank, worker_group.master_addr
         assert store is not None and group_rank is not None and master_addr is not None
-        self._cycle = self._coord.begin_cycle(store, group_rank, master_addr,
-                                              static=spec.rdzv_handler.get_backend() == "static")
+        self._cycle = self._coord.begin_cycle(store, group_rank, master_addr, static=handler.get_backend() == "static")
         # Point the workers at the cycle's own store.
         worker_group.master_addr = self._cycle.worker_store_addr
         worker_group.master_port = self._cycle.worker_store_port

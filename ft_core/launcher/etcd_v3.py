@@ -395,9 +395,9 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
     """Torch's rendezvous state in one etcd key; ``set_state`` compares the key's mod revision."""
 
     def __init__(self, client: EtcdV3Client, key: str, lease: JobLease) -> None:
-        self._client = client
-        self._key = key
-        self._lease = lease
+        self.client = client
+        self.key = key
+        self.lease = lease
 
     @property
     def name(self) -> str:
@@ -405,7 +405,7 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
 
     def get_state(self) -> Optional[tuple[bytes, Token]]:
         try:
-            return self._client.get(self._key)
+            return self.client.get(self.key)
         except JobStoreUnavailable as exc:
             raise RendezvousConnectionError(str(exc)) from exc
 
@@ -415,7 +415,7 @@ class EtcdV3RendezvousBackend(RendezvousBackend):
         except (TypeError, ValueError):
             revision = -1  # not a token of ours: the comparison fails and the state in force is returned
         try:
-            won, current = self._client.put_if(self._key, state, self._lease.id, mod_revision=revision)
+            won, current = self.client.put_if(self.key, state, self.lease.id, mod_revision=revision)
         except JobStoreUnavailable as exc:
             raise RendezvousConnectionError(str(exc)) from exc
         return None if current is None else (current[0], current[1], won)

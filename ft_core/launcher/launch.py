@@ -33,6 +33,7 @@ from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.outcome import Outcome, signal_outcome
 from ft_core.launcher.prewarm import WorkerFactory
 from ft_core.launcher.rendezvous_records import use_cheap_method_names
+from ft_core.launcher.rendezvous_wake import install_wake_on_change
 from ft_core.launcher.seams import (
     AGENT_INSTANCE_ATTRIBUTES,
     RENDEZVOUS_INSTANCE_ATTRIBUTES,
@@ -106,6 +107,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         spec = _worker_spec(config, entrypoint, args)
         if isinstance(spec.rdzv_handler, DynamicRendezvousHandler):
             require_instance_attributes(spec.rdzv_handler, RENDEZVOUS_INSTANCE_ATTRIBUTES)
+            install_wake_on_change(spec.rdzv_handler, config.rdzv_configs)  # see .rendezvous_wake
         agent = FtElasticAgent(
             spec, config.logs_specs, services=services, options=options,
             start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,

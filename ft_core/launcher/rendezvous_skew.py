@@ -8,9 +8,9 @@ a restart's time), although the nodes then rejoin together anyway and torch's
 later restarts do not sleep; and a job of one node has nobody to spread out.
 
 :func:`join_skew_skipped` skips that sleep (the one ``_delay`` call torch makes
-with a random range) for the rendezvous it wraps; torch's other waits, such as
-its 1 s poll while it waits for other nodes, are untouched. A torch without
-the helper is left as it is.
+with a random range) for the rendezvous it wraps; torch's other waits, its 1 s
+poll while it waits for other nodes, are :mod:`.rendezvous_wake`'s. A torch
+without the helper is left as it is.
 """
 
 from __future__ import annotations

@@ -157,13 +157,23 @@ SEAMS: tuple[Seam, ...] = (
     Seam(_DYNAMIC_RDZV, "_RendezvousExitOp"),
     Seam(_DYNAMIC_RDZV, "DynamicRendezvousHandler._stop_heartbeats", ()),
     Seam(_DYNAMIC_RDZV, "_BackendRendezvousStateHolder.sync", ()),
+    # rendezvous_wake.py: torch's poll sleep replaced by a wait for the state's next phase
+    Seam(_DYNAMIC_RDZV, "_BackendRendezvousStateHolder", ("backend", "settings", "cache_duration")),
+    Seam(_DYNAMIC_RDZV, "_BackendRendezvousStateHolder._sanitize", ()),
+    Seam(_DYNAMIC_RDZV, "_delay", ("seconds",)),
+    Seam(_DYNAMIC_RDZV, "_RendezvousState", ()),
+    Seam("torch.distributed.elastic.rendezvous.c10d_rendezvous_backend", "C10dRendezvousBackend"),
+    Seam("torch.distributed", "TCPStore.clone"),
 )
 
 #: Attributes ``FtElasticAgent`` reads or sets on itself (set by ``LocalElasticAgent.__init__``).
 AGENT_INSTANCE_ATTRIBUTES = ("_pcontext", "_remaining_restarts", "_worker_group")
 #: Attributes read on a ``DynamicRendezvousHandler`` (c10d, etcd-v2) and its state holder.
 RENDEZVOUS_INSTANCE_ATTRIBUTES = ("_store", "_state_holder", "_op_executor", "settings",
-                                  "_state_holder._last_sync_time", "_state_holder.state.redundancy_list")
+                                  "_state_holder._last_sync_time", "_state_holder.state.redundancy_list",
+                                  "_state_holder._backend", "_state_holder._settings", "_state_holder._cache_duration",
+                                  "_state_holder._token", "_state_holder._dirty", "_state_holder.state.round",
+                                  "_state_holder.state.complete", "_op_executor._state_holder")
 
 
 class TorchSeamsError(RuntimeError):

@@ -1,11 +1,12 @@
-"""A job of many nodes on one machine: N launchers x 1 torch-free rank on loopback, with hangs.
+"""A job of many nodes on one machine: N launchers x 1 torch-free rank on loopback, with hangs or crashes.
 
 Shared by ``tests/integration/ft_core/monitor/test_scale.py`` and ``benchmarks/scale.py``. The
 workers use only ``RankMonitorClient`` (``FT_TEST_TORCH=0``), so 16 nodes fit
-on 2 cores. One rank (never node 0's) stops heartbeating in each of the first
-``hangs`` cycles; its node's monitor detects it, that launcher decides the
-restart in the job store, every other launcher reads the decision and the
-whole job rendezvouses again. The last cycle runs a few steps and ends.
+on 2 cores. One rank (never node 0's) stops heartbeating (``fault="hang"``) or
+exits with code 3 (``fault="crash"``) in each of the first ``hangs`` cycles; its
+node's launcher decides the restart in the job store, every other launcher
+reads the decision and the whole job rendezvouses again. The last cycle runs a
+few steps and ends.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import time
 from typing import Any
 
 from launcher_helpers import Launcher, LauncherGroup, Rendezvous
+
+from ft_core.launcher.rendezvous_wake import RendezvousCounts, logged_rounds
 
 #: The hung rank stops heartbeating after this many steps (0.05 s each) of a hang cycle.
 HANG_STEP = 10
@@ -41,7 +44,8 @@ class ScaleRun:
     cycles: list[list[int]]
     #: (rank, cycle) of every worker that finished.
     finished: set[tuple[int, int]]
-    #: Per hang: the monitor's detection -> every rank of the next cycle has heartbeated.
+    #: Per fault: the hung rank's deadline (the monitor's detection) or the crash -> every rank of the next
+    #: cycle has heartbeated.
     recovery: list[float]
     #: Per hang: detection -> the last node's restart (the decision has reached every node).
     propagation: list[float]
@@ -51,6 +55,8 @@ class ScaleRun:
     windows: list[tuple[float, float]]
     #: Floor: per node and cycle, the node's workers started -> its rank's first heartbeat.
     worker_start: list[float]
+    #: Per fault: the restart's rendezvous, summed over the nodes (their logged rendezvous lines).
+    rendezvous_counts: list[RendezvousCounts]
     #: Launch of the first launcher -> every rank's first heartbeat of cycle 0.
     startup: float
     wall: float
@@ -62,13 +68,13 @@ def hung_rank_for(nodes: int) -> int:
 
 
 def run_scale_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, hangs: int,
-                  heartbeat_timeout: float = 3.0, timeout: float = 240.0) -> ScaleRun:
-    """Start ``nodes`` launchers, inject ``hangs`` hangs (one per cycle), wait for all to exit.
+                  heartbeat_timeout: float = 3.0, timeout: float = 240.0, fault: str = "hang") -> ScaleRun:
+    """Start ``nodes`` launchers, inject ``hangs`` faults (``hang`` or ``crash``, one per cycle), wait for all to exit.
 
     ``launchers`` should sample every :data:`SAMPLE_INTERVAL` seconds.
     """
     hung = hung_rank_for(nodes)
-    env = {"FT_TEST_TORCH": "0", "FT_TEST_FAULT": "hang", "FT_TEST_FAULT_RANK": str(hung),
+    env = {"FT_TEST_TORCH": "0", "FT_TEST_FAULT": {"hang": "hang", "crash": "exit3"}[fault], "FT_TEST_FAULT_RANK": str(hung),
            "FT_TEST_FAULT_CYCLES": f"<{hangs}", "FT_TEST_FAULT_STEP": str(HANG_STEP),
            "FT_TEST_STEPS": str(FINAL_STEPS)}
     # torchrun's default monitor interval (the tests' 0.05 s costs CPU that 16 nodes on 2 cores lack).
@@ -83,8 +89,12 @@ def run_scale_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, hangs:
 
     records = launchers.worker_records()
     first_hb = {(r["rank"], r["cycle"]): r["time"] for r in records if r["event"] == "first_heartbeat"}
-    detections = sorted(e["time"] for node in group for e in node.events("hang_detected"))
-    recovery, propagation, rendezvous, windows = [], [], [], []
+    if fault == "hang":
+        detections = sorted(e["time"] for node in group for e in node.events("hang_detected"))
+    else:
+        detections = sorted(r["time"] for r in records if r["event"] == "fault")
+    logged = [[counts for _, counts in logged_rounds(node.output())] for node in group]
+    recovery, propagation, rendezvous, windows, counts = [], [], [], [], []
     for cycle, detected in enumerate(detections):
         restarted = [e["time"] for node in group for e in node.events("restart") if e["cycle"] == cycle]
         begun = [e["time"] for node in group for e in node.events("cycle_start") if e["cycle"] == cycle + 1]
@@ -94,6 +104,7 @@ def run_scale_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, hangs:
             propagation.append(max(restarted) - detected)
             rendezvous.append(max(begun) - max(restarted))
             windows.append((detected, max(heartbeats)))  # type: ignore[type-var]
+            counts.append(_total([rounds[cycle + 1] for rounds in logged if len(rounds) > cycle + 1]))
     return ScaleRun(
         nodes=nodes, backend=rdzv.backend, hung_rank=hung, exit_codes=codes,
         causes=[[e["cause"] for e in node.events("restart")] for node in group],
@@ -101,9 +112,66 @@ def run_scale_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, hangs:
         cycles=[[e["cycle"] for e in node.events("cycle_start")] for node in group],
         finished={(r["rank"], r["cycle"]) for r in records if r["event"] == "finished"},
         recovery=recovery, propagation=propagation, rendezvous=rendezvous, windows=windows,
-        worker_start=_worker_start(group, first_hb),
+        worker_start=_worker_start(group, first_hb), rendezvous_counts=counts,
         startup=max(t for (_, cycle), t in first_hb.items() if cycle == 0) - started,
         wall=wall)
+
+
+def run_node_loss_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, trigger: str,
+                      timeout: float = 240.0) -> ScaleRun:
+    """``nodes`` launchers and a hot spare; once the spare waits, one node (not node 0, which hosts c10d's store)
+    is SIGKILLed with its workers, and the spare takes its place through torch's round.
+
+    A peer of the lost node learns of it as NCCL's watchdog would (the rank of node 0 exits with code 3
+    once ``trigger``, a path, exists: touched after the kill); every node restarts, and the next round
+    opens once torch drops the lost node (its keep-alives stopped: ``rdzv``'s ``keep_alive`` x 3 seconds).
+    """
+    env = {"FT_TEST_TORCH": "0", "FT_TEST_STEPS": str(FINAL_STEPS), "FT_TEST_FAULT_AFTER": trigger}
+    flags = [*rdzv.flags(f"{nodes}:{nodes}", max_restarts=1), "--monitor-interval=0.1"]
+    started = time.time()
+    group = [launchers.start(*flags, name="node0", nproc=1, FT_TEST_FAULT="exit3", FT_TEST_FAULT_RANK="local0",
+                             **env)]
+    rdzv.wait_ready()
+    group += [launchers.start(*flags, name=f"node{i}", nproc=1, **env) for i in range(1, nodes)]
+    for node in group:
+        node.wait_event("rank_connected", timeout)
+    spare = launchers.start(*flags, name="spare", nproc=1, **env)
+    deadline = time.time() + timeout
+    while rdzv.spares_waiting() != 1:
+        if time.time() > deadline:
+            raise TimeoutError("the spare did not reach torch's redundancy list")
+        time.sleep(0.5)
+    lost = group[hung_rank_for(nodes)]
+    killed = time.time()
+    lost.kill()
+    open(trigger, "w").close()
+    survivors = [node for node in group if node is not lost] + [spare]
+    codes = [node.wait(max(1.0, started + timeout - time.time())) for node in survivors]
+    wall = time.time() - started
+    first_hb = _first_heartbeats(launchers)
+    restarted = [e["time"] for node in survivors for e in node.events("restart") if e["cycle"] == 0]
+    begun = [e["time"] for node in survivors for e in node.events("cycle_start") if e["cycle"] == 1]
+    heartbeats = [first_hb.get((rank, 1)) for rank in range(nodes)]
+    complete = bool(restarted and begun and None not in heartbeats)
+    last = max(heartbeats) if complete else killed  # type: ignore[type-var]
+    # The survivors' second rendezvous and the spare's only one (which also holds its waits as a spare).
+    logged = [logged_rounds(node.output()) for node in survivors]
+    restart_rounds = [rounds[-1][1] for rounds in logged if rounds]
+    return ScaleRun(
+        nodes=nodes, backend=rdzv.backend, hung_rank=-1, exit_codes=codes,
+        causes=[[e["cause"] for e in node.events("restart")] for node in survivors],
+        summaries=[_summary(node) for node in survivors],
+        cycles=[[e["cycle"] for e in node.events("cycle_start")] for node in survivors],
+        finished={(r["rank"], r["cycle"]) for r in launchers.worker_records() if r["event"] == "finished"},
+        recovery=[last - killed] if complete else [], propagation=[max(restarted) - killed] if complete else [],
+        rendezvous=[max(begun) - max(restarted)] if complete else [],
+        windows=[(killed, last)] if complete else [],
+        worker_start=_worker_start(survivors, first_hb), rendezvous_counts=[_total(restart_rounds)],
+        startup=max(t for (_, cycle), t in first_hb.items() if cycle == 0) - started, wall=wall)
+
+
+def _first_heartbeats(launchers: LauncherGroup) -> dict[tuple[int, int], float]:
+    return {(r["rank"], r["cycle"]): r["time"] for r in launchers.worker_records() if r["event"] == "first_heartbeat"}
 
 
 def _worker_start(group: list[Launcher], first_hb: dict[tuple[int, int], float]) -> list[float]:
@@ -115,6 +183,14 @@ def _worker_start(group: list[Launcher], first_hb: dict[tuple[int, int], float])
                 if heartbeat is not None:
                     times.append(heartbeat - event["time"])
     return times
+
+
+def _total(rounds: list[RendezvousCounts]) -> RendezvousCounts:
+    total = RendezvousCounts()
+    for counts in rounds:
+        for field in dataclasses.fields(total):
+            setattr(total, field.name, getattr(total, field.name) + getattr(counts, field.name))
+    return total
 
 
 def _summary(node: Launcher) -> str:
