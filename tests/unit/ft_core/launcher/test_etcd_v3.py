@@ -31,7 +31,7 @@ def test_an_unreachable_etcd_is_a_clear_error_after_the_retry_window():
     with pytest.raises(RendezvousConnectionError, match=rf"etcd did not answer for 0.5 s: no member of {dead}"):
         backend.get_state()
     with pytest.raises(JobStoreUnavailable, match="majority of the etcd cluster"):
-        backend._client.get("/k")
+        backend.client.get("/k")
 
 
 @pytest.mark.parametrize("conf, key", [
