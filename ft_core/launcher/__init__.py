@@ -4,24 +4,9 @@ Entry points: the ``ft_launcher`` console script and ``python -m ft_core.launche
 (both :func:`entry_point`, i.e. :func:`main` as the process's entry point: it gets the worker
 factory and the monitor's process going around its own imports (``head_start``), checks
 torch's seams before anything that uses them is imported, then runs
-:func:`ft_core.launcher.cli.main`). Modules:
-
-* ``api``          ``run(argv)`` from Python: torchrun's in-process contract; the caller's state kept
-* ``cli``          argument parsing (torchrun's parser + ``--ft-*`` flags)
-* ``head_start``   before the launcher imports torch: the worker factory and the monitor start
-* ``launch``       per-node setup and teardown around the agent
-* ``agent``        ``FtElasticAgent``, torch's ``LocalElasticAgent`` extended at its seams
-* ``coordination`` job-wide cycles, decisions, stop and progress through the job store
-* ``node_monitor`` the node's ``RankMonitorServer``: start, tail events, respawn
-* ``control``      workload-control socket server (ExcludeThisNode, ShutdownWorkload)
-* ``progress``     latest checkpointed iteration (progress rule)
-* ``events``       JSON-lines event log and exit summary
-* ``process``      workers that die with the launcher (PR_SET_PDEATHSIG)
-* ``rendezvous_records`` cheap names for torch's rendezvous event records (restart latency)
-* ``options``      the launcher's own flags
-* ``seams``        the torch elastic seams the launcher builds on, checked at start
-* ``slurm``        rendezvous id and head node derived from SLURM's environment
-* ``report``       the goodput report of a job from its event logs (a package: analysis, text, plot)
+:func:`ft_core.launcher.cli.main`). Its modules, each with its one job, are listed in the
+generated layout table of ``docs/development.md`` (``tools/layout_table.py`` writes it from the
+modules' opening docstrings, so it cannot drift from the tree).
 
 ``ft_launcher report LOG_DIR`` dispatches to :mod:`ft_core.launcher.report` (goodput report).
 """

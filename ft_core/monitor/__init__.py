@@ -1,13 +1,8 @@
 """The node monitor: one process per node that watches every local rank and kills hung ones.
 
-* :mod:`.server` -- :class:`RankMonitorServer`, the event loop and its actions (hangs, the live ranks' evidence, status);
-* :mod:`.watched_rank` -- the rules of one rank: open sections, deadlines, the CPU probe;
-* :mod:`.defences` -- against bad peers: accept, shed, caps, rejection, the descriptor reserve;
-* :mod:`.handlers` -- one handler per message type (the handshake first);
-* :mod:`.slow_storage` -- a deadline extended while the rank's storage I/O progresses;
-* :mod:`.hang` -- what happens to one hung rank (detected, stack dump, terminated);
-* :mod:`.process` -- :class:`MonitorProcess` and ``run_in_subprocess`` (``python -m ft_core.monitor``);
-* :mod:`.standalone` -- a node monitor for runs without ``ft_launcher`` (plain torchrun, srun, python).
+Its modules (the server's event loop, one rank's rules, the defences against bad peers, the handlers,
+slow storage, a hung rank's path, the monitor process, the standalone entry) are listed, each with
+its one job, in the generated layout table of ``docs/development.md``.
 
 Usable without the launcher::
 
