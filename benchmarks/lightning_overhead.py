@@ -1,17 +1,32 @@
-"""Overhead of FaultToleranceCallback on a Lightning training step (prints JSON).
+"""Overhead of FaultToleranceCallback on a Lightning training step, paired (prints JSON).
 
-The same small model, whose training step takes ~20 ms (a sleep stands in for
-compute, so the machine's load does not swamp the difference), is trained
-without the callback and with it in both modes, in one process, in
-interleaved rounds, against a real rank monitor started with
-``RankMonitorServer.run_in_subprocess``. Throughput is measured between the
-end of a warm-up step and the end of the last step, so setup is excluded. On a
-busy machine the wall-clock comparison is noisy; ``overhead_pct_spread`` gives
-the per-round overheads (median, min, max over the rounds) and
-``hook_us_per_step`` (time spent inside the callback's per-step hooks) is the
-callback's own cost.
+A small model whose training step takes ``--step-ms`` (a sleep stands in for compute) is
+trained by one ``Trainer.fit`` per mode (``heartbeats``, ``sections``) against a real rank
+monitor (``RankMonitorServer.run_in_subprocess``). Inside that one fit, blocks of
+``--block`` steps run with the callback and without it, interleaved: each round is three
+blocks, one with the callback and two without, the callback's block first, second or third
+in turn. The callback is taken out of ``trainer.callbacks`` between blocks (with the
+``DataPhaseStart`` it adds), so a block without it pays nothing of it, not even Lightning's
+calls of its empty hooks. Every round gives:
 
-    python benchmarks/lightning_overhead.py [--steps 150] [--rounds 5] [--step-ms 20]
+* ``overhead_pct``: the block with the callback against the mean of the two without, in
+  wall time per step; median, mean, p1/p99 over the rounds, and the 95 % confidence interval
+  of the median (bootstrap), whose half-width must be below the target for the figure to say
+  anything (``resolved``);
+* ``floor_pct``: the same estimator between the two blocks without the callback (what the
+  method reports for no difference at all, in the same run);
+* ``cpu_us_per_step``: this process's CPU time per step with the callback minus without (the
+  callback's own cost, free of the other processes' noise on a shared machine), and
+  ``monitor_cpu_us_per_step``: the rank monitor's (another process; on a node with a core to
+  spare it does not slow training);
+* ``hook_us_per_step``: the time spent inside the callback's per-step hooks
+  (``on_train_batch_start``, ``on_before_backward``, ``on_train_batch_end``).
+
+Not under ``ft_launcher`` here, so ``snapshot_every="auto"`` is off: in-memory snapshots have
+their own budget (2 % of the step, ``benchmarks/snapshot.py``); what a step without a snapshot
+pays for them (a modulo and a clock read) is in the hooks' time.
+
+    python benchmarks/lightning_overhead.py [--rounds 60] [--block 20] [--step-ms 20]
 """
 
 from __future__ import annotations
@@ -19,11 +34,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import statistics
 import sys
 import tempfile
 import time
 import warnings
+from typing import Any, Optional
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -35,16 +52,59 @@ from _common import emit  # noqa: E402
 from ft_core.config import FaultToleranceConfig  # noqa: E402
 from ft_core.monitor import RankMonitorServer  # noqa: E402
 from ft_integrations.lightning import FaultToleranceCallback  # noqa: E402
+from ft_integrations.lightning.data_phase import DataPhaseStart  # noqa: E402
 
-WARMUP_STEPS = 10
-VARIANTS = ("baseline", "heartbeats", "sections")
+WARMUP_STEPS = 20
+MODES = ("heartbeats", "sections")
+#: Where the block with the callback sits in a round (the two others run without it).
+POSITIONS = (0, 1, 2)
+TARGET_PCT = 0.5
 
 
-class SleepyModel(LightningModule):
-    def __init__(self, step_seconds: float) -> None:
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads)."""
+    with open(f"/proc/{pid}/stat") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class TimedFaultToleranceCallback(FaultToleranceCallback):
+    """Times the per-step hooks: the callback's own cost, free of the machine's noise."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.step_hook_seconds: list[float] = []
+        self._in_step = 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        start = time.perf_counter()
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        self._in_step = time.perf_counter() - start
+
+    def on_before_backward(self, trainer, pl_module, loss):
+        start = time.perf_counter()
+        super().on_before_backward(trainer, pl_module, loss)
+        self._in_step += time.perf_counter() - start
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        start = time.perf_counter()
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if trainer.global_step > WARMUP_STEPS:
+            self.step_hook_seconds.append(self._in_step + time.perf_counter() - start)
+
+
+class PairedModel(LightningModule):
+    """Sleeps ``step_seconds`` per step; at each block's end (its own hook runs after every callback's)
+    records the block's wall and CPU time and puts the callback in or out of ``trainer.callbacks``."""
+
+    def __init__(self, step_seconds: float, block: int, schedule: list[bool], monitor_pid: int) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(32, 1)
-        self.step_seconds = step_seconds
+        self.step_seconds, self.block, self.schedule, self.monitor_pid = step_seconds, block, schedule, monitor_pid
+        #: Per block: (with the callback, wall s, this process's CPU s, the monitor's CPU s).
+        self.blocks: list[tuple[bool, float, float, float]] = []
+        self._full: Optional[list[Callback]] = None
+        self._mark: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def training_step(self, batch, batch_idx):
         time.sleep(self.step_seconds)
@@ -54,72 +114,85 @@ class SleepyModel(LightningModule):
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
-
-class StepClock(Callback):
-    """Time from the end of the warm-up to the end of the last step."""
-
-    def __init__(self) -> None:
-        self.start = self.end = 0.0
-        self.steps = 0
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        now = time.perf_counter()
-        if trainer.global_step == WARMUP_STEPS:
-            self.start = now
-        elif trainer.global_step > WARMUP_STEPS:
-            self.end, self.steps = now, trainer.global_step - WARMUP_STEPS
-
-
-class TimedFaultToleranceCallback(FaultToleranceCallback):
-    """Times the per-step hooks: the callback's own cost, free of the machine's noise."""
-
-    def __init__(self, **kwargs) -> None:
-        super().__init__(**kwargs)
-        self.step_hook_seconds: list[float] = []
-        self._start_hook = 0.0
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        start = time.perf_counter()
-        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
-        self._start_hook = time.perf_counter() - start
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        start = time.perf_counter()
-        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
-        if trainer.global_step > WARMUP_STEPS:
-            self.step_hook_seconds.append(self._start_hook + time.perf_counter() - start)
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        step = self.trainer.global_step
+        if step < WARMUP_STEPS or (step - WARMUP_STEPS) % self.block:
+            return
+        now = (time.perf_counter(), time.process_time(), _cpu_seconds(self.monitor_pid))
+        index = (step - WARMUP_STEPS) // self.block  # the block starting now
+        if index > 0:
+            self.blocks.append((self.schedule[index - 1], *(b - a for a, b in zip(self._mark, now))))
+        callbacks = self.trainer.callbacks
+        if self._full is None:
+            self._full = list(callbacks)  # the callback and its DataPhaseStart are in it since on_train_start
+        with_callback = index < len(self.schedule) and self.schedule[index]
+        callbacks[:] = self._full if with_callback else [
+            c for c in self._full if not isinstance(c, (FaultToleranceCallback, DataPhaseStart))]
+        self._mark = (time.perf_counter(), time.process_time(), _cpu_seconds(self.monitor_pid))
 
 
-def run(variant: str, steps: int, step_seconds: float, root: str, hook_us: dict[str, list[float]]) -> float:
-    clock = StepClock()
-    callbacks: list[Callback] = [clock]
-    ft = None
-    if variant != "baseline":
-        ft = TimedFaultToleranceCallback(mode=variant, calculate_timeouts_after_steps=WARMUP_STEPS // 2)
-        callbacks.insert(0, ft)
-    data = TensorDataset(torch.randn(steps * 4, 32), torch.randn(steps * 4, 1))
-    trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps + WARMUP_STEPS, logger=False,
-                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                      limit_val_batches=0, default_root_dir=root, callbacks=callbacks)
-    trainer.fit(SleepyModel(step_seconds), DataLoader(data, batch_size=4))
-    if ft is not None:
-        hook_us[variant].extend(1e6 * t for t in ft.step_hook_seconds)
-    return clock.steps / (clock.end - clock.start)
+def schedule_of(rounds: int) -> list[bool]:
+    """Three blocks per round, the callback's block first, second or third in turn."""
+    return [position == POSITIONS[r % len(POSITIONS)] for r in range(rounds) for position in range(3)]
 
 
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3), "rounds": len(values)}
+def run(mode: str, rounds: int, block: int, step_seconds: float, root: str, monitor_pid: int
+        ) -> tuple[list[tuple[bool, float, float, float]], list[float]]:
+    schedule = schedule_of(rounds)
+    total = WARMUP_STEPS + len(schedule) * block
+    # Timeouts learned at the end only: a block without the callback is a long silence to a learned one.
+    ft = TimedFaultToleranceCallback(mode=mode, calculate_timeouts_after_steps=total + 1)
+    data = TensorDataset(torch.randn(total * 4, 32), torch.randn(total * 4, 1))
+    model = PairedModel(step_seconds, block, schedule, monitor_pid)
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=total, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                      default_root_dir=root, callbacks=[ft])
+    trainer.fit(model, DataLoader(data, batch_size=4))
+    return model.blocks, ft.step_hook_seconds
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _summary(values: list[float], seed: int = 0) -> dict[str, Any]:
+    """Median, mean, p1/p99 and the bootstrap 95 % interval of the median."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(2000))
+    low, high = _percentile(medians, 0.025), _percentile(medians, 0.975)
+    ordered = sorted(values)
+    return {"median": round(statistics.median(values), 3), "mean": round(statistics.fmean(values), 3),
+            "p1": round(_percentile(ordered, 0.01), 3), "p99": round(_percentile(ordered, 0.99), 3),
+            "ci95_median": [round(low, 3), round(high, 3)], "ci95_halfwidth": round((high - low) / 2, 3),
+            "rounds": len(values)}
+
+
+def analyse(blocks: list[tuple[bool, float, float, float]], block: int) -> dict[str, Any]:
+    overhead, floor, cpu_us, monitor_us = [], [], [], []
+    for r in range(len(blocks) // 3):
+        triple = blocks[3 * r:3 * r + 3]
+        (_, on_wall, on_cpu, on_mon), = [b for b in triple if b[0]]
+        (_, a_wall, a_cpu, a_mon), (_, b_wall, b_cpu, b_mon) = [b for b in triple if not b[0]]
+        overhead.append(100.0 * (2 * on_wall / (a_wall + b_wall) - 1.0))
+        floor.append(100.0 * (a_wall / b_wall - 1.0))
+        cpu_us.append(1e6 * (on_cpu - (a_cpu + b_cpu) / 2) / block)
+        monitor_us.append(1e6 * (on_mon - (a_mon + b_mon) / 2) / block)
+    base_step = statistics.median(wall / block for with_cb, wall, _, _ in blocks if not with_cb)
+    return {"overhead_pct": _summary(overhead), "floor_pct": _summary(floor),
+            "cpu_us_per_step": round(statistics.median(cpu_us), 1),
+            "cpu_overhead_pct": round(100.0 * statistics.median(cpu_us) * 1e-6 / base_step, 3),
+            "monitor_cpu_us_per_step": round(statistics.median(monitor_us), 1),
+            "step_ms_without": round(1e3 * base_step, 3)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=150, help="timed steps per run")
-    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (each runs every variant)")
+    parser.add_argument("--rounds", type=int, default=60, help="rounds of three blocks per mode")
+    parser.add_argument("--block", type=int, default=20, help="steps per block")
     parser.add_argument("--step-ms", type=float, default=20.0, help="simulated step time")
     args = parser.parse_args()
-    if args.rounds < 5:
-        parser.error("--rounds must be at least 5")
+    if args.rounds < 6 or args.block < 1:
+        parser.error("--rounds must be at least 6 and --block at least 1")
     warnings.filterwarnings("ignore")
     logging.getLogger("lightning").setLevel(logging.ERROR)
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
@@ -128,42 +201,23 @@ def main() -> None:
     cfg = FaultToleranceConfig(
         rank_section_timeouts={"setup": 600, "step": 600, "validation": 600, "checkpointing": 600},
         initial_rank_heartbeat_timeout=600, rank_heartbeat_timeout=600, log_level="WARNING")
+    load_before = os.getloadavg()[0]
+    result: dict[str, Any] = {"benchmark": "lightning_overhead", "step_ms": args.step_ms, "block_steps": args.block,
+                              "rounds": args.rounds, "target_overhead_pct": TARGET_PCT}
     with tempfile.TemporaryDirectory(prefix="ft-bench-") as root:
         monitor = RankMonitorServer.run_in_subprocess(cfg, os.path.join(root, "job", "monitor.sock"))
         os.environ["FT_RANK_MONITOR_IPC_SOCKET"] = monitor.socket_path
         try:
-            rates: dict[str, list[float]] = {v: [] for v in VARIANTS}
-            hook_us: dict[str, list[float]] = {v: [] for v in VARIANTS[1:]}
-            for round_index in range(args.rounds):
-                # Rotate the order so no variant always runs first (or last) in a round.
-                order = VARIANTS[round_index % 3:] + VARIANTS[:round_index % 3]
-                for variant in order:
-                    rates[variant].append(run(variant, args.steps, args.step_ms / 1000.0, root, hook_us))
+            for mode in MODES:
+                blocks, hooks = run(mode, args.rounds, args.block, args.step_ms / 1000.0, root, monitor.pid)
+                figures = analyse(blocks, args.block)
+                figures["hook_us_per_step_median"] = round(1e6 * statistics.median(hooks), 1)
+                figures["resolved"] = figures["overhead_pct"]["ci95_halfwidth"] < TARGET_PCT
+                figures["within_target"] = figures["overhead_pct"]["ci95_median"][1] <= TARGET_PCT
+                result[mode] = figures
         finally:
             monitor.stop()
-    baseline = statistics.median(rates["baseline"])
-    result = {
-        "benchmark": "lightning_overhead",
-        "step_ms": args.step_ms,
-        "timed_steps_per_run": args.steps,
-        "rounds": args.rounds,
-        "steps_per_s": {v: round(statistics.median(r), 3) for v, r in rates.items()},
-        # Wall-clock comparison: includes the machine's noise (other processes, sleep jitter).
-        "overhead_pct": {v: round(100.0 * (baseline / statistics.median(rates[v]) - 1.0), 3)
-                         for v in VARIANTS[1:]},
-        # Time inside the callback's per-step hooks (median and mean over all timed steps; the
-        # mean includes preemptions by other processes), relative to the baseline step time.
-        "hook_us_per_step_median": {v: round(statistics.median(h), 1) for v, h in hook_us.items()},
-        "hook_us_per_step_mean": {v: round(statistics.fmean(h), 1) for v, h in hook_us.items()},
-        "hook_overhead_pct": {v: round(100.0 * statistics.median(h) * 1e-6 * baseline, 4)
-                              for v, h in hook_us.items()},
-        # Per round: the variant against the baseline of the same round (machine drift hits both).
-        "overhead_pct_spread": {v: _spread([100.0 * (b / r - 1.0) for b, r in zip(rates["baseline"], rates[v])])
-                                for v in VARIANTS[1:]},
-        "runs_steps_per_s": {v: [round(x, 3) for x in r] for v, r in rates.items()},
-        "load_avg_1m": os.getloadavg()[0],
-        "target_overhead_pct": 0.5,
-    }
+    result["load_avg_1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
     emit(result)
 
 
