@@ -332,7 +332,7 @@ class FaultToleranceCallback(Callback):
         ``training_finished``: report training complete in the goodbye (see
         ``RankMonitorClient.shutdown_workload_monitoring``).
         """
-        self._phases.teardown(trainer)
+        self._phases.teardown(trainer, self.client)
         if self._injector is not None:
             self._injector.cancel()
             self._injector = None
@@ -360,7 +360,7 @@ class FaultToleranceCallback(Callback):
         self._loss_watch.on_train_start(trainer, self._suspect_checkpoint_steps())
         if not self.active:
             return
-        self._phases.on_train_start(trainer)
+        self._phases.on_train_start(trainer, self.client)
         self._first_epoch = trainer.current_epoch
         self.client.set_iteration(trainer.global_step)
         if not self._sections:

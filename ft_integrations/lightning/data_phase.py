@@ -11,7 +11,11 @@ from ft_core.client import RankMonitorClient
 from ft_core.straggler_scoring import Phase
 from ft_integrations.lightning._pl import Callback, pl
 
-__all__ = ["DataPhaseStart", "StragglerPhases", "callbacks_of"]
+__all__ = ["BATCH_SAMPLES", "DataPhaseStart", "StragglerPhases", "callbacks_of"]
+
+#: The most phase samples held before they are sent.
+BATCH_SAMPLES = 32
+DATA, FORWARD = Phase.DATA.value, Phase.FORWARD.value
 
 
 class DataPhaseStart(Callback):
@@ -39,33 +43,69 @@ class StragglerPhases:
     """Reports each training batch's ``data`` phase (the previous batch's end, after every callback's hook, to this
     batch's start, within an epoch: across an epoch boundary the gap holds validation and checkpointing, which are
     not the data loader's) and ``forward`` phase (the batch's start to its first backward: gradient accumulation
-    and manual optimization may call backward more than once)."""
+    and manual optimization may call backward more than once).
+
+    Nothing at all while straggler detection is off (``straggler_report_interval`` none). Samples are sent in
+    batches, at most :data:`BATCH_SAMPLES` of them and at most a quarter of the report interval (1 s at most)
+    after the first one: a step only appends, and the sends run warm one after the other (the first send after a
+    step's compute, its code cold again, costs tens of microseconds).
+    """
 
     def __init__(self) -> None:
         self._end = DataPhaseStart()
         self._batch_started: Optional[float] = None
+        self._samples: list[tuple[str, float]] = []
+        self._due = 0.0  # when the samples held must go (monotonic), however few
+        self._hold = 0.0  # how long a sample may wait; 0: straggler detection is off
+        self.setup()
 
     def setup(self) -> None:
         self._end.ended = self._batch_started = None
+        self._samples.clear()
+        self._hold = 0.0
 
-    def on_train_start(self, trainer: pl.Trainer) -> None:
+    def on_train_start(self, trainer: pl.Trainer, client: RankMonitorClient) -> None:
+        interval = client.cfg.straggler_report_interval if client.cfg is not None else None
+        if interval is None:
+            return
+        self._hold = min(1.0, interval / 4)
         callbacks = callbacks_of(trainer)
         if not any(c is self._end for c in callbacks):
             callbacks.append(self._end)
 
     def on_train_batch_start(self, client: RankMonitorClient, batch_idx: int, now: float) -> None:
+        if not self._hold:
+            return
         ended = self._end.ended
         if ended is not None and batch_idx > 0:
-            client.record_phase(Phase.DATA.value, now - ended)
+            self._add(client, DATA, now - ended, now)
         self._batch_started = now
 
     def on_before_backward(self, client: RankMonitorClient) -> None:
         started = self._batch_started
         if started is not None:
-            client.record_phase(Phase.FORWARD.value, time.monotonic() - started)
+            now = time.monotonic()
+            self._add(client, FORWARD, now - started, now)
             self._batch_started = None
 
-    def teardown(self, trainer: pl.Trainer) -> None:
+    def _add(self, client: RankMonitorClient, phase: str, seconds: float, now: float) -> None:
+        samples = self._samples
+        if not samples:
+            self._due = now + self._hold
+        samples.append((phase, seconds))
+        if len(samples) >= BATCH_SAMPLES or now >= self._due:
+            self.flush(client)
+
+    def flush(self, client: RankMonitorClient) -> None:
+        """Send the samples held (one-way messages: never blocks)."""
+        for phase, seconds in self._samples:
+            client.record_phase(phase, seconds)
+        self._samples.clear()
+
+    def teardown(self, trainer: pl.Trainer, client: RankMonitorClient) -> None:
+        if client.is_initialized:
+            self.flush(client)
+        self._samples.clear()
         callbacks = callbacks_of(trainer)
         callbacks[:] = [c for c in callbacks if c is not self._end]
 
