@@ -1,5 +1,4 @@
-"""``FaultToleranceCallback(config=...)``: the forms the argument takes, the config a mode starts from without one,
-and whether the monitor's config can work with the mode."""
+"""``FaultToleranceCallback(config=...)``: its forms, the config a mode starts from, and whether a config fits the mode."""
 
 from __future__ import annotations
 
