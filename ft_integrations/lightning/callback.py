@@ -404,7 +404,7 @@ class FaultToleranceCallback(Callback):
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
         self._loss_watch.on_before_backward(trainer, loss)  # reads the loss (a device sync) only after a resume
         if self.active:
-            self._phases.on_before_backward(self.client)
+            self._phases.on_before_backward(self.client, time.monotonic())
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

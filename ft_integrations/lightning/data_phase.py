@@ -59,6 +59,11 @@ class StragglerPhases:
         self._hold = 0.0  # how long a sample may wait; 0: straggler detection is off
         self.setup()
 
+    @property
+    def held(self) -> int:
+        """How many samples wait to be sent."""
+        return len(self._samples)
+
     def setup(self) -> None:
         self._end.ended = self._batch_started = None
         self._samples.clear()
@@ -81,10 +86,9 @@ class StragglerPhases:
             self._add(client, DATA, now - ended, now)
         self._batch_started = now
 
-    def on_before_backward(self, client: RankMonitorClient) -> None:
+    def on_before_backward(self, client: RankMonitorClient, now: float) -> None:
         started = self._batch_started
         if started is not None:
-            now = time.monotonic()
             self._add(client, FORWARD, now - started, now)
             self._batch_started = None
 
