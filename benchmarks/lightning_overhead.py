@@ -10,12 +10,13 @@ in turn. The callback is taken out of ``trainer.callbacks`` between blocks (with
 calls of its empty hooks. Every round gives:
 
 * ``overhead_pct``: the block with the callback against the mean of the two without, in
-  wall time per step; median, mean, p1/p99 over the rounds, and the 95 % confidence interval
-  of the median (bootstrap), whose half-width must be below the target for the figure to say
+  wall time per step (each block's median step: a step another process preempted does not
+  count); median, mean, p1/p99 over the rounds, and the 95 % confidence interval of the
+  median (bootstrap), whose half-width must be below the target for the figure to say
   anything (``resolved``);
 * ``floor_pct``: the same estimator between the two blocks without the callback (what the
   method reports for no difference at all, in the same run);
-* ``cpu_us_per_step``: this process's CPU time per step with the callback minus without (the
+* ``cpu_us_per_step``: this process's CPU time per step with the callback minus without (mean; the
   callback's own cost, free of the other processes' noise on a shared machine), and
   ``monitor_cpu_us_per_step``: the rank monitor's (another process; on a node with a core to
   spare it does not slow training);
@@ -93,18 +94,28 @@ class TimedFaultToleranceCallback(FaultToleranceCallback):
             self.step_hook_seconds.append(self._in_step + time.perf_counter() - start)
 
 
+class Block:
+    """One block of steps: with the callback or without, each step's wall time, and the CPU times spent in it."""
+
+    def __init__(self, with_callback: bool) -> None:
+        self.with_callback = with_callback
+        self.steps: list[float] = []
+        self.cpu = self.monitor_cpu = 0.0
+
+
 class PairedModel(LightningModule):
-    """Sleeps ``step_seconds`` per step; at each block's end (its own hook runs after every callback's)
-    records the block's wall and CPU time and puts the callback in or out of ``trainer.callbacks``."""
+    """Sleeps ``step_seconds`` per step. Its own ``on_train_batch_end`` runs after every callback's: from one to the
+    next is a whole step, what the callback adds included; at a block's end it puts the callback in or out of
+    ``trainer.callbacks`` (outside the step timed)."""
 
     def __init__(self, step_seconds: float, block: int, schedule: list[bool], monitor_pid: int) -> None:
         super().__init__()
         self.layer = torch.nn.Linear(32, 1)
         self.step_seconds, self.block, self.schedule, self.monitor_pid = step_seconds, block, schedule, monitor_pid
-        #: Per block: (with the callback, wall s, this process's CPU s, the monitor's CPU s).
-        self.blocks: list[tuple[bool, float, float, float]] = []
+        self.blocks: list[Block] = []
         self._full: Optional[list[Callback]] = None
-        self._mark: tuple[float, float, float] = (0.0, 0.0, 0.0)
+        self._last: Optional[float] = None
+        self._cpu = (0.0, 0.0)
 
     def training_step(self, batch, batch_idx):
         time.sleep(self.step_seconds)
@@ -115,20 +126,27 @@ class PairedModel(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
+        now = time.perf_counter()
+        if self._last is not None and self.blocks:
+            self.blocks[-1].steps.append(now - self._last)
         step = self.trainer.global_step
-        if step < WARMUP_STEPS or (step - WARMUP_STEPS) % self.block:
-            return
-        now = (time.perf_counter(), time.process_time(), _cpu_seconds(self.monitor_pid))
-        index = (step - WARMUP_STEPS) // self.block  # the block starting now
-        if index > 0:
-            self.blocks.append((self.schedule[index - 1], *(b - a for a, b in zip(self._mark, now))))
+        if step >= WARMUP_STEPS and (step - WARMUP_STEPS) % self.block == 0:
+            self._switch((step - WARMUP_STEPS) // self.block)
+        self._last = time.perf_counter()
+
+    def _switch(self, index: int) -> None:
+        cpu = (time.process_time(), _cpu_seconds(self.monitor_pid))
+        if self.blocks:
+            self.blocks[-1].cpu, self.blocks[-1].monitor_cpu = cpu[0] - self._cpu[0], cpu[1] - self._cpu[1]
         callbacks = self.trainer.callbacks
         if self._full is None:
             self._full = list(callbacks)  # the callback and its DataPhaseStart are in it since on_train_start
-        with_callback = index < len(self.schedule) and self.schedule[index]
-        callbacks[:] = self._full if with_callback else [
-            c for c in self._full if not isinstance(c, (FaultToleranceCallback, DataPhaseStart))]
-        self._mark = (time.perf_counter(), time.process_time(), _cpu_seconds(self.monitor_pid))
+        if index < len(self.schedule):
+            with_callback = self.schedule[index]
+            self.blocks.append(Block(with_callback))
+            callbacks[:] = self._full if with_callback else [
+                c for c in self._full if not isinstance(c, (FaultToleranceCallback, DataPhaseStart))]
+        self._cpu = (time.process_time(), _cpu_seconds(self.monitor_pid))
 
 
 def schedule_of(rounds: int) -> list[bool]:
@@ -137,7 +155,7 @@ def schedule_of(rounds: int) -> list[bool]:
 
 
 def run(mode: str, rounds: int, block: int, step_seconds: float, root: str, monitor_pid: int
-        ) -> tuple[list[tuple[bool, float, float, float]], list[float]]:
+        ) -> tuple[list[Block], list[float]]:
     schedule = schedule_of(rounds)
     total = WARMUP_STEPS + len(schedule) * block
     # Timeouts learned at the end only: a block without the callback is a long silence to a learned one.
@@ -167,21 +185,25 @@ def _summary(values: list[float], seed: int = 0) -> dict[str, Any]:
             "rounds": len(values)}
 
 
-def analyse(blocks: list[tuple[bool, float, float, float]], block: int) -> dict[str, Any]:
+def analyse(blocks: list[Block]) -> dict[str, Any]:
+    """Per round: the median step of the block with the callback against the mean of the two blocks' without
+    (medians: a step preempted by another process does not count), and the two without against each other."""
     overhead, floor, cpu_us, monitor_us = [], [], [], []
     for r in range(len(blocks) // 3):
         triple = blocks[3 * r:3 * r + 3]
-        (_, on_wall, on_cpu, on_mon), = [b for b in triple if b[0]]
-        (_, a_wall, a_cpu, a_mon), (_, b_wall, b_cpu, b_mon) = [b for b in triple if not b[0]]
-        overhead.append(100.0 * (2 * on_wall / (a_wall + b_wall) - 1.0))
-        floor.append(100.0 * (a_wall / b_wall - 1.0))
-        cpu_us.append(1e6 * (on_cpu - (a_cpu + b_cpu) / 2) / block)
-        monitor_us.append(1e6 * (on_mon - (a_mon + b_mon) / 2) / block)
-    base_step = statistics.median(wall / block for with_cb, wall, _, _ in blocks if not with_cb)
+        (on,), (a, b) = [x for x in triple if x.with_callback], [x for x in triple if not x.with_callback]
+        on_step, a_step, b_step = (statistics.median(x.steps) for x in (on, a, b))
+        overhead.append(100.0 * (2 * on_step / (a_step + b_step) - 1.0))
+        floor.append(100.0 * (a_step / b_step - 1.0))
+        cpu_us.append(1e6 * (on.cpu / len(on.steps) - (a.cpu + b.cpu) / (len(a.steps) + len(b.steps))))
+        monitor_us.append(1e6 * (on.monitor_cpu / len(on.steps)
+                                 - (a.monitor_cpu + b.monitor_cpu) / (len(a.steps) + len(b.steps))))
+    base_step = statistics.median(step for x in blocks if not x.with_callback for step in x.steps)
+    # CPU times are read in clock ticks (10 ms) for the monitor: their mean over the rounds, not a median of ticks.
+    cpu = statistics.fmean(cpu_us)
     return {"overhead_pct": _summary(overhead), "floor_pct": _summary(floor),
-            "cpu_us_per_step": round(statistics.median(cpu_us), 1),
-            "cpu_overhead_pct": round(100.0 * statistics.median(cpu_us) * 1e-6 / base_step, 3),
-            "monitor_cpu_us_per_step": round(statistics.median(monitor_us), 1),
+            "cpu_us_per_step": round(cpu, 1), "cpu_overhead_pct": round(100.0 * cpu * 1e-6 / base_step, 3),
+            "monitor_cpu_us_per_step": round(statistics.fmean(monitor_us), 1),
             "step_ms_without": round(1e3 * base_step, 3)}
 
 
@@ -210,7 +232,7 @@ def main() -> None:
         try:
             for mode in MODES:
                 blocks, hooks = run(mode, args.rounds, args.block, args.step_ms / 1000.0, root, monitor.pid)
-                figures = analyse(blocks, args.block)
+                figures = analyse(blocks)
                 figures["hook_us_per_step_median"] = round(1e6 * statistics.median(hooks), 1)
                 figures["resolved"] = figures["overhead_pct"]["ci95_halfwidth"] < TARGET_PCT
                 figures["within_target"] = figures["overhead_pct"]["ci95_median"][1] <= TARGET_PCT

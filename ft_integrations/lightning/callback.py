@@ -37,7 +37,7 @@ from ft_integrations.lightning._pl import (
 )
 from ft_integrations.lightning.checkpoint_io import FaultToleranceCheckpointIO
 from ft_integrations.lightning.config_argument import coerce_config, config_problem, default_config
-from ft_integrations.lightning.data_phase import StragglerPhases
+from ft_integrations.lightning.data_phase import StragglerPhases, skip_unused_step_hooks
 from ft_integrations.lightning.loss_watch import ResumeLossWatch
 from ft_integrations.lightning.sharded import ShardedCheckpointGuard
 from ft_integrations.lightning.snapshots import (
@@ -221,6 +221,7 @@ class FaultToleranceCallback(Callback):
         self._snapshots: Optional[LightningSnapshots] = None
         self._loss_watch = ResumeLossWatch()
         self._phases = StragglerPhases()
+        skip_unused_step_hooks(self)  # no call of an empty hook at every step
         self._reset_run_state()
 
     def _reset_run_state(self) -> None:

@@ -11,7 +11,11 @@ from ft_core.client import RankMonitorClient
 from ft_core.straggler_scoring import Phase
 from ft_integrations.lightning._pl import Callback, pl
 
-__all__ = ["BATCH_SAMPLES", "DataPhaseStart", "StragglerPhases", "callbacks_of"]
+__all__ = ["BATCH_SAMPLES", "STEP_HOOKS", "DataPhaseStart", "StragglerPhases", "callbacks_of", "skip_unused_step_hooks"]
+
+#: The hooks Lightning calls on every callback at every training step.
+STEP_HOOKS = ("on_train_batch_start", "on_before_backward", "on_after_backward", "on_before_optimizer_step",
+              "on_before_zero_grad", "on_train_batch_end")
 
 #: The most phase samples held before they are sent.
 BATCH_SAMPLES = 32
@@ -32,11 +36,26 @@ class DataPhaseStart(Callback):
     def __init__(self) -> None:
         #: ``time.monotonic()`` once every callback's hook of the last batch had run; None: no batch yet.
         self.ended: Optional[float] = None
+        skip_unused_step_hooks(self)
 
     @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
         self.ended = time.monotonic()
+
+
+def skip_unused_step_hooks(callback: Callback) -> None:
+    """Have Lightning skip the step hooks ``callback``'s class leaves to ``Callback``'s no-op.
+
+    Lightning calls every step hook of every callback, each inside a profiler context with a formatted name:
+    with the code cold again after a step's compute, several microseconds per call, tens per step. Its
+    dispatcher (``trainer/call.py``, ``_call_callback_hooks``) skips an attribute that is not callable, so an
+    instance attribute None spares the call. A hook a subclass overrides is kept; the class is left alone
+    (``super().on_after_backward(...)`` still works).
+    """
+    for name in STEP_HOOKS:
+        if getattr(type(callback), name) is getattr(Callback, name):
+            setattr(callback, name, None)
 
 
 class StragglerPhases:
