@@ -155,11 +155,16 @@ def false_kills_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]
 
 def lightning_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
     for mode in ("heartbeats", "sections"):
+        figures = data[mode]
+        overhead, floor = figures["overhead_pct"], figures["floor_pct"]
+        low, high = overhead["ci95_median"]
         yield (f"Lightning callback ({mode}), {data['step_ms']:g} ms step (`lightning_overhead.py`)",
-               f"time in its hooks: {data['hook_us_per_step_median'][mode]:.0f} µs per step "
-               f"({data['hook_overhead_pct'][mode]:.2f} % of the step); throughput "
-               f"{spread(data['overhead_pct_spread'][mode], ' %')} over {data['rounds']} rounds",
-               "the same training without the callback, interleaved", "≤ 0.5 %")
+               f"throughput {overhead['median']:.2f} % (95 % interval {low:.2f} to {high:.2f}, p99 "
+               f"{overhead['p99']:.2f} %, {overhead['rounds']} paired rounds of {data['block_steps']} steps); "
+               f"CPU {figures['cpu_us_per_step']:.0f} µs per step ({figures['cpu_overhead_pct']:.2f} %), hooks "
+               f"{figures['hook_us_per_step_median']:.0f} µs",
+               f"blocks without the callback, interleaved; floor (two such blocks) {floor['median']:.2f} % "
+               f"[{floor['ci95_median'][0]:.2f}, {floor['ci95_median'][1]:.2f}]", "≤ 0.5 %")
 
 
 def inprocess_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:

@@ -17,7 +17,6 @@ from ft_core.data import WorkloadControlRequest
 from ft_core.fault_policy import FaultPolicy
 from ft_core.monitor.standalone import connect_standalone
 from ft_core.snapshots.interval import AUTO, SnapshotEvery
-from ft_core.straggler_scoring import Phase
 from ft_core.utils.strenum import StrEnum
 from ft_core.utils.validation import (
     ValidationError,
@@ -27,7 +26,7 @@ from ft_core.utils.validation import (
     int_in_range,
     path_or_none,
 )
-from ft_integrations.checkpoint_guard import LoadResult, LossWatch
+from ft_integrations.checkpoint_guard import LoadResult
 from ft_integrations.fault_injection import FaultInjector, SimulatedFault
 from ft_integrations.lightning._pl import (
     Callback,
@@ -37,10 +36,16 @@ from ft_integrations.lightning._pl import (
     rank_zero_warn,
 )
 from ft_integrations.lightning.checkpoint_io import FaultToleranceCheckpointIO
-from ft_integrations.lightning.config_argument import coerce_config, default_config
-from ft_integrations.lightning.data_phase import DataPhaseStart, callbacks_of
+from ft_integrations.lightning.config_argument import coerce_config, config_problem, default_config
+from ft_integrations.lightning.data_phase import StragglerPhases, skip_unused_step_hooks
+from ft_integrations.lightning.loss_watch import ResumeLossWatch
 from ft_integrations.lightning.sharded import ShardedCheckpointGuard
-from ft_integrations.lightning.snapshots import LightningSnapshots, snapshot_every_arg
+from ft_integrations.lightning.snapshots import (
+    LightningSnapshots,
+    load_learned_every,
+    save_learned_every,
+    snapshot_every_arg,
+)
 from ft_integrations.session import (
     FINISHED_FLAG_ENV,
     FaultToleranceSession,
@@ -65,11 +70,7 @@ class StandalonePolicy(StrEnum):
     ERROR = "error"
 
 
-#: The sections this callback opens in ``mode="sections"``.
-SECTIONS = (Section.SETUP, Section.STEP, Section.VALIDATION, Section.CHECKPOINTING)
 ExceptionPolicy = Callable[[BaseException], Optional[WorkloadControlRequest]]
-#: The key of the interval ``snapshot_every="auto"`` learned, in the callback's state: a resumed run keeps it.
-_SNAPSHOT_EVERY_KEY = "snapshot_every"
 
 
 class FaultToleranceCallback(Callback):
@@ -84,7 +85,8 @@ class FaultToleranceCallback(Callback):
     is its own ``compile`` phase (the rank's client marks it from TorchDynamo's callbacks), timed
     by ``compile_timeout`` while the step deadline pauses. The callback maps Lightning's hooks
     onto a :class:`~ft_integrations.session.FaultToleranceSession`, which it shares with the
-    Megatron integration.
+    Megatron integration; each hook makes one call per part (snapshots, the NaN watch, checkpoint
+    IO, sharded checkpoints, straggler phases), whose body is in the part's module.
 
     Args:
         mode: a :class:`~ft_integrations.session.MonitoringMode` or its value: ``"heartbeats"``
@@ -212,11 +214,14 @@ class FaultToleranceCallback(Callback):
         self.client: RankMonitorClient = self._session.client
         self._sections = mode is MonitoringMode.SECTIONS  # read on every step: an attribute, not a property
         self._trainer: Optional[pl.Trainer] = None
+        self._injector: Optional[FaultInjector] = None
+        # The parts (their bodies in their modules); None: not in this run.
         self._checkpoint_io: Optional[FaultToleranceCheckpointIO] = None
         self._sharded: Optional[ShardedCheckpointGuard] = None
-        self._injector: Optional[FaultInjector] = None
         self._snapshots: Optional[LightningSnapshots] = None
-        self._data_phase = DataPhaseStart()
+        self._loss_watch = ResumeLossWatch()
+        self._phases = StragglerPhases()
+        skip_unused_step_hooks(self)  # no call of an empty hook at every step
         self._reset_run_state()
 
     def _reset_run_state(self) -> None:
@@ -225,11 +230,8 @@ class FaultToleranceCallback(Callback):
         self._in_setup = False
         self._checkpointing_open = False
         self._last_reported: Optional[int] = None
-        # Straggler phases (monotonic times): the last batch's end, and this batch's start until its backward.
-        self._data_phase.ended = None
-        self._batch_started: Optional[float] = None
-        self._verified_load: Optional[LoadResult] = None  # what this run resumed from, once verified
-        self._loss_watch: Optional[LossWatch] = None
+        self._loss_watch.setup()
+        self._phases.setup()
 
     # The arguments the session owns, read-only so that the callback and its session cannot disagree.
     @property
@@ -274,14 +276,10 @@ class FaultToleranceCallback(Callback):
         if self.autoresume and self._session.finished_flag_path() is None:
             rank_zero_warn(f"FaultToleranceCallback(autoresume=True) but {FINISHED_FLAG_ENV} is not set: "
                            "no finished flag will be written")
-        # Lightning's public plugin point for checkpoint writes: wrap it to time the write itself, and to
-        # make writes atomic and resumes verified (which protect a run without a monitor too).
-        self._checkpoint_io = FaultToleranceCheckpointIO(trainer.strategy.checkpoint_io, self,
-                                                         verify=self.verify_checkpoints)
-        trainer.strategy.checkpoint_io = self._checkpoint_io
+        # Writes timed, atomic and verified on resume (which protect a run without a monitor too).
+        self._checkpoint_io = FaultToleranceCheckpointIO.attach(trainer, self, verify=self.verify_checkpoints)
         if self.verify_checkpoints:
-            self._sharded = ShardedCheckpointGuard(trainer.strategy, self)
-            self._sharded.attach()
+            self._sharded = ShardedCheckpointGuard(trainer.strategy, self).attach()
         if self.snapshot_every:
             self._snapshots = LightningSnapshots.for_trainer(
                 trainer, self.snapshot_every, self.calculate_timeouts_after_steps if self.calculate_timeouts else None)
@@ -319,30 +317,7 @@ class FaultToleranceCallback(Callback):
     def _check_config(self, cfg: Optional[FaultToleranceConfig]) -> None:
         """Reject monitor configs that cannot work with ``mode``; say what to change."""
         assert cfg is not None
-        problem = None
-        sections = cfg.rank_section_timeouts
-        if self.mode is MonitoringMode.HEARTBEATS:
-            if cfg.rank_out_of_section_timeout is not None:
-                problem = (f"rank_out_of_section_timeout={cfg.rank_out_of_section_timeout} is set, but "
-                           "mode='heartbeats' opens no sections, so every rank would be killed that long after "
-                           "it starts. Use mode='sections', or set --ft-rank-out-of-section-timeout=none")
-            elif (cfg.initial_rank_heartbeat_timeout is None and cfg.rank_heartbeat_timeout is None
-                  and not self.calculate_timeouts):
-                problem = ("mode='heartbeats' but initial_rank_heartbeat_timeout and rank_heartbeat_timeout are "
-                           "both none and calculate_timeouts=False: nothing would be detected. Set "
-                           "--ft-rank-heartbeat-timeout, or enable calculate_timeouts")
-            elif sections:
-                rank_zero_warn(f"FaultToleranceCallback(mode='heartbeats') opens no sections; "
-                               f"rank_section_timeouts {sorted(sections)} have no effect")
-        else:
-            if Section.STEP not in sections:
-                problem = (f"mode='sections' needs 'step' in rank_section_timeouts (got {dict(sections)}); "
-                           "e.g. --ft-rank-section-timeouts=setup:600,step:180,validation:600,checkpointing:600")
-            unknown = sorted(set(sections) - set(SECTIONS))
-            if unknown:
-                opened = [str(section) for section in SECTIONS]
-                rank_zero_warn(f"FaultToleranceCallback(mode='sections') opens only {opened}; "
-                               f"rank_section_timeouts {unknown} are never opened by it")
+        problem = config_problem(cfg, self.mode, self.calculate_timeouts)
         if problem is not None:
             self.client.shutdown_workload_monitoring()
             raise MisconfigurationException(f"FaultToleranceCallback: the monitor's config does not fit: {problem}")
@@ -358,21 +333,17 @@ class FaultToleranceCallback(Callback):
         ``training_finished``: report training complete in the goodbye (see
         ``RankMonitorClient.shutdown_workload_monitoring``).
         """
-        callbacks = callbacks_of(trainer)
-        callbacks[:] = [c for c in callbacks if c is not self._data_phase]
+        self._phases.teardown(trainer, self.client)
         if self._injector is not None:
             self._injector.cancel()
             self._injector = None
         if self._checkpoint_io is not None:
-            if trainer.strategy.checkpoint_io is self._checkpoint_io:
-                trainer.strategy.checkpoint_io = self._checkpoint_io.checkpoint_io
-            self._checkpoint_io = None
+            self._checkpoint_io.detach(trainer)
         if self._sharded is not None:
             self._sharded.detach()
-            self._sharded = None
         if self._snapshots is not None:
             self._snapshots.close()  # a write in progress ends whole
-            self._snapshots = None
+        self._checkpoint_io = self._sharded = self._snapshots = None
         if self.client.is_initialized:
             self.client.end_all_sections()
             self.client.shutdown_workload_monitoring(training_finished=training_finished)
@@ -382,19 +353,15 @@ class FaultToleranceCallback(Callback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Between the restore of the model and callbacks and that of the loops and optimizers: every rank.
-        if self._snapshots is not None and self._snapshots.resume(trainer):
-            self._verified_load = self._snapshots.resumed()  # a newer snapshot's state: the NaN watch covers it
+        if self._snapshots is not None:  # a newer snapshot's state: the NaN watch covers it
+            self._loss_watch.on_fit_start(self._snapshots.on_fit_start(trainer))
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        window = self._suspect_checkpoint_steps()
-        if self._verified_load is not None and window > 0:
-            self._loss_watch = LossWatch(trainer.global_step, self._verified_load.path, window)
+        self._loss_watch.on_train_start(trainer, self._suspect_checkpoint_steps())
         if not self.active:
             return
-        callbacks = callbacks_of(trainer)
-        if not any(c is self._data_phase for c in callbacks):
-            callbacks.append(self._data_phase)
+        self._phases.on_train_start(trainer, self.client)
         self._first_epoch = trainer.current_epoch
         self.client.set_iteration(trainer.global_step)
         if not self._sections:
@@ -415,13 +382,7 @@ class FaultToleranceCallback(Callback):
             self._session.saw_boundary()
         step = trainer.global_step
         self.client.set_iteration(step)
-        now = time.monotonic()
-        # The data fetch: previous batch end (after every callback's, see DataPhaseStart) -> this batch
-        # start, within an epoch (across an epoch boundary the gap holds validation and checkpointing,
-        # which are not the data loader's).
-        if self._data_phase.ended is not None and batch_idx > 0:
-            self.client.record_phase(Phase.DATA.value, now - self._data_phase.ended)
-        self._batch_started = now
+        self._phases.on_train_batch_start(self.client, batch_idx, time.monotonic())
         if self._sections:
             self.client.start_section(Section.STEP)
         if self._injector is not None:
@@ -442,19 +403,9 @@ class FaultToleranceCallback(Callback):
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: Any) -> None:
-        # The loss every optimization mode backpropagates (automatic, or manual_backward's), before it
-        # reaches the weights; read (a device sync) only in the window after a resume.
-        if self._loss_watch is not None:
-            step = trainer.global_step  # the iteration the monitor has (set_iteration): the fault names the same
-            if self._loss_watch.watching(step):
-                self._loss_watch.check(loss, step)
-            else:
-                self._loss_watch = None  # past the window: free from now on
-        # The forward pass: batch start -> first backward of the batch (gradient accumulation and
-        # manual optimization may call backward more than once; the first one ends the forward).
-        if self.active and self._batch_started is not None:
-            self.client.record_phase(Phase.FORWARD.value, time.monotonic() - self._batch_started)
-            self._batch_started = None
+        self._loss_watch.on_before_backward(trainer, loss)  # reads the loss (a device sync) only after a resume
+        if self.active:
+            self._phases.on_before_backward(self.client, time.monotonic())
 
     @override
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -541,10 +492,7 @@ class FaultToleranceCallback(Callback):
 
     def on_checkpoint_loaded_verified(self, result: LoadResult) -> None:
         """From :class:`FaultToleranceCheckpointIO`: the checkpoint a resume loaded, and the newer ones it skipped."""
-        for rejection in result.rejected:
-            rank_zero_warn(f"FaultToleranceCallback: checkpoint {rejection.path} rejected ({rejection.reason}); "
-                           f"resuming from {result.path}")
-        self._verified_load = result
+        self._loss_watch.on_checkpoint_loaded_verified(result)
 
     def _suspect_checkpoint_steps(self) -> int:
         """How many steps after a resume a non-finite loss condemns the checkpoint (0: not watched)."""
@@ -586,9 +534,7 @@ class FaultToleranceCallback(Callback):
     def state_dict(self) -> dict[str, Any]:
         """The learned timeouts (``{"current_timeouts": ...}``) and the interval ``snapshot_every="auto"``
         learned (``"snapshot_every"``), saved in the Lightning checkpoint."""
-        state = self._session.state_dict()
-        every = self._snapshots.learned_every if self._snapshots is not None else None
-        return state if every is None else {**state, _SNAPSHOT_EVERY_KEY: every}
+        return save_learned_every(self._snapshots, self._session.state_dict())
 
     @override
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
@@ -599,13 +545,9 @@ class FaultToleranceCallback(Callback):
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore learned timeouts (and snapshot interval); works before and after the rank connected to its monitor."""
-        if isinstance(state_dict, Mapping) and _SNAPSHOT_EVERY_KEY in state_dict:
-            state_dict = dict(state_dict)
-            every = state_dict.pop(_SNAPSHOT_EVERY_KEY)
-            if self._snapshots is not None:
-                self._snapshots.restore_every(every)
-        if state_dict:
-            self._session.restore(state_dict, "the checkpoint")
+        timeouts = load_learned_every(self._snapshots, state_dict)
+        if timeouts:
+            self._session.restore(timeouts, "the checkpoint")
 
     # -- failures ---------------------------------------------------------
     @override

@@ -23,7 +23,7 @@ from typing_extensions import override
 
 from ft_core.checkpoint_manifest import manifest_path, save_file_atomically
 from ft_integrations.checkpoint_guard import LoadResult, fallback_candidates, load_verified
-from ft_integrations.lightning._pl import CheckpointIO
+from ft_integrations.lightning._pl import CheckpointIO, pl
 
 __all__ = ["CheckpointWriteObserver", "FaultToleranceCheckpointIO"]
 
@@ -73,6 +73,19 @@ class FaultToleranceCheckpointIO(CheckpointIO):
         self.observer = observer
         self.verify = verify
         self.check_finite = check_finite
+
+    @classmethod
+    def attach(cls, trainer: pl.Trainer, observer: CheckpointWriteObserver, *, verify: bool = True
+               ) -> FaultToleranceCheckpointIO:
+        """Wrap ``trainer``'s strategy's plugin (Lightning's public plugin point for checkpoint writes)."""
+        plugin = cls(trainer.strategy.checkpoint_io, observer, verify=verify)
+        trainer.strategy.checkpoint_io = plugin
+        return plugin
+
+    def detach(self, trainer: pl.Trainer) -> None:
+        """Put the wrapped plugin back, unless something replaced this one since."""
+        if trainer.strategy.checkpoint_io is self:
+            trainer.strategy.checkpoint_io = self.checkpoint_io
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:

@@ -57,9 +57,10 @@ class ShardedCheckpointGuard:
         self._save = strategy.save_checkpoint
         self._load = strategy.load_checkpoint
 
-    def attach(self) -> None:
+    def attach(self) -> ShardedCheckpointGuard:
         self.strategy.save_checkpoint = self.save_checkpoint  # type: ignore[method-assign]
         self.strategy.load_checkpoint = self.load_checkpoint  # type: ignore[method-assign]
+        return self
 
     def detach(self) -> None:
         for name in _WRAPPED:

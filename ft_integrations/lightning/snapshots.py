@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from ft_core.all_ranks import all_ranks_max, all_ranks_ok
@@ -35,11 +36,14 @@ from ft_integrations.checkpoint_guard import LoadResult
 from ft_integrations.lightning._pl import pl, rank_zero_warn
 from ft_integrations.lightning.checkpoint_io import checkpoint_weights
 
-__all__ = ["LightningSnapshots", "snapshot_every_arg"]
+__all__ = ["SNAPSHOT_EVERY_KEY", "LightningSnapshots", "load_learned_every", "save_learned_every",
+           "snapshot_every_arg"]
 
 log = logging.getLogger("ft_integrations.lightning")
 
 _RNG_KEY = "ft_rng_states"
+#: The key of the interval ``snapshot_every="auto"`` learned, in the callback's state: a resumed run keeps it.
+SNAPSHOT_EVERY_KEY = "snapshot_every"
 
 
 def _rng_states() -> dict[str, Any]:
@@ -161,6 +165,10 @@ class LightningSnapshots:
             self._rng = None
         return self.node.source is ResumeSource.SNAPSHOT
 
+    def on_fit_start(self, trainer: pl.Trainer) -> Optional[LoadResult]:
+        """:meth:`resume`, then :meth:`resumed`: the snapshot the run resumed from, for the NaN watch; else None."""
+        return self.resumed() if self.resume(trainer) else None
+
     def resumed(self) -> Optional[LoadResult]:
         """The snapshot the run resumed from (its name and step), for the NaN watch as after a disk load; else None.
 
@@ -213,3 +221,20 @@ class LightningSnapshots:
 
     def close(self) -> None:
         self.node.close()
+
+
+def save_learned_every(snapshots: Optional[LightningSnapshots], state: dict[str, Any]) -> dict[str, Any]:
+    """The callback's ``state`` with the interval ``"auto"`` learned (:attr:`LightningSnapshots.learned_every`)."""
+    every = snapshots.learned_every if snapshots is not None else None
+    return state if every is None else {**state, SNAPSHOT_EVERY_KEY: every}
+
+
+def load_learned_every(snapshots: Optional[LightningSnapshots], state: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The callback's ``state`` without the learned interval, which goes to ``snapshots`` (when on in this run)."""
+    if not isinstance(state, Mapping) or SNAPSHOT_EVERY_KEY not in state:
+        return state
+    rest = dict(state)
+    every = rest.pop(SNAPSHOT_EVERY_KEY)
+    if snapshots is not None:
+        snapshots.restore_every(every)
+    return rest
