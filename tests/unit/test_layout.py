@@ -21,13 +21,6 @@ PACKAGES = ("ft_core", "ft_integrations")
 #: copies of NVRx's module names (tested through ``tests/*/ft_integrations/test_nvrx_alias.py``)
 NOT_MIRRORED_NAMES = {"__init__.py", "__main__.py"}
 NOT_MIRRORED_DIRS = {Path("ft_integrations/nvrx_alias/shim")}
-#: Modules still without a test file at their mirrored path. This list must only shrink: a new module comes
-#: with its mirrored tests, and a module leaves this list when its tests are moved or written.
-NOT_YET_MIRRORED = {
-    # renamed or reworked by issue 35 items 1, 3, 5 and 6 at the same time: mirrored after the merge
-    # not yet mirrored: run end to end by tests/integration/ft_core/launcher/test_single_node.py and others
-    "ft_core/launcher/launch.py",
-}
 
 
 def _modules() -> list[Path]:
@@ -47,16 +40,9 @@ def _has_mirrored_tests(module: Path) -> bool:
 
 
 def test_every_module_has_tests_at_its_mirrored_path():
-    missing = [str(module) for module in _modules()
-               if not _has_mirrored_tests(module) and str(module) not in NOT_YET_MIRRORED]
+    missing = [str(module) for module in _modules() if not _has_mirrored_tests(module)]
     assert not missing, f"{len(missing)} modules without tests at tests/unit|integration/<same path>/test_<name>.py: " \
                         f"{missing}"
-
-
-def test_the_list_of_modules_not_yet_mirrored_only_names_modules_without_mirrored_tests():
-    modules = {str(module): module for module in _modules()}
-    stale = sorted(name for name in NOT_YET_MIRRORED if name not in modules or _has_mirrored_tests(modules[name]))
-    assert not stale, f"remove from NOT_YET_MIRRORED (gone, or mirrored now): {stale}"
 
 
 def _duplicates(where: dict[str, list[str]]) -> dict[str, list[str]]:
