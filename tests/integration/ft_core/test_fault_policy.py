@@ -174,13 +174,17 @@ def test_a_hot_spare_waiting_through_fault_restarts_never_makes_them_endless(tmp
     # minutes). Now a waiting node where no room is left is a spare: one fault restart, no membership
     # restart, every launcher exits 0 (the one left waiting is released as a spare).
     rdzv = Rendezvous("c10d")
+    trigger = tmp_path / "fire"
     flags = rdzv.flags("2:2", max_restarts=4)
-    # Cycle 0: the healthy rank steps until it is stopped (no process group: it cannot see its peer die);
+    # Cycle 0: the healthy rank steps until it is stopped (no process group: it cannot see its peer die), and B's
+    # rank fails once C waits (the trigger file: on a loaded machine C's start can outlast any number of steps);
     # cycle 1, whoever its nodes are, runs its 20 steps and finishes.
-    env = dict(FT_TEST_TORCH="0", FT_TEST_FAULT="exit3", FT_TEST_STEPS="20", FT_TEST_FAULT_STEP="100")
+    env = dict(FT_TEST_TORCH="0", FT_TEST_FAULT="exit3", FT_TEST_STEPS="20", FT_TEST_FAULT_STEP="1",
+               FT_TEST_FAULT_AFTER=str(trigger))
     with LauncherGroup(tmp_path) as launchers:
         a, b, c = start_with_spare(launchers, rdzv, flags, env, spare_in_cycle=0)
         assert not a.events("restart"), "the first fault came before the spare waited: the test proves nothing"
+        trigger.touch()
         for node in (a, b, c):
             assert node.wait(120) == 0, node.output()[-4000:]
         restarts = [e["kind"] for node in (a, b, c) for e in node.events("restart")]
