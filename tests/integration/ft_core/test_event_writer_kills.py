@@ -19,6 +19,7 @@ import time
 import pytest
 from helpers import python_env
 
+from ft_core import event_file as ef
 from ft_core import events as ev
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,8 +30,9 @@ KILLS = 100
 _LIVE = """
 import os, sys, time
 from ft_core import events as ev
+from ft_core.event_file import EventWriter
 path, stop = sys.argv[1:]
-with ev.EventWriter(path, node="live") as out:
+with EventWriter(path, node="live") as out:
     count = 0
     while not os.path.exists(stop):
         out.write(ev.Progress(iteration=count, source="live", cycle=0))
@@ -43,7 +45,7 @@ print(count)
 def _killed_writer(path: str, seed: int) -> None:
     """In a forked child: append 15-30 KB records (a rank's checkpoint_rejected) until killed."""
     rng = random.Random(seed)
-    with ev.EventWriter(path) as out:
+    with ef.EventWriter(path) as out:
         while True:
             out.write(ev.CheckpointRejected(rank=0, cycle=0, checkpoint="x" * rng.randint(15_000, 30_000),
                                              reason="torn"))
@@ -68,7 +70,7 @@ def test_a_writer_killed_mid_record_costs_only_its_own_records(tmp_path):
     finally:
         open(stop, "w").close()
         written = int(live.communicate(timeout=60)[0])
-    records = ev.read_records(path)[0]
+    records = ef.read_records(path)[0]
     assert [r.iteration for r in records if isinstance(r, ev.Progress)] == list(range(written))
     assert written > 0
     # The killed writers' whole records are readable too; only a torn last one of each may be lost.
