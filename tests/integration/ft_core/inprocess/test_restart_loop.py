@@ -7,17 +7,10 @@ from inprocess_workers.harness import (
     assert_left_blocked_collective,
     assert_restarted_in_process,
     events_of,
-    job_starter,
     result,
 )
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def start_job(tmp_path):
-    with job_starter(tmp_path) as start:
-        yield start
 
 
 def test_exception_restarts_every_rank_in_process(start_job):

@@ -6,15 +6,9 @@ from __future__ import annotations
 import signal
 
 import pytest
-from inprocess_workers.harness import job_starter, result, starts
+from inprocess_workers.harness import result, starts
 
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def start_job(tmp_path):
-    with job_starter(tmp_path) as start:
-        yield start
 
 
 def runs(job, rank):
