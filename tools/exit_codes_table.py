@@ -7,9 +7,10 @@ exits 1 when they are out of date (``tests/unit/test_docs.py`` runs the check).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+
+import generated_block
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
@@ -22,25 +23,9 @@ END = "<!-- exit-codes:end -->\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the table is out of date")
-    args = parser.parse_args(argv)
-    with open(PAGE, encoding="utf-8") as handle:
-        page = handle.read()
-    head, found, rest = page.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    if not found:
-        print(f"{PAGE}: no {BEGIN.strip()} marker", file=sys.stderr)
-        return 1
-    updated = head + BEGIN + exit_codes_markdown() + END + tail
-    if args.check:
-        if updated != page:
-            print(f"{PAGE}: the exit-code table is out of date; run python tools/exit_codes_table.py", file=sys.stderr)
-            return 1
-        return 0
-    with open(PAGE, "w", encoding="utf-8") as handle:
-        handle.write(updated)
-    return 0
+    return generated_block.main(argv, description=__doc__.splitlines()[0], page=PAGE, begin=BEGIN, end=END,
+                                content=exit_codes_markdown, what="the exit-code table",
+                                tool="tools/exit_codes_table.py")
 
 
 if __name__ == "__main__":

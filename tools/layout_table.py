@@ -8,10 +8,11 @@ the rows between the ``layout:packages`` markers; ``--check`` exits 1 when they 
 
 from __future__ import annotations
 
-import argparse
 import ast
 import os
 import sys
+
+import generated_block
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGE = os.path.join(REPO_ROOT, "docs", "development.md")
@@ -45,22 +46,8 @@ def rows() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 if the table is out of date")
-    args = parser.parse_args(argv)
-    with open(PAGE, encoding="utf-8") as handle:
-        page = handle.read()
-    head, _, rest = page.partition(BEGIN)
-    _, _, tail = rest.partition(END)
-    updated = head + BEGIN + rows() + END + tail
-    if args.check:
-        if updated != page:
-            print(f"{PAGE}: the Layout table is out of date; run python tools/layout_table.py", file=sys.stderr)
-            return 1
-        return 0
-    with open(PAGE, "w", encoding="utf-8") as handle:
-        handle.write(updated)
-    return 0
+    return generated_block.main(argv, description=__doc__.splitlines()[0], page=PAGE, begin=BEGIN, end=END,
+                                content=rows, what="the Layout table", tool="tools/layout_table.py")
 
 
 if __name__ == "__main__":
