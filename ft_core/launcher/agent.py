@@ -398,9 +398,11 @@ class FtElasticAgent(LocalElasticAgent):
         return triggers.node_exclusion_blocker(self._worker_group, self._coord.job_store)
 
     def _fingerprint(self, trigger: Trigger) -> Optional[Fingerprint]:
-        """The fault's fingerprint (:func:`.fingerprint`), once a crash's failed workers' records are in; recorded."""
+        """The fault's fingerprint (:func:`.fingerprint`), on a hang's evidence or a crash's records; recorded."""
         seen = self._seen
-        if trigger.kind is RestartKind.CRASH and seen.failed:
+        if trigger.kind is RestartKind.HANG:
+            self._take_evidence()  # the live ranks' stacks tell a waiter from the rank it waits for
+        elif trigger.kind is RestartKind.CRASH and seen.failed:
             def records_in() -> bool:
                 self._read_monitor_events()
                 return failure_records_in(seen)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ft_core.diagnosis import dumped_frames, stack_in_collective
+from ft_core.diagnosis import diagnose, dumped_frames, evidence_of_hang
 from ft_core.events import FaultFingerprint, RankException, RestartKind
 from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultClass, Fingerprint, innermost_user_frames
 from ft_core.launcher.cycle_observations import CycleObservations
@@ -49,15 +49,20 @@ def fingerprint(seen: CycleObservations, trigger: RestartKind, node: str,
                              iteration=first.iteration, exception_type=first.exception_type,
                              frames=tuple(first.frames), alike=alike)
     elif trigger is RestartKind.HANG:
-        # A rank whose stack shows it waiting in a collective is a waiter (as the diagnosis judges, which
-        # comes after this decision): the suspects are the others, if any.
-        hung = sorted(seen.hangs.values(), key=lambda h: h.detected_time)
-        hangs = [h for h in hung if stack_in_collective(h.stack) is not True] or hung
-        iterations = [h.iteration for h in hangs if h.iteration is not None]
+        # The suspects are the diagnosis's culprits on this node's evidence (its hang records and, once
+        # taken, its live ranks with their stacks): the first rank to expire is often a waiter blocked in a
+        # collective, and only the live rank's stack shows who it waits for.
+        evidence = seen.evidence if seen.evidence is not None else [evidence_of_hang(h, node)
+                                                                    for h in seen.hangs.values()]
+        verdict = diagnose(evidence)
+        suspects = [] if verdict is None else verdict.culprits
+        iterations = [e.iteration for e in suspects if e.iteration is not None]
         # Where the first suspect was stuck (its stack dump): the same hang again is the same place.
+        hangs = sorted((h for h in seen.hangs.values() if h.rank in {e.rank for e in suspects}),
+                       key=lambda h: h.detected_time)
         frames = next((innermost_user_frames(f) for f in (dumped_frames(h.stack) for h in hangs) if f), [])
-        result = Fingerprint(FaultClass.HANG, culprits=tuple(sorted({h.rank for h in hangs})),
-                             nodes=nodes if hangs else (), iteration=min(iterations) if iterations else None,
+        result = Fingerprint(FaultClass.HANG, culprits=tuple(sorted({e.rank for e in suspects})),
+                             nodes=nodes if suspects else (), iteration=min(iterations) if iterations else None,
                              frames=tuple(frames))
     elif trigger is RestartKind.CRASH and silent:  # (every failed worker reported: the branch above)
         _lost, local_rank, code = silent[0]

@@ -67,6 +67,9 @@ def main() -> None:
     start = _fit(args.ckpt_dir, 12, resume=True)
     with open(os.path.join(args.out_dir, f"sharded_r{rank}.json"), "w", encoding="utf-8") as handle:
         json.dump({"start": start, "manifests": manifests}, handle)
+    # Lightning leaves the process group to the interpreter's exit, where gloo's threads can abort the process
+    # ("terminate called without an active exception", seen in CI): end it, as a script run by torchrun should.
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -13,11 +13,13 @@ from ft_core.events import (
     FaultFingerprint,
     HangDetected,
     HangReason,
+    RankEvidence,
     RankException,
     RestartKind,
     ResumeChosen,
     ResumeSource,
 )
+from ft_core.diagnosis import evidence_of_hang
 from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultClass
 from ft_core.launcher.cycle_observations import CycleObservations
 from ft_core.launcher.fault_fingerprint import fingerprint as fingerprint_of
@@ -157,6 +159,26 @@ def test_a_hangs_fingerprint_carries_the_innermost_user_frames_of_the_hung_ranks
                                      detected_time=0.5, stack_dump_file="/tmp/w", stack=waiting)
     fingerprint = seen.fingerprint(RestartKind.HANG, written)
     assert fingerprint is not None and fingerprint.culprits == (3,) and fingerprint.frames[0] == "train.py:42 wait_for_peer"
+
+
+def test_when_only_a_waiter_has_hung_yet_the_live_ranks_stacks_name_the_rank_it_waits_for():
+    # Seen in CI on a loaded machine: the waiter (blocked in a collective) expired first; the hung rank was
+    # still within its timeout. The diagnosis named the hung rank from the live ranks' stacks; the
+    # fingerprint, on the hang records alone, named the waiter.
+    written: list[object] = []
+    seen = Seen()
+    waiting = STACK.replace(f"{threading.__file__}\", line 320 in wait", "/x/torch/distributed/c10d.py\", line 9 in all_reduce")
+    seen.hangs = {100: HangDetected(rank=2, pid=100, reason=HangReason.SECTION, section="step", elapsed=3.0,
+                                      timeout=3.0, iteration=3, open_sections=["step"], deadline_time=5.0,
+                                      detected_time=5.0, stack_dump_file="/tmp/w", stack=waiting)}
+    assert seen.fingerprint(RestartKind.HANG, []).culprits == (2,)  # before the live ranks' evidence is taken
+    seen.evidence = [evidence_of_hang(seen.hangs[100], NODE),
+                     RankEvidence(rank=3, pid=101, node=NODE, iteration=3, section="step", last_activity=2.5,
+                                  stalled_for=2.6, in_collective=False)]
+    fingerprint = seen.fingerprint(RestartKind.HANG, written)
+    assert fingerprint is not None and (fingerprint.culprits, fingerprint.nodes, fingerprint.iteration) == (
+        (3,), (NODE,), 3)
+    assert fingerprint.frames == ()  # the live rank has no hang record: no stack of its own to fingerprint
 
 
 def crash_cycle(gone_at: dict[int, float], reported_at: float, failed: tuple[int, ...] = (100, 101)) -> FaultFingerprint:
