@@ -19,7 +19,7 @@ Per fault:
   recovery_s      the fault -> every rank of the next cycle has heartbeated
   propagation_s   the fault -> the last node's restart (the decision has reached every node)
   rendezvous_s    the last node's restart -> the last node's new workers started
-  rendezvous_ops  summed over the nodes' rendezvous lines (``ft_core.launcher.rendezvous_wake``):
+  rendezvous_ops  summed over the nodes' rendezvous lines (``ft_core.launcher.rendezvous.wake``):
                   torch's state reads, writes (refused ones), wake-up operations, waits (woken,
                   missed a change) and bytes
   worker_start_s  floor, same run: a node's workers started -> its rank's first heartbeat

@@ -23,7 +23,13 @@ import sys
 from ft_core.event_file import read_events
 from ft_core.events import EventName
 from ft_core.jobdir import FINISHED_FLAG_ENV, LAUNCHER_EVENTS_FILE
-from ft_core.launcher.report import build_report, find_event_files, format_report, load_records, plot_timeline
+from ft_core.launcher.observability.report import (
+    build_report,
+    find_event_files,
+    format_report,
+    load_records,
+    plot_timeline,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(REPO, "outputs", "demo")

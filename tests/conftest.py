@@ -120,8 +120,8 @@ def etcd_v3_job_store(etcd_server):
     """``etcd_v3_job_store(run_id)``: one more launcher's ``EtcdV3JobStore`` of job ``run_id`` on the session's
     etcd (its own client and lease handle, as another node has); lease threads end with the test."""
     pytest.importorskip("etcd3gw", reason="etcd-v3 tests need etcd3gw (pip install -e '.[etcd]')")
-    from ft_core.launcher.etcd_v3 import JobLease, job_prefix
-    from ft_core.launcher.job_store import EtcdV3JobStore
+    from ft_core.launcher.rendezvous.etcd_v3 import JobLease, job_prefix
+    from ft_core.launcher.rendezvous.job_store import EtcdV3JobStore
 
     leases: list[JobLease] = []
 

@@ -224,7 +224,7 @@ class EtcdCluster:
         """An etcd-v3 client of ``members`` (default: all), with ``--rdzv-conf`` keys ``conf``."""
         from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-        from ft_core.launcher.etcd_v3 import EtcdV3Client, EtcdV3Settings
+        from ft_core.launcher.rendezvous.etcd_v3 import EtcdV3Client, EtcdV3Settings
 
         chosen = self.members if members is None else [self.members[i] for i in members]
         if self.tls is not None:

@@ -8,7 +8,7 @@ torch's seams before anything that uses them is imported, then runs
 generated layout table of ``docs/development.md`` (``tools/layout_table.py`` writes it from the
 modules' opening docstrings, so it cannot drift from the tree).
 
-``ft_launcher report LOG_DIR`` dispatches to :mod:`ft_core.launcher.report` (goodput report).
+``ft_launcher report LOG_DIR`` dispatches to :mod:`ft_core.launcher.observability.report` (goodput report).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main(argv: Optional[list[str]] = None, *, entry: bool = False) -> int:
 
     ``entry``: this call is the process's entry point (:func:`entry_point`), whose
     return ends the process. The worker factory is then forked from this process
-    after its imports (:mod:`.head_start`), and in the workers it forks this
+    after its imports (:mod:`ft_core.launcher.startup.head_start`), and in the workers it forks this
     function returns (0, or ``SystemExit``) after the worker's script ran. Called from
     Python (not ``entry``), it puts the caller's signal handlers and environment back
     when it returns (:func:`.api.restored_process_state`); :func:`.api.run` is the same
@@ -54,7 +54,7 @@ def _main(argv: list[str], *, entry: bool) -> int:
         from ft_core.launcher.cli import main as cli_main
 
         return cli_main(argv)
-    from ft_core.launcher.head_start import HeadStart
+    from ft_core.launcher.startup.head_start import HeadStart
 
     # The worker factory and the monitor start importing now, beside the launcher's own imports.
     with HeadStart(argv, fork_factory=entry) as head_start:

@@ -71,35 +71,28 @@ from ft_core.fault_policy import FaultAction, FaultOutcome, FaultPolicy, Fingerp
 from ft_core.jobdir import LAUNCHER_SOCKET_ENV, MONITOR_SOCKET_ENV, TOKEN_ENV
 from ft_core.launcher import cycle_triggers as triggers
 from ft_core.launcher.checkpointed_iteration import CheckpointedIterationTracker
-from ft_core.launcher.coordination import (
-    CycleInfo,
-    Decision,
-    DecisionAction,
-    JobCoordinator,
-    leave_rendezvous,
-    nodes_could_join,
-    spares_waiting,
-)
+from ft_core.launcher.coordination import CycleInfo, Decision, DecisionAction, JobCoordinator
 from ft_core.launcher.culprit import CulpritExchange
 from ft_core.launcher.cycle_observations import CycleObservations
 from ft_core.launcher.cycle_triggers import Trigger
 from ft_core.launcher.fault_fingerprint import failure_records_in, fingerprint, fingerprint_record
 from ft_core.launcher.hang_diagnosis import EXCEPTION_REPORT_WAIT, diagnose, hang_stacks, take_evidence
-from ft_core.launcher.job_store import open_job_store
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.outcome import Outcome, RendezvousEnd, exit_status, left_job_outcome, signal_outcome
-from ft_core.launcher.rendezvous_skew import join_skew_skipped
-from ft_core.launcher.rendezvous_wait import reporting_rendezvous_wait
-from ft_core.launcher.rendezvous_wake import woken_on_change
+from ft_core.launcher.rendezvous.job_store import open_job_store
+from ft_core.launcher.rendezvous.membership import leave_rendezvous, nodes_could_join, spares_waiting
+from ft_core.launcher.rendezvous.skew import join_skew_skipped
+from ft_core.launcher.rendezvous.waiting import reporting_rendezvous_wait
+from ft_core.launcher.rendezvous.wake import woken_on_change
 from ft_core.launcher.resumed_checkpoint import mark_checkpoint_bad, megatron_load_at_start
 from ft_core.launcher.services import Services
-from ft_core.launcher.straggler_exchange import StragglerDetector
-from ft_core.launcher.workers import (
+from ft_core.launcher.startup.workers import (
     kill_process_groups,
     signal_process_groups,
     wait_for_an_exit,
     workers_die_with_agent,
 )
+from ft_core.launcher.straggler_exchange import StragglerDetector
 from ft_core.utils.deadline import wait_until
 
 __all__ = ["FtElasticAgent"]
@@ -145,7 +138,7 @@ class FtElasticAgent(LocalElasticAgent):
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         spec, handler = worker_group.spec, worker_group.spec.rdzv_handler
         # Torch's random skew of a first join spreads the nodes of a starting job; a restart's nodes rejoin
-        # together anyway, and one node has nobody to spread out (see .rendezvous_skew).
+        # together anyway, and one node has nobody to spread out (see .rendezvous.skew).
         skip_skew = self._cycle is not None or getattr(getattr(handler, "settings", None), "max_nodes", None) == 1
         with reporting_rendezvous_wait(handler), join_skew_skipped(skip_skew), woken_on_change(handler):
             super()._rendezvous(worker_group)

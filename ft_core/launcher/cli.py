@@ -18,11 +18,11 @@ from torch.distributed.run import config_from_args, get_args_parser, parse_min_m
 
 from ft_core.config import FaultToleranceConfig, LogLevel
 from ft_core.config_loading import load_args
-from ft_core.launcher.head_start import HeadStart
 from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
 from ft_core.launcher.outcome import exit_codes_help
-from ft_core.launcher.slurm import apply_slurm_defaults, derive_nnodes
+from ft_core.launcher.rendezvous.slurm import apply_slurm_defaults, derive_nnodes
+from ft_core.launcher.startup.head_start import HeadStart
 from ft_core.utils.validation import ValidationError
 from ft_core.version import version_line
 
@@ -107,12 +107,12 @@ def _quiet_torch_elastic() -> None:
 def main(argv: Optional[list[str]] = None, *, head_start: Optional[HeadStart] = None) -> int:
     """Entry point of the ``ft_launcher`` console script; returns the exit code.
 
-    ``ft_launcher report LOG_DIR ...`` prints the goodput report of a job (:mod:`ft_core.launcher.report`).
-    ``head_start``: the processes started before the imports (see :mod:`.head_start`).
+    ``ft_launcher report LOG_DIR ...`` prints the goodput report of a job (:mod:`ft_core.launcher.observability.report`).
+    ``head_start``: the processes started before the imports (see :mod:`ft_core.launcher.startup.head_start`).
     """
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["report"]:
-        from ft_core.launcher.report import main as report_main
+        from ft_core.launcher.observability.report import main as report_main
 
         return report_main(argv[1:])
     parser = build_parser()

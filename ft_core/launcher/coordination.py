@@ -2,7 +2,7 @@
 
 Torch's elastic agent keeps its restart budget per node and hands workers a
 store that outlives a restart (the rendezvous store). This module adds what fault tolerance needs on
-top, in the job store (:mod:`.job_store`: the c10d rendezvous store, or the
+top, in the job store (:mod:`ft_core.launcher.rendezvous.job_store`: the c10d rendezvous store, or the
 etcd cluster with ``--rdzv-backend=etcd-v3`` or ``etcd-v2``):
 
 * **Cycles.** After each rendezvous the node with group rank 0 takes the next
@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, Optional
 
@@ -47,7 +46,7 @@ import torch.distributed as dist
 
 from ft_core.fault_policy import FaultAction, FaultPolicy, Fingerprint, decide_fault
 from ft_core.launcher.checkpointed_iteration import made_progress
-from ft_core.launcher.job_store import JobStore, job_store_on
+from ft_core.launcher.rendezvous.job_store import JobStore, job_store_on
 from ft_core.utils.deadline import wait_until
 
 __all__ = [
@@ -59,9 +58,6 @@ __all__ = [
     "JobState",
     "RestartPolicy",
     "decide_cycle_end",
-    "leave_rendezvous",
-    "nodes_could_join",
-    "spares_waiting",
 ]
 
 log = logging.getLogger("ft_core.launcher")
@@ -232,7 +228,7 @@ class JobCoordinator:
     """The launcher's view of the job-wide state; see the module docstring.
 
     ``job_store`` is the job store when the rendezvous handler has one from the
-    start (c10d, etcd-v3, etcd-v2: see :func:`~ft_core.launcher.job_store.open_job_store`);
+    start (c10d, etcd-v3, etcd-v2: see :func:`~ft_core.launcher.rendezvous.job_store.open_job_store`);
     otherwise (static) the first rendezvous round provides it.
     """
 
@@ -407,58 +403,3 @@ def _decode(key: str, raw: str, kind: Any) -> Any:
         return msgspec.json.decode(raw, type=kind)
     except msgspec.DecodeError as exc:
         raise CoordinationError(f"job store key {key!r}: invalid value {raw[:200]!r}: {exc}") from None
-
-
-def spares_waiting(handler: Any) -> int:
-    """Hot spares waiting in a dynamic rendezvous (0 for other backends): its redundancy and wait lists.
-
-    Torch exposes only ``num_nodes_waiting()`` (the wait list); the redundancy list is in
-    the handler's private state, which this reads after a fresh sync (bypassing the
-    state holder's one-second cache, which may predate a spare's arrival). A node in the
-    wait list is a spare too while the job is at its ``--nnodes`` maximum: torch moves a
-    spare there when it syncs while a restarting node has left the round, and it joins
-    the next round that has room (see :func:`nodes_could_join`).
-    """
-    holder = getattr(handler, "_state_holder", None)
-    if holder is None:
-        return 0
-    holder._last_sync_time = -1
-    holder.sync()
-    return len(holder.state.redundancy_list) + len(holder.state.wait_list)
-
-
-def nodes_could_join(handler: Any, nodes: int) -> bool:
-    """Torch's scale-up rule, where a waiting node could join: nodes wait and the round has room for them.
-
-    Torch restarts a cycle whenever a node waits (``num_nodes_waiting() > 0``). A hot
-    spare lands in the wait list when it syncs in the instant a restarting node has
-    left the round (fewer participants than the maximum); at the job's ``--nnodes``
-    maximum it can never be admitted, so that rule restarted the job again and again,
-    each new round leaving the spare waiting (a livelock, every restart unbudgeted).
-    At the maximum a waiting node is a spare: it takes a place when one is free.
-    """
-    max_nodes = getattr(getattr(handler, "settings", None), "max_nodes", None)
-    if max_nodes is not None and nodes >= max_nodes:
-        return False
-    return bool(handler.num_nodes_waiting() > 0)
-
-
-def leave_rendezvous(handler: Any) -> None:
-    """Take this node out of a dynamic rendezvous without closing it for the other nodes.
-
-    Torch offers ``shutdown()``, which closes the rendezvous for everyone; a
-    node that is excluded must only remove itself so that the remaining nodes
-    and a hot spare can form the next round at once (instead of waiting for
-    this node's keep-alive to expire). There is no public API for that, so this
-    runs the handler's own exit operation.
-    """
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-        DynamicRendezvousHandler,
-        _RendezvousExitOp,
-    )
-
-    if not isinstance(handler, DynamicRendezvousHandler):
-        return
-    handler._stop_heartbeats()
-    deadline = time.monotonic() + handler.settings.timeout.close.total_seconds()
-    handler._op_executor.run(_RendezvousExitOp(), deadline)

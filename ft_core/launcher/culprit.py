@@ -25,7 +25,7 @@ import msgspec
 
 from ft_core.diagnosis import diagnose
 from ft_core.events import Diagnosis, RankEvidence
-from ft_core.launcher.job_store import JobStore
+from ft_core.launcher.rendezvous.job_store import JobStore
 from ft_core.utils.deadline import wait_until
 
 __all__ = ["EVIDENCE_TIMEOUT", "CulpritExchange"]

@@ -22,12 +22,12 @@ from ft_core.data import WorkloadAction
 from ft_core.events import MonitorDied, MonitorStarted, RestartKind, Straggler, WorkerExit
 from ft_core.exit_causes import ExitCause
 from ft_core.launcher.control import ControlRequest
-from ft_core.launcher.coordination import spares_waiting
 from ft_core.launcher.cycle_observations import CycleObservations
-from ft_core.launcher.event_log import EventLog
-from ft_core.launcher.job_store import JobStore
 from ft_core.launcher.node_monitor import NodeMonitor
+from ft_core.launcher.observability.event_log import EventLog
 from ft_core.launcher.outcome import exit_status
+from ft_core.launcher.rendezvous.job_store import JobStore
+from ft_core.launcher.rendezvous.membership import spares_waiting
 from ft_core.launcher.straggler_exchange import exclusion_blocker
 from ft_core.straggler_scoring import StragglerAction
 from ft_core.utils.procutil import listens_on_tcp_port

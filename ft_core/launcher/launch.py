@@ -24,16 +24,15 @@ from ft_core.events import LauncherExit, LauncherStarted
 from ft_core.jobdir import claim_job_dir, saved_stacks_dir
 from ft_core.launcher.agent import FtElasticAgent
 from ft_core.launcher.control import WorkloadControlServer
-from ft_core.launcher.etcd_v3 import register as register_etcd_v3
-from ft_core.launcher.event_log import EVENTS_FILE_NAME, EventLog
-from ft_core.launcher.head_start import HeadStart, adopt
-from ft_core.launcher.metrics import SCRAPE_TARGETS_DIR, LauncherMetrics
 from ft_core.launcher.node_monitor import NodeMonitor
+from ft_core.launcher.observability.event_log import EVENTS_FILE_NAME, EventLog
+from ft_core.launcher.observability.metrics import SCRAPE_TARGETS_DIR, LauncherMetrics
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.outcome import Outcome, signal_outcome
-from ft_core.launcher.prewarm import WorkerFactory
-from ft_core.launcher.rendezvous_records import use_cheap_method_names
-from ft_core.launcher.rendezvous_wake import install_wake_on_change
+from ft_core.launcher.rendezvous.etcd_v3 import register as register_etcd_v3
+from ft_core.launcher.rendezvous.records import use_cheap_method_names
+from ft_core.launcher.rendezvous.slurm import job_id
+from ft_core.launcher.rendezvous.wake import install_wake_on_change
 from ft_core.launcher.seams import (
     AGENT_INSTANCE_ATTRIBUTES,
     RENDEZVOUS_INSTANCE_ATTRIBUTES,
@@ -41,7 +40,8 @@ from ft_core.launcher.seams import (
     require_instance_attributes,
 )
 from ft_core.launcher.services import Services
-from ft_core.launcher.slurm import job_id
+from ft_core.launcher.startup.head_start import HeadStart, adopt
+from ft_core.launcher.startup.prewarm import WorkerFactory
 from ft_core.monitor.status import status_path
 from ft_core.snapshots.space import claim_snapshot_dir
 
@@ -56,7 +56,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
 
     ``loaded``: the fault tolerance config and the keys the user set (``--ft-*`` flags, ``--ft-cfg-path``
     keys), whole for the node monitor: a rank's fallback values fill in the others. ``head_start``: the worker factory and
-    the monitor's process started before the launcher's imports (:mod:`.head_start`); the factory is
+    the monitor's process started before the launcher's imports (:mod:`ft_core.launcher.startup.head_start`); the factory is
     used if it fits the job, else stopped.
     """
     # The factory's environment is ours now, before the changes below (which concern the launcher only).
@@ -107,7 +107,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         spec = _worker_spec(config, entrypoint, args)
         if isinstance(spec.rdzv_handler, DynamicRendezvousHandler):
             require_instance_attributes(spec.rdzv_handler, RENDEZVOUS_INSTANCE_ATTRIBUTES)
-            install_wake_on_change(spec.rdzv_handler, config.rdzv_configs)  # see .rendezvous_wake
+            install_wake_on_change(spec.rdzv_handler, config.rdzv_configs)  # see .rendezvous.wake
         agent = FtElasticAgent(
             spec, config.logs_specs, services=services, options=options,
             start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,

@@ -17,7 +17,7 @@ Example::
     []
 
 Names whose absence breaks nothing (torch's ``get_method_name``, which
-:mod:`.rendezvous_records` only speeds up) are not checked. Attributes that
+:mod:`ft_core.launcher.rendezvous.records` only speeds up) are not checked. Attributes that
 exist only on instances are checked on the launcher's own agent and
 rendezvous handler once they are built (:func:`require_instance_attributes`).
 """
@@ -157,7 +157,7 @@ SEAMS: tuple[Seam, ...] = (
     Seam(_DYNAMIC_RDZV, "_RendezvousExitOp"),
     Seam(_DYNAMIC_RDZV, "DynamicRendezvousHandler._stop_heartbeats", ()),
     Seam(_DYNAMIC_RDZV, "_BackendRendezvousStateHolder.sync", ()),
-    # rendezvous_wake.py: torch's poll sleep replaced by a wait for the state's next phase
+    # rendezvous/wake.py: torch's poll sleep replaced by a wait for the state's next phase
     Seam(_DYNAMIC_RDZV, "_BackendRendezvousStateHolder", ("backend", "settings", "cache_duration")),
     Seam(_DYNAMIC_RDZV, "_BackendRendezvousStateHolder._sanitize", ()),
     Seam(_DYNAMIC_RDZV, "_delay", ("seconds",)),

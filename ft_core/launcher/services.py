@@ -7,9 +7,9 @@ from collections.abc import Callable
 from typing import Optional
 
 from ft_core.launcher.control import WorkloadControlServer
-from ft_core.launcher.event_log import EventLog
 from ft_core.launcher.node_monitor import NodeMonitor
-from ft_core.launcher.prewarm import WorkerFactory
+from ft_core.launcher.observability.event_log import EventLog
+from ft_core.launcher.startup.prewarm import WorkerFactory
 from ft_core.launcher.straggler_exchange import StragglerRound
 
 __all__ = ["Services"]

@@ -43,7 +43,7 @@ from typing import Optional
 import msgspec
 
 from ft_core.events import PhaseMedians, Straggler
-from ft_core.launcher.job_store import JobStore
+from ft_core.launcher.rendezvous.job_store import JobStore
 from ft_core.straggler_scoring import (
     DEFAULT_MIN_PHASE_SECONDS,
     PhaseMedian,

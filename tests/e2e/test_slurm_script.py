@@ -16,7 +16,7 @@ from helpers import REPO_ROOT, free_port, python_env, wait_for
 from integration.launcher_helpers import ProcessTracker
 from slurm_shims import shims
 
-from ft_core.launcher.report import build_report, find_event_files, load_records
+from ft_core.launcher.observability.report import build_report, find_event_files, load_records
 from ft_core.monitor import read_events
 
 SCRIPT = os.path.join(REPO_ROOT, "examples", "slurm", "lightning_autoresume.sbatch")

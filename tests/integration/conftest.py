@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 import torch.distributed as dist
 
-from ft_core.launcher.job_store import C10dJobStore, EtcdJobStore, JobStore
+from ft_core.launcher.rendezvous.job_store import C10dJobStore, EtcdJobStore, JobStore
 
 
 @pytest.fixture(params=["c10d", "etcd", "etcd-v3"])

@@ -342,7 +342,7 @@ class Rendezvous:
 
             backend = EtcdRendezvousBackend(self.etcd.client(), self.run_id, key_prefix="/torch/elastic/rendezvous")
         else:
-            from ft_core.launcher.etcd_v3 import EtcdV3RendezvousBackend, JobLease, job_prefix
+            from ft_core.launcher.rendezvous.etcd_v3 import EtcdV3RendezvousBackend, JobLease, job_prefix
 
             client = self.etcd.v3_client()  # get_state only: the lease is never used
             backend = EtcdV3RendezvousBackend(client, f"{job_prefix(self.run_id)}/rdzv",

@@ -18,7 +18,7 @@ from typing import Any
 
 from launcher_helpers import Launcher, LauncherGroup, Rendezvous
 
-from ft_core.launcher.rendezvous_wake import RendezvousCounts, logged_rounds
+from ft_core.launcher.rendezvous.wake import RendezvousCounts, logged_rounds
 
 #: The hung rank stops heartbeating after this many steps (0.05 s each) of a hang cycle.
 HANG_STEP = 10

@@ -16,7 +16,7 @@ from security_helpers import VICTIM_TEXT, file_mode
 from ft_core import jobdir
 from ft_core.event_file import EventWriter, read_records
 from ft_core.events import Progress, RankConnected
-from ft_core.launcher.event_log import EventLog
+from ft_core.launcher.observability.event_log import EventLog
 from ft_core.utils import fileutil
 
 pytestmark = pytest.mark.timeout(120)

@@ -46,7 +46,7 @@ def hang_in_cuda_synchronize() -> None:
 
 
 def main() -> int:
-    prewarmed = "ft_core.launcher.zygote" in sys.modules
+    prewarmed = "ft_core.launcher.startup.zygote" in sys.modules
     import torch
 
     from ft_core.client import RankMonitorClient

@@ -52,7 +52,7 @@ def main() -> None:
     umask = os.umask(0)
     os.umask(umask)
     record = {
-        "prewarmed": "ft_core.launcher.zygote" in sys.modules,
+        "prewarmed": "ft_core.launcher.startup.zygote" in sys.modules,
         "name": __name__, "file": __file__, "argv": sys.argv, "orig_argv": sys.orig_argv[1:],
         "path0": sys.path[0], "path": sys.path[1:], "cwd": os.getcwd(),
         "main_is_module": main_module.__dict__ is globals(), "spec": __spec__,

@@ -196,7 +196,7 @@ def main() -> int:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     elif on_sigterm == "save":
         signal.signal(signal.SIGTERM, save_on_sigterm)
-    record(event="started", time=STARTED, prewarmed="ft_core.launcher.zygote" in sys.modules,
+    record(event="started", time=STARTED, prewarmed="ft_core.launcher.startup.zygote" in sys.modules,
            dynamo="torch._dynamo" in sys.modules)
     if os.environ.get("FT_TEST_CHILD") == "1":
         start_child()

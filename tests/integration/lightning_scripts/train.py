@@ -71,7 +71,7 @@ class Report(Callback):
     def on_train_start(self, trainer, pl_module):
         self.data.update(start_step=trainer.global_step, start_timeouts=self.ft.client.state_dict(),
                          active=self.ft.active, setup_seconds=time.monotonic() - self._setup_started,
-                         prewarmed="ft_core.launcher.zygote" in sys.modules,
+                         prewarmed="ft_core.launcher.startup.zygote" in sys.modules,
                          snapshot_slots=self.ft._snapshots.node.slots.path if self.ft._snapshots else None,
                          start_snapshot_every=self.ft._snapshots.node.every if self.ft._snapshots else None)
         self._write()

@@ -34,7 +34,7 @@ def test_the_names_match_what_users_and_nvrx_expect():
         "FT_RANK_MONITOR_IPC_SOCKET", "FT_LAUNCHER_IPC_SOCKET", "FT_MONITOR_TOKEN", "FAULT_TOL_FINISHED_FLAG_FILE")
     assert jobdir.LAUNCHER_EVENTS_FILE == "ft_events.jsonl"
     from ft_core import client
-    from ft_core.launcher import event_log as events
+    from ft_core.launcher.observability import event_log as events
 
     assert client.MONITOR_SOCKET_ENV is jobdir.MONITOR_SOCKET_ENV  # the old import paths still work
     assert events.EVENTS_FILE_NAME is jobdir.LAUNCHER_EVENTS_FILE

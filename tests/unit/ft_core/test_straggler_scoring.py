@@ -11,7 +11,7 @@ import torch.distributed as dist
 from ft_core.config import ConfigError, FaultToleranceConfig
 from ft_core.config_loading import LoadedConfig, load_json
 from ft_core.events import PhaseMedians
-from ft_core.launcher.job_store import C10dJobStore
+from ft_core.launcher.rendezvous.job_store import C10dJobStore
 from ft_core.launcher.straggler_exchange import (
     StragglerDetector,
     exclusion_blocker,

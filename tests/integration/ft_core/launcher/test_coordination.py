@@ -22,7 +22,7 @@ from ft_core.launcher.coordination import (
     DecisionAction,
     JobCoordinator,
 )
-from ft_core.launcher.job_store import EtcdJobStore, JobStoreUnavailable
+from ft_core.launcher.rendezvous.job_store import EtcdJobStore, JobStoreUnavailable
 
 NODES = itertools.count()
 

@@ -57,7 +57,7 @@ def test_the_hung_rank_is_named_not_the_rank_waiting_for_it_and_a_slow_rank_is_n
     assert {e["pid"] for e in node.events("hang_detected")} <= set(node.events("cycle_start")[0]["workers"].values())
     assert {(r["rank"], r["cycle"]) for r in launchers.worker_records("finished")} == {(0, 1), (1, 1)}
     # The goodput report names the same culprit and the waiter.
-    report = json.loads(subprocess.run([sys.executable, "-m", "ft_core.launcher.report", node.dir, "--json"], check=True,
+    report = json.loads(subprocess.run([sys.executable, "-m", "ft_core.launcher.observability.report", node.dir, "--json"], check=True,
                                        capture_output=True, text=True, timeout=60).stdout)
     (fault,) = report["faults"]
     assert (fault["culprit_rank"], fault["waiting"], fault["diagnosis"]) == (1, [0], diagnosis["headline"])

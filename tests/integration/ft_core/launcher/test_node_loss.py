@@ -1,6 +1,6 @@
 """Losses the etcd backends survive and c10d does not: a whole node (even the first) or an etcd member.
 
-(etcd-v3 on a 3-member cluster, its leader and a majority lost: tests/integration/ft_core/launcher/test_etcd_v3.py.)
+(etcd-v3 on a 3-member cluster, its leader and a majority lost: tests/integration/ft_core/launcher/rendezvous/test_etcd_v3.py.)
 
 With c10d the first launcher hosts the rendezvous store and the job-wide state;
 its loss ends the job. With etcd both live in the etcd cluster, so the other

@@ -11,7 +11,7 @@ import pytest
 from helpers import wait_for
 from launcher_helpers import FAST_FLAGS, LauncherGroup, exit_event
 
-from ft_core.launcher.report import build_report, load_records
+from ft_core.launcher.observability.report import build_report, load_records
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -18,7 +18,7 @@ import random
 import pytest
 from lightning_scripts.harness import launch, of, reports
 
-from ft_core.launcher.report import build_report, load_records
+from ft_core.launcher.observability.report import build_report, load_records
 from ft_core.snapshots.interval import FIRST_EVERY
 
 SNAPSHOT_EVERY = 2

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from ft_core.launcher.checkpointed_iteration import made_progress
 from ft_core.launcher.coordination import JobCoordinator
-from ft_core.launcher.job_store import C10dJobStore
+from ft_core.launcher.rendezvous.job_store import C10dJobStore
 
 
 @pytest.mark.parametrize(("latest", "mark", "minimum", "expected"), [

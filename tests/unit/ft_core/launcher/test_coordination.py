@@ -8,7 +8,6 @@ from ft_core.launcher.coordination import (
     JobState,
     RestartPolicy,
     decide_cycle_end,
-    nodes_could_join,
 )
 
 POLICY = RestartPolicy(max_restarts=5, max_no_progress_cycles=3, no_restart_exit_code=93)
@@ -112,19 +111,3 @@ def test_a_job_on_one_node_never_suspects_it():
                                  policy=POLICY, node="B:1", fingerprint=fingerprint, only_node=True)
     assert state.decision is not None and state.decision.suspect_node is None
     assert "suspect" not in state.decision.reason
-
-
-class _Handler:
-    def __init__(self, max_nodes: int, waiting: int) -> None:
-        self.settings = type("Settings", (), {"max_nodes": max_nodes})()
-        self.waiting = waiting
-
-    def num_nodes_waiting(self) -> int:
-        return self.waiting
-
-
-def test_a_node_waiting_where_the_round_has_no_room_is_a_spare_not_a_reason_to_restart():
-    assert not nodes_could_join(_Handler(max_nodes=2, waiting=1), nodes=2)  # at the maximum: a spare
-    assert nodes_could_join(_Handler(max_nodes=3, waiting=1), nodes=2)  # room: torch's scale-up rule
-    assert not nodes_could_join(_Handler(max_nodes=3, waiting=0), nodes=2)
-    assert nodes_could_join(type("Etcd", (), {"num_nodes_waiting": lambda self: 1})(), nodes=2)  # no settings

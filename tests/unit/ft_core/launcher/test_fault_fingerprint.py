@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 
+from ft_core.diagnosis import evidence_of_hang
 from ft_core.events import (
     CheckpointLoaded,
     FaultFingerprint,
@@ -19,7 +20,6 @@ from ft_core.events import (
     ResumeChosen,
     ResumeSource,
 )
-from ft_core.diagnosis import evidence_of_hang
 from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultClass
 from ft_core.launcher.cycle_observations import CycleObservations
 from ft_core.launcher.fault_fingerprint import fingerprint as fingerprint_of

@@ -1,7 +1,0 @@
-"""``python -m ft_core.launcher.report LOG_DIR...``: the same as ``ft_launcher report``."""
-
-import sys
-
-from ft_core.launcher.report.command import main
-
-sys.exit(main())

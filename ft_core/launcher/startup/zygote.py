@@ -1,0 +1,532 @@
+"""The worker factory ("zygote"): imports torch once, then forks pre-warmed workers.
+
+A factory is a Python process started by the launcher
+(:class:`ft_core.launcher.startup.prewarm.WorkerFactory`) with the worker's interpreter.
+It imports the pre-warm modules (torch by default, and ``ft_core.client``),
+checks that it is still safe to fork (one thread, CUDA not initialised),
+freezes its objects for the garbage collector (so forked workers keep sharing
+their pages), says ``Ready`` and waits for requests on its channel to the
+launcher:
+
+* ``Prepare``: fork the successor, the next cycle's factory (a copy of this
+  warm process, on the new channel sent with the request). The launcher asks
+  for it while nothing else happens, so no cycle waits for this fork; the
+  successor sleeps until this factory exits.
+* ``Fork``: fork a worker. The child starts a new session, takes the stdin,
+  stdout and stderr file descriptors the launcher sent with the request, and
+  returns out of the factory's loop to run the user's script or ``-m`` module
+  as a new interpreter would (:func:`run_worker`).
+* ``Retire``: exit (the prepared successor takes over).
+
+Workers and the successor are re-parented to the launcher when the factory
+exits (the launcher is a child subreaper while a cycle is forked), so the
+launcher waits for them, gets their exit status and signals them exactly as
+it does for the workers it starts itself. Only then do they ask for the
+parent-death signal: set earlier, it would fire when the factory exits.
+
+The channel is a private socket pair between the launcher and its factory:
+frames of a 4-byte length and a JSON payload (msgspec structs), file
+descriptors passed alongside (``SCM_RIGHTS``).
+
+This module is imported by the factory before anything else: keep its imports
+to the standard library and msgspec (which ``ft_core.client`` needs anyway).
+"""
+
+from __future__ import annotations
+
+import enum
+import gc
+import importlib
+import io
+import os
+import signal
+import socket
+import struct
+import sys
+import threading
+import time
+import types
+from collections.abc import Sequence
+from typing import Any, Optional, Union
+
+import msgspec
+
+from ft_core.utils import procutil
+
+__all__ = [
+    "EntryKind",
+    "Fork",
+    "Forked",
+    "Failed",
+    "FactoryChannel",
+    "FactoryError",
+    "Prepare",
+    "Prepared",
+    "PythonInvocation",
+    "Ready",
+    "Retire",
+    "Retired",
+    "main",
+    "run_worker",
+    "serve",
+]
+
+#: Modules every factory imports besides the user's list: what a rank under ft_launcher imports anyway.
+ALWAYS_PREWARMED = ("ft_core.client",)
+_HEADER = struct.Struct(">I")
+#: The largest frame accepted on the channel (a worker's environment can be large on clusters).
+MAX_FRAME_BYTES = 16 << 20
+#: The most file descriptors one frame carries (stdin, stdout, stderr).
+MAX_FDS = 3
+#: While a forked process waits to be re-parented to the launcher, it checks this often.
+_ADOPTION_POLL = 0.0002
+
+
+class FactoryError(Exception):
+    """The factory cannot fork workers (bad request, broken channel, unsafe state)."""
+
+
+class EntryKind(str, enum.Enum):
+    """What ``python`` runs: a script file or a module (``-m``)."""
+
+    SCRIPT = "script"
+    MODULE = "module"
+
+
+class PythonInvocation(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """``python [-u] (script | -m module) args...`` as torchrun builds a worker's command line."""
+
+    kind: EntryKind
+    target: str
+    args: list[str]
+    unbuffered: bool
+
+    @classmethod
+    def parse(cls, interpreter: str, argv: Sequence[str]) -> Optional[PythonInvocation]:
+        """The invocation in ``argv`` if it runs ``interpreter`` the way torchrun does, else ``None``.
+
+        Only ``-u`` is accepted before the target (torchrun adds it); any other
+        interpreter option, another executable (``--no-python``, a numactl
+        wrapper) or a missing target gives ``None``: the worker is then started
+        as a new process.
+        """
+        if len(argv) < 2 or argv[0] != interpreter:
+            return None
+        rest = list(argv[1:])
+        unbuffered = False
+        while rest and rest[0] == "-u":
+            unbuffered = True
+            rest.pop(0)
+        if len(rest) >= 2 and rest[0] == "-m":
+            return cls(EntryKind.MODULE, rest[1], rest[2:], unbuffered)
+        if rest and not rest[0].startswith("-"):
+            return cls(EntryKind.SCRIPT, rest[0], rest[1:], unbuffered)
+        return None
+
+    def command_line(self) -> list[str]:
+        """The worker's command line after the interpreter, as torchrun builds it: ``[-u] (script | -m module) args``."""
+        return [*(["-u"] if self.unbuffered else []), *(["-m"] if self.kind is EntryKind.MODULE else []),
+                self.target, *self.args]
+
+    def path0(self, cwd: str) -> str:
+        """``sys.path[0]`` of a new interpreter: the script's real directory, or the working directory for ``-m``."""
+        if self.kind is EntryKind.MODULE:
+            return cwd
+        return os.path.dirname(os.path.realpath(os.path.join(cwd, self.target)))
+
+
+class Ready(msgspec.Struct, tag="ready", forbid_unknown_fields=True):
+    pid: int
+    import_seconds: float
+
+
+class Failed(msgspec.Struct, tag="failed", forbid_unknown_fields=True):
+    error: str
+
+
+class Fork(msgspec.Struct, tag="fork", forbid_unknown_fields=True):
+    """Fork one worker; stdin, stdout and stderr travel with the frame."""
+
+    invocation: PythonInvocation
+    env: dict[str, str]
+    cwd: str
+    #: The command line a plain start would have run (``sys.orig_argv``).
+    orig_argv: list[str]
+
+
+class Forked(msgspec.Struct, tag="forked", forbid_unknown_fields=True):
+    pid: int
+
+
+class Prepare(msgspec.Struct, tag="prepare", forbid_unknown_fields=True):
+    """Fork the successor on the channel sent with the frame; it waits until this factory exits."""
+
+
+class Prepared(msgspec.Struct, tag="prepared", forbid_unknown_fields=True):
+    successor_pid: int
+
+
+class Retire(msgspec.Struct, tag="retire", forbid_unknown_fields=True):
+    """Exit; the prepared successor takes over."""
+
+
+class Retired(msgspec.Struct, tag="retired", forbid_unknown_fields=True):
+    pass
+
+
+FactoryMessage = Union[Ready, Failed, Prepare, Prepared, Fork, Forked, Retire, Retired]
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(FactoryMessage)
+
+
+class FactoryChannel:
+    """Framed messages with file descriptors over a stream socket pair (both ends use this class)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, msg: FactoryMessage, fds: Sequence[int] = ()) -> None:
+        payload = _encoder.encode(msg)
+        frame = _HEADER.pack(len(payload)) + payload
+        # The descriptors ride on the first bytes of the frame; the rest follows with sendall.
+        sent = socket.send_fds(self.sock, [frame], list(fds)) if fds else self.sock.send(frame)
+        if sent < len(frame):
+            self.sock.sendall(frame[sent:])
+
+    def recv(self, timeout: Optional[float] = None) -> Optional[tuple[FactoryMessage, list[int]]]:
+        """The next message and its descriptors; ``None`` when the peer closed the channel.
+
+        Raises ``TimeoutError`` after ``timeout`` seconds and :class:`FactoryError`
+        for a malformed frame (any descriptors received with it are closed).
+        """
+        self.sock.settimeout(timeout)
+        header, fds, _flags, _addr = socket.recv_fds(self.sock, _HEADER.size, MAX_FDS)
+        try:
+            if not header:
+                return None
+            header += self._read_exactly(_HEADER.size - len(header))
+            (length,) = _HEADER.unpack(header)
+            if length > MAX_FRAME_BYTES:
+                raise FactoryError(f"frame of {length} bytes exceeds {MAX_FRAME_BYTES}")
+            payload = self._read_exactly(length)
+            try:
+                return _decoder.decode(payload), fds
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise FactoryError(f"malformed message: {exc}") from None
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+
+    def _read_exactly(self, size: int) -> bytes:
+        chunks = bytearray()
+        while len(chunks) < size:
+            data = self.sock.recv(size - len(chunks))
+            if not data:
+                raise FactoryError("channel closed in the middle of a frame")
+            chunks += data
+        return bytes(chunks)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+# -- the factory process ---------------------------------------------------------------------------
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """Entry point of a factory (see :func:`bootstrap_command`); returns only in a forked worker."""
+    options: dict[str, str] = {}
+    for arg in sys.argv[1:] if argv is None else argv:
+        key, _, value = arg.removeprefix("--").partition("=")
+        options[key] = value
+    channel = FactoryChannel(socket.socket(fileno=int(options["channel-fd"])))
+    launcher_pid = int(options["launcher-pid"])
+    job, factory_pid = serve(channel, launcher_pid, options["path0"], options["modules"].split(","))
+    run_worker(job, launcher_pid, factory_pid)
+
+
+def serve(channel: FactoryChannel, launcher_pid: int, path0: str, modules: Sequence[str]) -> tuple[Fork, int]:
+    """Be the factory: import ``modules``, say ``Ready``, answer the launcher; returns only in a forked worker.
+
+    Returns the worker's request and the pid of the factory that forked it,
+    for :func:`run_worker`. Used by a factory started as a new process
+    (:func:`main`) and by one forked from the launcher after its own imports
+    (``WorkerFactory.start_forked``), where torch is imported already.
+    """
+    sys.path[0] = path0  # what the worker's sys.path[0] will be: imports resolve as in the worker
+    started = time.perf_counter()
+    # As the gc.freeze() docs advise for a process that forks: no collection from here to the freeze.
+    # Its passes over torch's objects would take a tenth of a second and free holes in pages that the
+    # workers' allocations would then fill, copying those pages.
+    gc.disable()
+    try:
+        for name in filter(None, modules):
+            importlib.import_module(name)
+        _check_forkable()
+    except BaseException as exc:  # noqa: BLE001 - whatever happened, the launcher must hear why
+        channel.send(Failed(f"{type(exc).__name__}: {exc}"))
+        os._exit(1)
+    # Objects that exist now are shared with every worker: keep the workers' garbage collector
+    # from writing into them (which would copy their pages).
+    gc.freeze()
+    gc.enable()  # as in a new interpreter: the workers are forked from here
+    channel.send(Ready(os.getpid(), time.perf_counter() - started))
+    return _answer_requests(channel, launcher_pid)
+
+
+def bootstrap_command(interpreter: str, invocation: PythonInvocation, channel_fd: int, path0: str,
+                      modules: Sequence[str]) -> list[str]:
+    """The factory's command line. ``-c`` keeps this module out of ``__main__``; ``-u`` as the workers."""
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = (f"import sys; sys.path.insert(0, {package_root!r}); from ft_core.launcher.startup.zygote import main; "
+            "del sys.path[0]; main()")
+    # --entry names the script in `ps` (forked workers show this command line too), so that
+    # `pgrep -f train.py` finds the factory and its workers.
+    return [interpreter, *(["-u"] if invocation.unbuffered else []), "-c", code, f"--channel-fd={channel_fd}",
+            f"--launcher-pid={os.getpid()}", f"--path0={path0}",
+            f"--modules={','.join([*modules, *ALWAYS_PREWARMED])}", f"--entry={invocation.target}"]
+
+
+def _check_forkable() -> None:
+    """Refuse to fork when a pre-warmed module left state that fork cannot carry over."""
+    if threading.active_count() > 1:
+        names = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+        raise FactoryError(f"a pre-warmed module started Python threads {names}; fork would lose them")
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        raise FactoryError("a pre-warmed module initialised CUDA; a forked worker could not use it")
+    # torch.cuda.is_available() (and device_count()) at import initialise the driver without setting
+    # is_initialized(), and "poison fork" all the same: the driver's library in the process says so.
+    driver = _cuda_driver_loaded()
+    if driver is not None:
+        raise FactoryError(f"a pre-warmed module initialised the CUDA driver ({driver} is loaded, e.g. by "
+                           "torch.cuda.is_available() at import); a forked worker could not use CUDA")
+    # Libraries that run threads stop them in their fork handlers (OpenBLAS does); a probe fork
+    # runs those handlers, and any native thread still running afterwards would be lost by fork.
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    threads = len(os.listdir("/proc/self/task"))
+    if threads > 1:
+        raise FactoryError(f"{threads - 1} native thread(s) still run after import; fork would lose them")
+
+
+def _cuda_driver_loaded() -> Optional[str]:
+    """The CUDA driver library (``libcuda.so*``) mapped into this process, or None (Linux ``/proc``)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                path = line.split()[-1] if line.count(" ") >= 5 else ""
+                if os.path.basename(path).startswith("libcuda.so"):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _answer_requests(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, int]:
+    """Answer the launcher's requests. Returns (request, factory pid) only in a forked worker.
+
+    The factory itself exits in here: when retired, or when the launcher closes the channel.
+    """
+    #: The write end of the pipe the prepared successor sleeps on; it sees EOF when we exit.
+    successor_wakeup: Optional[int] = None
+    while True:
+        try:
+            received = channel.recv()
+        except (OSError, FactoryError):
+            os._exit(1)
+        if received is None:  # the launcher closed the channel (or died)
+            os._exit(0)
+        msg, fds = received
+        factory_pid = os.getpid()
+        if isinstance(msg, Fork) and len(fds) == 3:
+            pid = _fork_worker(channel, fds, [successor_wakeup] if successor_wakeup is not None else [])
+            if pid == 0:
+                return msg, factory_pid
+            channel.send(Forked(pid))
+        elif isinstance(msg, Prepare) and len(fds) == 1 and successor_wakeup is None:
+            wakeup_r, successor_wakeup = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # the successor: the next cycle's factory, already warm
+                os.close(successor_wakeup)
+                channel.close()
+                channel = FactoryChannel(socket.socket(fileno=fds[0]))
+                successor_wakeup = None
+                os.read(wakeup_r, 1)  # EOF when the factory exits (or dies)
+                os.close(wakeup_r)
+                _wait_adopted(launcher_pid, factory_pid)
+                try:
+                    channel.send(Ready(os.getpid(), 0.0))
+                except OSError:  # the launcher gave up on pre-warming meanwhile
+                    os._exit(0)
+                continue
+            os.close(wakeup_r)
+            os.close(fds[0])
+            channel.send(Prepared(pid))
+        elif isinstance(msg, Retire) and not fds:
+            channel.send(Retired())
+            os._exit(0)
+        else:
+            for fd in fds:
+                os.close(fd)
+            channel.send(Failed(f"unexpected request {type(msg).__name__} with {len(fds)} descriptor(s)"))
+
+
+def _fork_worker(channel: FactoryChannel, stdio: list[int], inherited: list[int]) -> int:
+    """Fork; the child closes ``inherited``, starts its own session and takes ``stdio`` as fds 0-2.
+
+    Returns the child's pid (0 in the child). Nothing waits for the child: until
+    it leads its session, the launcher signals its pid instead of its group
+    (see ``ft_core.launcher.startup.workers``).
+    """
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()  # nothing buffered may be written twice
+    pid = os.fork()
+    if pid == 0:
+        try:
+            for fd in inherited:
+                os.close(fd)
+            channel.close()
+            os.setsid()  # as Popen(start_new_session=True): killpg(pid) reaches the worker's group
+            for target, fd in enumerate(stdio):
+                os.dup2(fd, target)
+            for fd in stdio:
+                os.close(fd)
+        except BaseException as exc:  # noqa: BLE001 - never return into the factory's loop
+            os.write(2, f"ft_launcher: pre-warmed worker setup failed: {exc!r}\n".encode())
+            os._exit(1)
+        return 0
+    for fd in stdio:
+        os.close(fd)
+    return pid
+
+
+def _wait_adopted(launcher_pid: int, factory_pid: int) -> None:
+    """Wait until the factory has exited and the launcher is our parent; then die with the launcher."""
+    while (parent := os.getppid()) != launcher_pid:
+        if parent != factory_pid:  # re-parented elsewhere: the launcher died first
+            os._exit(1)
+        time.sleep(_ADOPTION_POLL)
+    procutil.die_with_parent(signal.SIGKILL)
+    if os.getppid() != launcher_pid:  # the launcher died before the request took effect
+        os._exit(1)
+
+
+# -- the worker, after the fork ---------------------------------------------------------------------
+
+
+def run_worker(job: Fork, launcher_pid: int, factory_pid: int) -> None:
+    """Become the worker ``job`` describes and run its script or module as ``python`` would.
+
+    An uncaught exception is printed by ``sys.excepthook`` without the
+    factory's frames and ends the worker with exit code 1; ``SystemExit``
+    propagates as in a new interpreter, whose normal shutdown (atexit,
+    non-daemon threads, flushing) follows.
+    """
+    os.chdir(job.cwd)
+    os.environ.clear()
+    os.environ.update(job.env)  # putenv too: C libraries read the same values
+    invocation = job.invocation
+    _reset_stdio(invocation.unbuffered or bool(job.env.get("PYTHONUNBUFFERED")))
+    _reseed()
+    sys.orig_argv = list(job.orig_argv)
+    sys.path[0] = invocation.path0(job.cwd)
+    main_module = types.ModuleType("__main__")
+    sys.modules["__main__"] = main_module
+    _wait_adopted(launcher_pid, factory_pid)  # no user code runs before it dies with the launcher
+    try:
+        if invocation.kind is EntryKind.MODULE:
+            import runpy
+
+            sys.argv = ["-m", *invocation.args]
+            # What `python -m` itself calls: same module search, argv[0], messages and exit codes.
+            runpy._run_module_as_main(invocation.target, alter_argv=True)  # type: ignore[attr-defined]
+        else:
+            sys.argv = [invocation.target, *invocation.args]
+            _run_script(invocation.target, main_module)
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - report as the interpreter would, then exit
+        _report_uncaught(exc)
+
+
+def _reset_stdio(unbuffered: bool) -> None:
+    """New ``sys.stdin/stdout/stderr`` on fds 0-2, built as CPython builds them at start-up.
+
+    Line buffering depends on whether the new descriptors are terminals, and
+    ``-u`` / ``PYTHONUNBUFFERED`` on the worker's command line and environment.
+    """
+    def stream(fd: int, old: Any, name: str, write: bool) -> io.TextIOWrapper:
+        binary: Any = open(fd, "wb" if write else "rb", buffering=0 if unbuffered and write else -1, closefd=False)
+        raw = binary if unbuffered and write else binary.raw
+        raw.name = name
+        line_buffering = not unbuffered and (raw.isatty() or fd == 2)
+        text: Any = io.TextIOWrapper(binary, encoding=old.encoding, errors=old.errors, newline="\n",
+                                     line_buffering=line_buffering, write_through=unbuffered)
+        text.mode = "w" if write else "r"
+        return text
+
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        new = stream(fd, getattr(sys, f"__{name}__"), f"<{name}>", write=fd > 0)
+        setattr(sys, name, new)
+        setattr(sys, f"__{name}__", new)
+
+
+def _reseed() -> None:
+    """Random state a new interpreter would draw from the OS at start-up, drawn again.
+
+    ``random`` reseeds itself after a fork. torch's default CPU generator and
+    numpy's legacy global one are seeded from the OS when they are imported,
+    in the factory here: without a new seed every worker (of every cycle)
+    would draw the same numbers. A seed a pre-warmed module set at import is
+    replaced too: seed in the script.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.default_generator.seed()  # CPU only: CUDA generators start with CUDA, in the worker
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def _run_script(target: str, main_module: types.ModuleType) -> None:
+    """``python script.py``: compile the file and run it in ``__main__`` with CPython's globals."""
+    path = target if os.path.isabs(target) else os.path.join(os.getcwd(), target)  # absolute, not normalised
+    try:
+        with io.open_code(path) as handle:
+            source = handle.read()
+    except OSError as exc:
+        sys.stderr.write(f"{sys.executable}: can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}\n")
+        raise SystemExit(2) from None
+    from importlib.machinery import SourceFileLoader
+
+    namespace = main_module.__dict__
+    namespace.update(__file__=path, __cached__=None, __loader__=SourceFileLoader("__main__", path),
+                     __builtins__=sys.modules["builtins"])
+    exec(compile(source, path, "exec", dont_inherit=True), namespace)
+
+
+def _report_uncaught(exc: BaseException) -> None:
+    """What CPython does with an exception that leaves ``__main__``; never returns."""
+    tb = exc.__traceback__
+    # Drop the factory's own frames: the traceback starts where a plain start's would.
+    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, "<string>"):
+        tb = tb.tb_next
+    # The default hook prints the exception's own traceback when it has one: replace it too.
+    sys.excepthook(type(exc), exc.with_traceback(tb), tb)
+    if isinstance(exc, KeyboardInterrupt):
+        # CPython ends with SIGINT after an uncaught KeyboardInterrupt, so the parent sees the signal.
+        import atexit
+
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    raise SystemExit(1)
