@@ -64,7 +64,8 @@ __all__ = ["AdoptedProcess", "WorkerFactory"]
 
 log = logging.getLogger("ft_core.launcher")
 
-#: The first factory imports torch and the user's modules; a loaded node can take long.
+#: The first factory imports torch and the user's modules, a successor ``RESTART_PREWARMED``: a loaded node can
+#: take long.
 READY_TIMEOUT = 300.0
 #: Round trips with a warm factory (a fork, the successor's start) take milliseconds.
 REQUEST_TIMEOUT = 30.0
@@ -153,8 +154,6 @@ class WorkerFactory:
         self._successor_channel: Optional[FactoryChannel] = None
         self._started = False
         self._ready = False
-        #: The first factory has not said Ready yet: it may still be importing (successors are warm).
-        self._first = True
         #: How the first factory came to be, for the log.
         self.origin = "started as a new process"
         self._in_cycle = False
@@ -382,10 +381,10 @@ class WorkerFactory:
             return
         if self._channel is None:
             raise FactoryUnavailable("the factory was not started")
-        timeout = READY_TIMEOUT if self._first else REQUEST_TIMEOUT
+        # A successor may still import RESTART_PREWARMED when a fault follows a start at once.
         started = time.monotonic()
         try:
-            reply = self._receive(timeout)
+            reply = self._receive(READY_TIMEOUT)
         except (OSError, FactoryError) as exc:
             raise FactoryUnavailable(f"no word from the factory: {exc}") from None
         if not isinstance(reply, Ready):
@@ -398,7 +397,6 @@ class WorkerFactory:
             raise FactoryUnavailable(f"unexpected message from the factory: {prepared!r}")
         self._successor_pid = prepared.successor_pid
         self._ready = True
-        self._first = False
         log.debug("worker factory pid %d ready (imports took %.2f s; waited %.2f s)", reply.pid,
                   reply.import_seconds, time.monotonic() - started)
 

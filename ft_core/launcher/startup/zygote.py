@@ -63,6 +63,7 @@ __all__ = [
     "Prepare",
     "Prepared",
     "PythonInvocation",
+    "RESTART_PREWARMED",
     "Ready",
     "Retire",
     "Retired",
@@ -73,6 +74,12 @@ __all__ = [
 
 #: Modules every factory imports besides the user's list: what a rank under ft_launcher imports anyway.
 ALWAYS_PREWARMED = ("ft_core.client",)
+#: Modules a successor imports once its predecessor has retired (the cycle's workers run; nothing waits for it),
+#: when torch is imported: what every restarted rank would import again at its first step. torch.optim's
+#: methods import ``torch._dynamo`` at an optimizer's first call (1.6 s idle on a 2-core node, 5-19 s on a loaded
+#: one, measured by ``benchmarks/goodput.py``). Not imported by the first factory: the first start would wait for
+#: it. Later successors inherit it.
+RESTART_PREWARMED = ("torch._dynamo",)
 _HEADER = struct.Struct(">I")
 #: The largest frame accepted on the channel (a worker's environment can be large on clusters).
 MAX_FRAME_BYTES = 16 << 20
@@ -316,6 +323,31 @@ def _check_forkable() -> None:
         raise FactoryError(f"{threads - 1} native thread(s) still run after import; fork would lose them")
 
 
+def _restart_prewarmed() -> Union[Ready, Failed]:
+    """A successor's imports of :data:`RESTART_PREWARMED` (with torch imported), then ``Ready`` or why it cannot fork.
+
+    A module that fails to import is left to the workers (they would fail at the same import).
+    """
+    started = time.perf_counter()
+    wanted = [name for name in RESTART_PREWARMED if "torch" in sys.modules and name not in sys.modules]
+    if not wanted:
+        return Ready(os.getpid(), 0.0)
+    gc.disable()  # as for the first imports (see serve)
+    try:
+        for name in wanted:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001, S112 - e.g. a Python torch's compiler does not support yet
+                continue
+        _check_forkable()
+    except FactoryError as exc:
+        return Failed(str(exc))
+    finally:
+        gc.freeze()
+        gc.enable()
+    return Ready(os.getpid(), time.perf_counter() - started)
+
+
 def _cuda_driver_loaded() -> Optional[str]:
     """The CUDA driver library (``libcuda.so*``) mapped into this process, or None (Linux ``/proc``)."""
     try:
@@ -362,7 +394,7 @@ def _answer_requests(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, 
                 os.close(wakeup_r)
                 _wait_adopted(launcher_pid, factory_pid)
                 try:
-                    channel.send(Ready(os.getpid(), 0.0))
+                    channel.send(_restart_prewarmed())
                 except OSError:  # the launcher gave up on pre-warming meanwhile
                     os._exit(0)
                 continue

@@ -48,11 +48,13 @@ def main() -> None:
     import psutil
     import torch
 
+    # Before anything of the script uses torch: what the factory had imported (torch.optim's first step imports it).
+    dynamo = "torch._dynamo" in sys.modules
     main_module = sys.modules["__main__"]
     umask = os.umask(0)
     os.umask(umask)
     record = {
-        "prewarmed": "ft_core.launcher.startup.zygote" in sys.modules,
+        "prewarmed": "ft_core.launcher.startup.zygote" in sys.modules, "dynamo": dynamo,
         "name": __name__, "file": __file__, "argv": sys.argv, "orig_argv": sys.orig_argv[1:],
         "path0": sys.path[0], "path": sys.path[1:], "cwd": os.getcwd(),
         "main_is_module": main_module.__dict__ is globals(), "spec": __spec__,

@@ -90,6 +90,22 @@ def test_forked_worker_looks_like_a_plain_start(launchers, tmp_path, monkeypatch
     assert "ValueError: probe failure on rank 1" in on_stderr
 
 
+def test_restarted_ranks_are_forked_with_torch_dynamo_imported_and_the_first_start_does_not_wait_for_it(
+        launchers, tmp_path):
+    # torch.optim imports torch._dynamo at an optimizer's first step, seconds on a loaded node: the successor
+    # factory imports it once the first cycle runs, so a restarted rank finds it imported.
+    out = tmp_path / "restart"
+    out.mkdir()
+    node = launchers.start("--max-restarts=1", name="restart", script=(PROBE,), FT_TEST_RECORD_DIR=str(out),
+                           FT_TEST_RAISE_RANK="1")
+    assert node.wait(300) == 0, node.output()[-4000:]
+    first, restarted = ([json.loads((out / f"probe_r{rank}_c{cycle}.json").read_text()) for rank in (0, 1)]
+                        for cycle in (0, 1))
+    assert all(r["prewarmed"] for r in first + restarted)
+    assert [r["dynamo"] for r in first + restarted] == [False, False, True, True]
+    assert UNAVAILABLE_WARNING not in node.output()
+
+
 def _train(launchers: LauncherGroup, tmp_path, mode: str) -> dict:
     out = tmp_path / f"train_{mode}"
     out.mkdir()
