@@ -30,6 +30,7 @@ from ft_core.launcher.observability.metrics import SCRAPE_TARGETS_DIR, LauncherM
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.outcome import Outcome, signal_outcome
 from ft_core.launcher.rendezvous.etcd_v3 import register as register_etcd_v3
+from ft_core.launcher.rendezvous.members_first import install_members_first
 from ft_core.launcher.rendezvous.records import use_cheap_method_names
 from ft_core.launcher.rendezvous.slurm import job_id
 from ft_core.launcher.rendezvous.wake import install_wake_on_change
@@ -108,6 +109,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         if isinstance(spec.rdzv_handler, DynamicRendezvousHandler):
             require_instance_attributes(spec.rdzv_handler, RENDEZVOUS_INSTANCE_ATTRIBUTES)
             install_wake_on_change(spec.rdzv_handler, config.rdzv_configs)  # see .rendezvous.wake
+            install_members_first(spec.rdzv_handler, config.rdzv_configs)  # see .rendezvous.members_first
         agent = FtElasticAgent(
             spec, config.logs_specs, services=services, options=options,
             start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,

@@ -162,6 +162,11 @@ SEAMS: tuple[Seam, ...] = (
     Seam(_DYNAMIC_RDZV, "_BackendRendezvousStateHolder._sanitize", ()),
     Seam(_DYNAMIC_RDZV, "_delay", ("seconds",)),
     Seam(_DYNAMIC_RDZV, "_RendezvousState", ()),
+    # rendezvous/members_first.py: the join operation's decision, held back while the last round's members rejoin
+    Seam(_DYNAMIC_RDZV, "_DistributedRendezvousOpExecutor.run", ("state_handler", "deadline", "update_deadline")),
+    Seam(_DYNAMIC_RDZV, "_RendezvousJoinOp"),
+    Seam(_DYNAMIC_RDZV, "_Action"),
+    Seam(_DYNAMIC_RDZV, "_should_keep_alive", ("ctx",)),
     Seam("torch.distributed.elastic.rendezvous.c10d_rendezvous_backend", "C10dRendezvousBackend"),
     Seam("torch.distributed", "TCPStore.clone"),
 )
@@ -173,7 +178,9 @@ RENDEZVOUS_INSTANCE_ATTRIBUTES = ("_store", "_state_holder", "_op_executor", "se
                                   "_state_holder._last_sync_time", "_state_holder.state.redundancy_list",
                                   "_state_holder._backend", "_state_holder._settings", "_state_holder._cache_duration",
                                   "_state_holder._token", "_state_holder._dirty", "_state_holder.state.round",
-                                  "_state_holder.state.complete", "_op_executor._state_holder")
+                                  "_state_holder.state.complete", "_op_executor._state_holder", "_op_executor.run",
+                                  "_state_holder.state.participants", "_state_holder.state.wait_list",
+                                  "_state_holder.state.last_heartbeats")
 
 
 class TorchSeamsError(RuntimeError):

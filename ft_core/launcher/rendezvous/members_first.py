@@ -1,0 +1,173 @@
+"""A restart keeps its nodes: the last round's members rejoin torch's next round before a newcomer takes a place.
+
+When a cycle ends, every node of torch's dynamic rendezvous leaves the round and joins
+the next one, and so does a hot spare waiting beside them: whoever joins first gets a
+place. A spare that wins the race takes the place of a healthy node, which becomes the
+spare; the ranks are then handed out anew (torch sorts the participants), so after a
+mere crash every rank may resume on another node, where none of its in-memory
+snapshots is (``benchmarks/goodput.py`` saw most restarts of a 4-node job with a spare
+resume from disk for this reason).
+
+This module keeps torch's rendezvous and rules, and adds one to its join operation: a
+node that was not a participant of the last complete round it saw (a spare, a node
+scaling the job up) waits while the members of that round who were alive then would
+fill the new round without it, for at most :data:`MEMBERS_FIRST_GRACE` seconds after it
+first saw the round open. So:
+
+* a rank crashed or hung, every node alive: the members rejoin, the round completes
+  with them at the job's maximum, and the spare stays a spare; ranks are unchanged;
+* a node lost: its keep-alive had stopped (its newest heartbeat this node saw is
+  older than two keep-alive intervals; torch drops it after three), so it is not
+  waited for: the spare joins at once and takes the free place;
+* a node that left the job (excluded by the fault policy) is not in the state any more:
+  it is waited for only :data:`ABSENT_GRACE` seconds (the member whose leaving opened
+  the round is absent that long at most before it joins);
+* a member that does not come back within the grace (stuck, or lost without this node
+  having seen its heartbeat age) is replaced, as by torch; no new way to deadlock.
+
+Nodes that were members never wait. A newcomer that saw no complete round (it arrived
+while the round was open) joins as torch would. ``--rdzv-conf members_first=0`` turns
+the rule off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import functools
+import logging
+import time
+from collections.abc import Callable
+from typing import Any, Optional
+
+__all__ = ["ABSENT_GRACE", "ALIVE_INTERVALS", "DEFERRED_LINE", "MEMBERS_FIRST_CONF_KEY", "MEMBERS_FIRST_GRACE", "LastRound", "MembersFirst", "install_members_first",
+           "newcomer_waits"]
+
+log = logging.getLogger("ft_core.launcher")
+
+#: How long a newcomer lets the last round's members rejoin, from when it first saw the new round open. The
+#: members are woken by the round's opening and join within milliseconds on a healthy node; a member later than
+#: this is replaced, as torch would replace it.
+MEMBERS_FIRST_GRACE = 3.0
+#: How long a member the state does not show (it left the last round and is not waiting for the next) is still
+#: waited for: the member whose leaving opened the round joins a few store operations later.
+ABSENT_GRACE = 0.5
+#: ``--rdzv-conf`` key turning the rule off (``0``/``false``): torch's first-come order.
+MEMBERS_FIRST_CONF_KEY = "members_first"
+#: A member whose last heartbeat was older than this many keep-alive intervals is not waited for (it stopped
+#: keeping alive; torch drops it after ``keep_alive_max_attempt`` intervals, 3 by default).
+ALIVE_INTERVALS = 2
+
+
+_NEVER = datetime.datetime.min.replace(tzinfo=datetime.timezone.utc)
+
+
+@dataclasses.dataclass
+class LastRound:
+    """What a node saw of the last complete round it was not a member of, and when the next one opened.
+
+    ``round``: that round's number (-1: none seen); ``heartbeats``: the newest keep-alive seen of
+    each of its participants (also after they left it: a member waiting for the next round keeps
+    alive); ``opened_at``: this node's monotonic clock when it first saw round ``round + 1``.
+    """
+
+    round: int = -1
+    heartbeats: dict[Any, datetime.datetime] = dataclasses.field(default_factory=dict)
+    opened_at: Optional[float] = None
+
+    def observe(self, state: Any, node: Any, monotonic: float) -> None:
+        """Update from a state this node read (torch's ``_RendezvousState``)."""
+        if state.complete and node in state.participants:  # a member: nothing to wait for
+            self.round, self.heartbeats, self.opened_at = -1, {}, None
+            return
+        if state.complete and state.round != self.round:
+            self.round, self.heartbeats, self.opened_at = state.round, {}, None
+        if state.complete:
+            for member in state.participants:
+                self.heartbeats.setdefault(member, _NEVER)
+        for member, seen in self.heartbeats.items():
+            self.heartbeats[member] = max(seen, state.last_heartbeats.get(member, _NEVER))
+        if not state.complete and state.round == self.round + 1 and self.opened_at is None:
+            self.opened_at = monotonic
+
+    def members(self, now: datetime.datetime, keep_alive: datetime.timedelta) -> frozenset[Any]:
+        """The round's participants whose newest keep-alive is within :data:`ALIVE_INTERVALS` of ``now``."""
+        recent = now - ALIVE_INTERVALS * keep_alive
+        return frozenset(member for member, seen in self.heartbeats.items() if seen > recent)
+
+
+def newcomer_waits(state: Any, node: Any, last: LastRound, max_nodes: int, now: datetime.datetime,
+                   keep_alive: datetime.timedelta, monotonic: float, grace: float = MEMBERS_FIRST_GRACE) -> bool:
+    """Whether ``node``, about to join the open round of ``state``, lets the last round's members in first.
+
+    The members waited for are the live ones of ``last`` (:meth:`LastRound.members`) that the
+    state still shows (in the round, waiting for it, or keeping alive), or, for
+    :data:`ABSENT_GRACE` after ``node`` first saw the round open, that it does not show: the
+    member whose leaving opened the round joins right after, while a member that left the job
+    (an excluded node) never comes back. True while those not yet joined would, with those
+    that have, fill the round to ``max_nodes`` without ``node``, until ``grace`` has passed.
+    """
+    if state.complete or last.round != state.round - 1 or last.opened_at is None:
+        return False
+    waited = monotonic - last.opened_at
+    present = set(state.participants) | set(state.wait_list) | set(state.last_heartbeats)
+    members = {m for m in last.members(now, keep_alive) if m in present or waited < ABSENT_GRACE}
+    joined = set(state.participants)
+    return node not in members and bool(members - joined) and len(members | joined) >= max_nodes and waited < grace
+
+
+#: Logged once per round a newcomer waits (``%`` fields: the round, the grace).
+DEFERRED_LINE = "rendezvous round %d: the last round's members rejoin first; this node waits (at most %g s)"
+
+
+class MembersFirst:
+    """The rule on one handler: wraps each join operation its executor runs (see the module docstring)."""
+
+    def __init__(self, executor: Any, grace: float = MEMBERS_FIRST_GRACE) -> None:
+        self._run: Callable[..., None] = executor.run
+        self.grace = grace
+        self.last = LastRound()
+        #: Join operations this rule held back (one per state read that found members still to come).
+        self.deferrals = 0
+        self._told_round = -1
+        executor.run = self.run
+
+    def run(self, state_handler: Callable[[Any, float], Any], deadline: float,
+            update_deadline: Optional[Callable[[datetime.timedelta], float]] = None) -> None:
+        """Torch's ``_RendezvousOpExecutor.run``, with a join operation wrapped by :meth:`join`."""
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousJoinOp
+
+        if isinstance(state_handler, _RendezvousJoinOp):
+            state_handler = functools.partial(self.join, state_handler)
+        self._run(state_handler, deadline, update_deadline)
+
+    def join(self, op: Callable[[Any, float], Any], ctx: Any, deadline: float) -> Any:
+        """Torch's join decision, held back to a wait while the last round's members are still to come."""
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _Action, _should_keep_alive
+
+        action = op(ctx, deadline)
+        monotonic = time.monotonic()
+        self.last.observe(ctx.state, ctx.node, monotonic)
+        if action == _Action.ADD_TO_PARTICIPANTS and newcomer_waits(
+                ctx.state, ctx.node, self.last, ctx.settings.max_nodes, datetime.datetime.now(datetime.timezone.utc),
+                ctx.settings.keep_alive_interval, monotonic, self.grace):
+            if self._told_round != ctx.state.round:
+                self._told_round = ctx.state.round
+                log.info(DEFERRED_LINE, ctx.state.round, self.grace)
+            self.deferrals += 1
+            return _Action.KEEP_ALIVE if _should_keep_alive(ctx) else _Action.SYNC
+        return action
+
+
+def install_members_first(handler: Any, rdzv_configs: dict[str, Any]) -> Optional[MembersFirst]:
+    """Give a dynamic rendezvous handler the rule; None when ``--rdzv-conf members_first=0`` or another handler."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    from ft_core.utils.validation import boolean
+
+    if not boolean(f"--rdzv-conf {MEMBERS_FIRST_CONF_KEY}", rdzv_configs.get(MEMBERS_FIRST_CONF_KEY, True),
+                   coerce=True):
+        return None
+    if not isinstance(handler, DynamicRendezvousHandler):
+        return None
+    return MembersFirst(handler._op_executor)
