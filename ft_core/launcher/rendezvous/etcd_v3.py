@@ -33,6 +33,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import datetime
+import json
 import logging
 import os
 import threading
@@ -77,7 +78,7 @@ DEFAULT_PORT = 2379
 #: etcd's gateway path since 3.4 (3.3 used /v3beta): fixed, so no discovery request is needed.
 API_PATH = "/v3/"
 
-#: Seconds between two polls of a key a store reader waits for.
+#: Seconds before looking again: for a key whose watch broke, for the job's lease that just expired.
 _POLL_INTERVAL = 0.05
 
 
@@ -316,6 +317,15 @@ class EtcdV3Client:
             if won:
                 return value
 
+    def wait_for(self, key: str, timeout: float) -> Optional[bytes]:
+        """The value of ``key`` once it exists, or None when ``timeout`` seconds pass first (or the watch breaks).
+
+        A watch from the current revision, then a read: a put before the watch is in the read, a put after it
+        reaches the watch. Why not one watch from the revision of an earlier read: etcd serves a watch that starts
+        in its history ("unsynced") only on its 100 ms catch-up tick, measured 75-100 ms per wait here.
+        """
+        return self.call(lambda client: _watch_then_get(self, client, key, timeout), f"wait for key {key!r}")
+
     def grant_lease(self, ttl: int) -> int:
         return self.call(lambda c: c.lease(ttl).id, "grant a lease")
 
@@ -469,15 +479,49 @@ class EtcdV3Store(dist.Store):
         deadline = time.monotonic() + limit
         values: list[bytes] = []
         for key in keys:
-            while True:
-                found = self.client.get(self._key(key))
-                if found is not None:
-                    values.append(found[0])
-                    break
-                if time.monotonic() >= deadline:
+            read = self.client.get(self._key(key))  # present (the common case): one read, no watch
+            found = read[0] if read is not None else None
+            while found is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     raise LookupError(f"key {key!r} not in the etcd store after {limit:g} s")
-                time.sleep(_POLL_INTERVAL)
+                found = self.client.wait_for(self._key(key), remaining)
+                if found is None:  # timed out, or the watch broke: never a busy loop of watches
+                    time.sleep(min(_POLL_INTERVAL, max(0.0, deadline - time.monotonic())))
+            values.append(found)
         return values
+
+
+def _watch_then_get(owner: EtcdV3Client, client: Etcd3Client, key: str, timeout: float) -> Optional[bytes]:
+    """:meth:`EtcdV3Client.wait_for` on one member (its connection errors are etcd3gw's, so ``call`` moves on)."""
+    import requests
+    from etcd3gw import exceptions
+
+    create = {"create_request": {"key": _b64(key.encode()), "filters": ["NODELETE"]}}
+    try:  # the read timeout bounds each wait for the next message of the stream
+        response = client.session.post(client.get_url("/watch"), json=create, stream=True,
+                                       timeout=(client.timeout, max(timeout, 0.01)))
+    except requests.exceptions.RequestException as exc:
+        raise exceptions.ConnectionFailedError(str(exc)) from None
+    with response:
+        if response.status_code != requests.codes["ok"]:
+            raise exceptions.Etcd3Exception(response.text, response.reason)
+        buffered = b""
+        try:
+            for chunk in response.iter_content(chunk_size=None):
+                buffered += chunk
+                *lines, buffered = buffered.split(b"\n")  # the gateway ends each message with a newline
+                for line in filter(None, (line.strip() for line in lines)):
+                    result = json.loads(line).get("result", {})
+                    if result.get("created"):  # registered: from now on a put reaches this stream
+                        found = owner.get(key)
+                        if found is not None:
+                            return found[0]
+                    for event in result.get("events") or []:
+                        return _unb64(event["kv"].get("value", ""))
+        except requests.exceptions.RequestException:  # the read timeout (or the stream broke): not found in time
+            return None
+    return None
 
 
 def job_prefix(run_id: str) -> str:

@@ -26,9 +26,16 @@ state afresh as torch would. So:
 * nothing new can deadlock: a missed notification (a node without this
   module, a lost connection) costs at most the old poll.
 
+Within a restart, the nodes of the completed round also write in turn, by
+that round's rank (:mod:`.turns`): the next node still to write is told by a
+key addressed to it when its turn comes, so their compare-and-set writes of
+the one state key follow one another instead of being refused N^2 times. A
+turn that does not come within the same second (and no node ahead wrote
+meanwhile) is not waited for: the node writes as torch would.
+
 Backends: c10d (a key per phase and one per waiter in the rendezvous
 TCPStore, see :class:`C10dPhaseKeys`) and etcd-v3 (a key per phase beside the
-state, watched from the revision after the state read). etcd-v2 keeps torch's
+state: a watch from now, then a read). etcd-v2 keeps torch's
 poll. ``--rdzv-conf wake_on_change=0`` keeps it on any backend.
 
 Each rendezvous of the launcher logs one line, which ``benchmarks/scale.py`` reads::
@@ -36,8 +43,9 @@ Each rendezvous of the launcher logs one line, which ``benchmarks/scale.py`` rea
     rendezvous round 2 (c10d): 2 of 2 waits woken, 0 timed out, 0 missed a change; 5 state reads,
     4 writes (1 refused), 9 wake-up operations; 7342 bytes
 
-"missed a change": a wait that timed out although the state had reached its next
-phase (the read after it found a later one), i.e. the wake-up did not come.
+"waits" counts the waits for a phase and for a turn; "missed a change": a wait for a
+phase that timed out although the state had reached it (the read after it found a
+later phase), i.e. the wake-up did not come.
 """
 
 from __future__ import annotations
@@ -48,7 +56,6 @@ import datetime
 import itertools
 import logging
 import os
-import random
 import re
 import threading
 import time
@@ -63,6 +70,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from ft_core.launcher.rendezvous.job_store import NAMESPACE
+from ft_core.launcher.rendezvous.turns import RestartOrder, inbox_name
 
 __all__ = ["LOG_LINE", "WAKE_CONF_KEY", "RendezvousCounts", "WakingStateHolder", "install_wake_on_change", "logged_rounds",
            "woken_on_change"]
@@ -71,6 +79,13 @@ log = logging.getLogger("ft_core.launcher")
 
 #: Seconds a c10d phase wait blocks in its thread before it is given up (and started again when needed).
 BACKGROUND_WAIT = 600.0
+
+#: Seconds a write of a restart waits for its turn (torch's poll second), again while the nodes ahead progress...
+TURN_WAIT = 1.0
+#: ... plus this per node ahead of it: behind a node that does not come, the next in line gives up first (its
+#: write is progress to the others, which keep their places) instead of all at once (64 nodes on etcd-v3 whose
+#: restart reached them over 9 s on 2 cores: 814 refused writes with the same second for all).
+TURN_WAIT_PER_NODE = 0.05
 
 #: ``--rdzv-conf`` key turning the wake-up off (``0``/``false``): torch's one-second poll everywhere.
 WAKE_CONF_KEY = "wake_on_change"
@@ -104,18 +119,23 @@ class RendezvousCounts:
         return dataclasses.replace(self)
 
 
+def key_name(phase: int, inbox: Optional[str] = None) -> str:
+    """The key of ``phase`` (the state reached it), or of ``inbox``'s turn in it (see :mod:`.turns`)."""
+    return str(phase) if inbox is None else f"{phase}/turn/{inbox}"
+
+
 class PhaseKeys(Protocol):
-    """How one backend tells the nodes waiting for a phase that the state reached it."""
+    """How one backend tells the nodes waiting for a phase that the state reached it (or a node that its turn came)."""
 
-    def notify(self, phase: int) -> tuple[int, int]:
-        """Tell the waiters that the state reached ``phase``; the store operations and bytes spent."""
+    def notify(self, phase: int, inbox: Optional[str] = None) -> tuple[int, int]:
+        """Tell the waiters that the state reached ``phase`` (or ``inbox`` that its turn in it came).
 
-    def wait(self, phase: int, timeout: float, token: Optional[Token]) -> tuple[bool, int]:
-        """Block until the key of ``phase`` exists (True) or ``timeout`` seconds passed or it failed (False).
-
-        ``token`` is the state holder's fencing token of the state read (etcd-v3: its mod revision).
-        Also returns the store operations spent.
+        Returns the store operations and bytes spent.
         """
+
+    def wait(self, phase: int, timeout: float, inbox: Optional[str] = None) -> tuple[bool, int]:
+        """Block until the key of ``phase`` (of ``inbox``'s turn in it) exists (True), or ``timeout`` seconds passed
+        or it failed (False). Also returns the store operations spent."""
 
     def cancel(self) -> int:
         """End every wait still blocked (this node's rendezvous is over); the store operations spent."""
@@ -132,21 +152,24 @@ class C10dPhaseKeys:
     second. A waiter appends its name to the phase's list, then looks for the
     phase's key; a node reaching the phase sets the phase's key, then reads the
     list and sets every listed waiter's key: a waiter is either listed before
-    that read or sees the key. At the end of its rendezvous a node sets its
-    own pending keys, so no thread outlives it (one blocked in a store at exit
-    aborts the interpreter).
+    that read or sees the key. A turn's key (its one waiter: the node it is
+    addressed to) goes the same way. At the end of its rendezvous a node sets
+    its own pending keys, so no thread outlives it (one blocked in a store at
+    exit aborts the interpreter).
     """
 
     def __init__(self, store: Any, run_id: str) -> None:
         self._store = store
         self._prefix = f"{NAMESPACE}/{run_id}/rdzv_phase/"
         self._lock = threading.Lock()
-        self._waits: dict[int, tuple[str, threading.Event, threading.Thread]] = {}  # phase -> waiter, found
+        # (order, key name) -> waiter, found. Order: 2p for a turn in phase p, 2p - 1 for the wait for phase p
+        # (held at p - 1): waits come in that order, and a wait ends every pending one of a lower order.
+        self._waits: dict[tuple[int, str], tuple[str, threading.Event, threading.Thread]] = {}
         self._idle: list[Any] = []  # connections whose wait ended
         self._names = itertools.count()
 
-    def notify(self, phase: int) -> tuple[int, int]:
-        key = f"{self._prefix}{phase}"
+    def notify(self, phase: int, inbox: Optional[str] = None) -> tuple[int, int]:
+        key = f"{self._prefix}{key_name(phase, inbox)}"
         self._store.set(key, b"")
         # compare_set(absent, "", "") creates the list empty; present, it answers the list unchanged: one read.
         listed = bytes(self._store.compare_set(f"{key}/waiters", "", ""))
@@ -155,32 +178,34 @@ class C10dPhaseKeys:
             self._store.set(waiter_key, b"")
         return 2 + len(wake), 2 * len(key) + len(listed) + sum(map(len, wake))
 
-    def wait(self, phase: int, timeout: float, token: Optional[Token]) -> tuple[bool, int]:
+    def wait(self, phase: int, timeout: float, inbox: Optional[str] = None) -> tuple[bool, int]:
+        slot = (2 * phase - (inbox is None), key_name(phase, inbox))
         with self._lock:
-            passed = [earlier for earlier, (_, found, _) in self._waits.items() if earlier < phase and not found.is_set()]
-            for done in [earlier for earlier, (_, found, _) in self._waits.items() if earlier < phase and found.is_set()]:
+            passed = [earlier for earlier, (_, found, _) in self._waits.items() if earlier[0] < slot[0] and not found.is_set()]
+            for done in [earlier for earlier, (_, found, _) in self._waits.items() if earlier[0] < slot[0] and found.is_set()]:
                 del self._waits[done]  # reached: nobody waits for it again
-            pending = self._waits.get(phase)
-        writes = self.cancel(passed)  # phases the state passed without telling us (a writer without the wake-up)
+            pending = self._waits.get(slot)
+        # Phases the state passed without telling us (a writer without the wake-up), turns that did not come.
+        writes = self.cancel(passed)
         if pending is None:
             waiter = f"{os.getpid()}-{id(self)}-{next(self._names)}"
-            key = f"{self._prefix}{phase}"
+            key = f"{self._prefix}{slot[1]}"
             self._store.append(f"{key}/waiters", f"{waiter},")
             if self._store.check([key]):
                     return True, writes + 2
             found = threading.Event()
-            thread = threading.Thread(target=self._block, args=(phase, waiter, found), name="ft-rendezvous-wake",
+            thread = threading.Thread(target=self._block, args=(slot, waiter, found), name="ft-rendezvous-wake",
                                       daemon=True)
             with self._lock:
-                pending = self._waits[phase] = (waiter, found, thread)
+                pending = self._waits[slot] = (waiter, found, thread)
             thread.start()
             writes += 3  # append, check, the wait
         return pending[1].wait(timeout), writes
 
-    def cancel(self, phases: Optional[list[int]] = None) -> int:
-        """End the waits for ``phases`` (default: every one still blocked); the store operations spent."""
+    def cancel(self, slots: Optional[list[tuple[int, str]]] = None) -> int:
+        """End the waits of ``slots`` (default: every one still blocked); the store operations spent."""
         with self._lock:
-            ended = [self._waits.pop(phase) for phase in (list(self._waits) if phases is None else phases)]
+            ended = [self._waits.pop(slot) for slot in (list(self._waits) if slots is None else slots)]
         ops = 0
         for waiter, found, thread in ended:
             if not found.is_set():
@@ -192,7 +217,7 @@ class C10dPhaseKeys:
             thread.join(5.0)
         return ops
 
-    def _block(self, phase: int, waiter: str, found: threading.Event) -> None:
+    def _block(self, slot: tuple[int, str], waiter: str, found: threading.Event) -> None:
         with self._lock:
             connection = self._idle.pop() if self._idle else None
         try:
@@ -200,8 +225,8 @@ class C10dPhaseKeys:
             connection.wait([f"{self._prefix}wake/{waiter}"], datetime.timedelta(seconds=BACKGROUND_WAIT))
         except RuntimeError:  # torch's DistStoreError: the long timeout, or the store is gone (reads will say)
             with self._lock:
-                if self._waits.get(phase, (None,))[0] == waiter:
-                    del self._waits[phase]  # a later wait for this phase starts anew
+                if self._waits.get(slot, (None,))[0] == waiter:
+                    del self._waits[slot]  # a later wait for this phase starts anew
             return
         found.set()
         with self._lock:
@@ -209,37 +234,28 @@ class C10dPhaseKeys:
 
 
 class EtcdV3PhaseKeys:
-    """Phase keys beside the etcd-v3 rendezvous state, on the job's lease; a wait is one watch."""
+    """Phase keys beside the etcd-v3 rendezvous state, on the job's lease; a wait is a watch and a read.
+
+    (:meth:`EtcdV3Client.wait_for`: a watch from the current revision, then a read of the key. A watch from the
+    revision of the state read would need no read, but etcd answers such a watch only on its 100 ms catch-up tick.)
+    """
 
     def __init__(self, backend: Any) -> None:
         self._client = backend.client
         self._lease = backend.lease
         self._prefix = backend.key + "_phase/"
 
-    def notify(self, phase: int) -> tuple[int, int]:
-        key = f"{self._prefix}{phase}"
+    def notify(self, phase: int, inbox: Optional[str] = None) -> tuple[int, int]:
+        key = f"{self._prefix}{key_name(phase, inbox)}"
         self._client.put(key, b"", self._lease.id)
         return 1, len(key)
 
-    def wait(self, phase: int, timeout: float, token: Optional[Token]) -> tuple[bool, int]:
-        from etcd3gw.exceptions import WatchTimedOut
-
-        # From the revision after the state read: a key set since (by the write that moved the phase on) is in
-        # etcd's history and answers at once; one set before that read would be a phase the read already saw.
-        start = int(token) + 1 if isinstance(token, int) else None
-
-        def watch(client: Any) -> bool:
-            try:
-                client.watch_once(f"{self._prefix}{phase}", timeout, start_revision=start)
-            except WatchTimedOut:
-                return False
-            return True
-
+    def wait(self, phase: int, timeout: float, inbox: Optional[str] = None) -> tuple[bool, int]:
         try:
-            return bool(self._client.call(watch, f"watch key {self._prefix}{phase}")), 1
+            return self._client.wait_for(f"{self._prefix}{key_name(phase, inbox)}", timeout) is not None, 2
         except Exception as exc:  # noqa: BLE001 - any failure: the caller sleeps the rest, as torch would
             log.debug("rendezvous wake-up watch failed: %s", exc)
-            return False, 1
+            return False, 2
 
     def cancel(self) -> int:
         return 0  # a watch ends with its wait
@@ -271,27 +287,44 @@ class _CountingBackend(RendezvousBackend):
 
 
 class WakingStateHolder(_BackendRendezvousStateHolder):
-    """Torch's state holder that notifies the phases its writes reach and waits for the next one."""
+    """Torch's state holder that notifies the phases its writes reach and waits for the next one.
 
-    def __init__(self, backend: RendezvousBackend, settings: RendezvousSettings, keys: PhaseKeys,
+    In a restart (between :meth:`begin` and :meth:`end_waits`) it also writes in its turn (:mod:`.turns`).
+    """
+
+    def __init__(self, backend: RendezvousBackend, settings: RendezvousSettings, keys: PhaseKeys, node: Any,
                  cache_duration: int = 1) -> None:
         self.counts = RendezvousCounts()
         super().__init__(_CountingBackend(backend, self.counts), settings, cache_duration)
         self._keys = keys
+        self._order = RestartOrder(node)
+        self._inbox = inbox_name(node)
         #: The phase of the state last read from or written to the backend (before torch's local clean-up).
         self._stored_phase = -1
         #: The phase a wait timed out at, until the next read tells whether it missed a change.
         self._polled_at: Optional[int] = None
-        #: Seconds one state write takes here (a moving average; 2 ms until measured).
-        self._write_seconds = 0.002
+        #: Whether writes wait for their turn: only within a rendezvous (not torch's keep-alive thread's writes).
+        self._ordered = False
+        #: From the state last read or written: the nodes ahead of this one in its turn, and the next one after it.
+        self._ahead: frozenset[Any] = frozenset()
+        self._successor: Optional[Any] = None
+        #: The phase in which this node holds its turn (it may write), and the last phase whose turn it passed on.
+        self._turn = -1
+        self._passed = -1
+        #: (phase, nodes ahead) when its last wait for its turn began: the same after a whole wait, it goes.
+        self._waited_for: Optional[tuple[int, frozenset[Any]]] = None
 
     def sync(self) -> Optional[bool]:
+        if self._dirty and self._await_turn():
+            # The write was computed on a state read before the wait: read it afresh instead, and torch computes
+            # the write again on it (as after a refused write, without the refused write).
+            self._dirty = False
+            self._last_sync_time = -1
+            super().sync()
+            return False
         written = phase(self._state) if self._dirty else None
         read = self._stored_phase
-        started = time.monotonic()
         has_set = super().sync()
-        if written is not None:  # a write: how long one takes spreads the joins (see wait_for_change)
-            self._write_seconds += (time.monotonic() - started - self._write_seconds) / 4
         if has_set and written is not None:
             # The write replaced exactly the state read (compare-and-set): it crossed phases read+1 .. written.
             for reached in range(read + 1, written + 1):
@@ -301,31 +334,61 @@ class WakingStateHolder(_BackendRendezvousStateHolder):
         return has_set
 
     def _sanitize(self) -> None:
-        self._stored_phase = phase(self._state)  # before torch drops dead nodes locally (not written yet)
+        state = self._state
+        self._stored_phase = phase(state)  # before torch drops dead nodes locally (not written yet)
         if self._polled_at is not None:
             self.counts.missed += self._stored_phase > self._polled_at
             self._polled_at = None
+        self._order.observe(state)
+        self._ahead, self._successor = self._order.ahead(state), self._order.successor(state)
         super()._sanitize()
 
+    def _await_turn(self) -> bool:
+        """Before a write in a restart: wait until it is this node's turn; whether it waited (the state is stale)."""
+        held = self._stored_phase
+        if not self._ordered or self._turn == held:
+            return False
+        if not self._ahead or self._waited_for == (held, self._ahead):  # first in line, or no progress in a wait
+            self._turn = held
+            return False
+        self._waited_for = (held, self._ahead)
+        self.counts.waits += 1
+        woken, ops = self._keys.wait(held, TURN_WAIT + TURN_WAIT_PER_NODE * len(self._ahead), self._inbox)
+        self.counts.wake_ops += ops
+        if woken:
+            self.counts.woken += 1
+            self._turn = held
+        return True
+
+    def _pass_turn(self) -> None:
+        """This node's writes of its turn are done: the next node still to write may write."""
+        if self._turn != self._stored_phase or self._passed == self._turn:
+            return  # no turn held in this phase (or the own write moved the phase on: nobody waits in the old one)
+        self._passed = self._turn
+        if self._successor is not None:
+            ops, size = self._keys.notify(self._turn, inbox_name(self._successor))
+            self.counts.wake_ops += ops
+            self.counts.bytes += size
+
+    def begin(self) -> None:
+        """This node's rendezvous starts: its writes of a restart take their turn."""
+        self._ordered = True
+
     def end_waits(self) -> None:
-        """This node's rendezvous is over: nothing of it may still wait."""
+        """This node's rendezvous is over: nothing of it may still wait, and its turn goes on."""
+        self._pass_turn()
+        self._ordered = False
         self.counts.wake_ops += self._keys.cancel()
 
     def wait_for_change(self, timeout: float) -> None:
         """Instead of torch's poll sleep: return when the state's next phase is notified, at most ``timeout``."""
+        self._pass_turn()  # waiting: done writing in this phase
         started = time.monotonic()
         self.counts.waits += 1
-        woken, ops = self._keys.wait(self._stored_phase + 1, timeout, self._token)
+        woken, ops = self._keys.wait(self._stored_phase + 1, timeout)
         self.counts.wake_ops += ops
         if woken:
             self.counts.woken += 1
-            if (self._stored_phase + 1) % 2 == 0:
-                # The next round opened: every node woken writes its join into the one state key, whose
-                # compare-and-set admits one writer at a time; all at once, k nodes spend up to k^2/2 refused
-                # writes. Spread over 2 x max_nodes x a write's time (at most torch's 1 s). Not enough:
-                # measured, refused writes still grow as N^2 (the leaves are not spread; docs/scale.md).
-                spread = min(timeout, 2 * self._settings.max_nodes * self._write_seconds)
-                time.sleep(random.uniform(0.0, spread))
         else:
             self._polled_at = self._stored_phase
             time.sleep(max(0.0, timeout - (time.monotonic() - started)))  # a failed wait still paces the polls
@@ -362,7 +425,7 @@ def install_wake_on_change(handler: Any, rdzv_configs: dict[str, Any]) -> bool:
     if keys is None:
         return False
     old: Any = handler._state_holder  # torch's _BackendRendezvousStateHolder (its backend is checked above)
-    holder = WakingStateHolder(old._backend, old._settings, keys, old._cache_duration)
+    holder = WakingStateHolder(old._backend, old._settings, keys, handler._this_node, old._cache_duration)
     handler._state_holder = holder
     executor: Any = handler._op_executor
     executor._state_holder = holder
@@ -392,6 +455,7 @@ def woken_on_change(handler: Any) -> Iterator[None]:
 
     before = holder.counts.copy()
     dynamic_rendezvous._delay = delay
+    holder.begin()
     try:
         yield
     finally:

@@ -253,6 +253,31 @@ def test_the_store_torch_sees(job):
     assert rounds.compare_set("cas", "a", "b") == b"b"
 
 
+def test_a_key_waited_for_is_seen_when_it_is_written_not_on_a_poll_or_etcds_catch_up_tick(job):
+    import threading
+
+    client, lease = job()
+    key = f"{job.prefix}/store/late"
+    assert client.wait_for(key, 0.2) is None  # absent throughout: None after the timeout
+    written: list[float] = []
+
+    def write_later() -> None:
+        time.sleep(0.3)
+        client.put(key, b"here", lease.id)
+        written.append(time.monotonic())
+
+    writer = threading.Thread(target=write_later)
+    writer.start()
+    # Many writes before the wait: a watch from an old revision would wait for etcd's 100 ms catch-up tick.
+    for index in range(20):
+        client.put(f"{job.prefix}/store/noise{index}", b"", lease.id)
+    assert client.wait_for(key, 10) == b"here"
+    seen = time.monotonic()
+    writer.join()
+    assert seen - written[0] < 0.08, seen - written[0]
+    assert client.wait_for(key, 0.2) == b"here"  # present already: the read after the watch finds it
+
+
 def test_the_job_keys_live_as_long_as_a_launcher_refreshes_their_lease(job, etcd_server):
     client, lease = job(lease_ttl="2")
     other_client, other_lease = job(lease_ttl="2")

@@ -5,9 +5,11 @@ the store) and etcd-v3 (the session's etcd server). Every launcher logs one line
 per rendezvous with what its waits did; the tests read those lines:
 
 * a restart whose nodes all come back (a rank crashed, a rank hung) completes on
-  wake-ups: no wait of any node timed out on a change that had happened;
+  wake-ups: no wait of any node timed out on a change that had happened, and the
+  nodes wrote torch's state in turn (about 3 writes each, next to no refused one);
 * a node that declines the wake-up (``--rdzv-conf wake_on_change=0``, as a node
-  without it would) polls as torch does, and every node still joins the restart;
+  without it would) polls as torch does and never passes a turn on: every node
+  still joins the restart, the node after it waiting at most torch's second;
 * a membership change (the hot spare replacing an excluded node) is torch's round:
   the spare waits in torch's redundancy list and takes the free place.
 """
@@ -66,6 +68,10 @@ def test_a_restart_with_every_node_back_completes_on_wake_ups_not_polls(launcher
     # All but the node completing the round waited for it (and for the round to open) and were woken.
     assert sum(counts.woken >= 1 for counts in restart) >= NODES - 1, restart
     assert all(counts.wake_ops >= 1 for counts in restart), restart  # told or woken: every node
+    # In turn (.turns): each node leaves, waits and joins (about 3N writes; a keep-alive of torch's may add one
+    # per node), and the compare-and-set refuses next to none (up to N^2/2 for N nodes writing at once).
+    assert sum(counts.writes - counts.refused_writes for counts in restart) <= 4 * NODES, restart
+    assert sum(counts.refused_writes for counts in restart) < NODES, restart
 
 
 @pytest.mark.parametrize("backend", ["c10d", "etcd-v3"])

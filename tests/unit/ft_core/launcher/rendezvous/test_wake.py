@@ -1,15 +1,28 @@
-"""ft_core.launcher.rendezvous.wake without processes: phases, the logged line, the switch and its validation."""
+"""ft_core.launcher.rendezvous.wake without processes: phases, the logged line, the switch and its validation,
+and the restart's turns on an in-memory backend (a turn that does not come is waited for once, not forever)."""
 
 from __future__ import annotations
 
+import datetime
 import logging
+import pickle
+from typing import Optional
 
 import pytest
-from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    RendezvousBackend,
+    RendezvousSettings,
+    RendezvousTimeout,
+    _NodeDesc,
+    _RendezvousState,
+)
 
+from ft_core.launcher.rendezvous.turns import inbox_name
 from ft_core.launcher.rendezvous.wake import (
     LOG_LINE,
+    TURN_WAIT,
     RendezvousCounts,
+    WakingStateHolder,
     install_wake_on_change,
     logged_rounds,
     phase,
@@ -50,3 +63,105 @@ def test_wake_on_change_0_keeps_torchs_poll_and_a_bad_value_names_the_key():
 
 def test_a_handler_that_is_not_torchs_dynamic_one_is_left_alone():
     assert install_wake_on_change(object(), {}) is False
+
+
+NODES = [_NodeDesc("host", 100 + index, 0) for index in range(4)]
+
+
+class MemoryBackend(RendezvousBackend):
+    """Torch's state in memory, written by compare-and-set on a counter (the fencing token)."""
+
+    def __init__(self, state: _RendezvousState) -> None:
+        self.value, self.token = pickle.dumps(state), 1
+
+    @property
+    def name(self) -> str:
+        return "memory"
+
+    def get_state(self) -> Optional[tuple[bytes, int]]:
+        return self.value, self.token
+
+    def set_state(self, state: bytes, token: Optional[object] = None) -> tuple[bytes, int, bool]:
+        if token != self.token:
+            return self.value, self.token, False
+        self.value, self.token = state, self.token + 1
+        return state, self.token, True
+
+    def replace(self, change) -> None:  # noqa: ANN001 - another node's write
+        state = pickle.loads(self.value)
+        change(state)
+        self.value, self.token = pickle.dumps(state), self.token + 1
+
+
+class Keys:
+    """Phase keys whose turn waits are all woken or all time out; records what was waited for and told."""
+
+    def __init__(self, woken: bool) -> None:
+        self.woken, self.waits, self.told, self.timeouts = woken, [], [], []
+        self.meanwhile: list = []  # what other nodes write during the next waits, one per wait
+
+
+    def notify(self, phase: int, inbox: Optional[str] = None) -> tuple[int, int]:
+        self.told.append((phase, inbox))
+        return 1, 0
+
+    def wait(self, phase: int, timeout: float, inbox: Optional[str] = None) -> tuple[bool, int]:
+        self.waits.append((phase, inbox))
+        self.timeouts.append(timeout)
+        if self.meanwhile:
+            self.meanwhile.pop(0)()
+        return self.woken, 1
+
+    def cancel(self) -> int:
+        return 0
+
+
+def restarting(node: _NodeDesc, woken: bool) -> tuple[WakingStateHolder, MemoryBackend, Keys]:
+    """``node``'s holder in a restart of the completed round 3 of NODES (it has read that round)."""
+    round_3 = state(3, True)
+    round_3.participants = {each: rank for rank, each in enumerate(NODES)}
+    backend, keys = MemoryBackend(round_3), Keys(woken)
+    settings = RendezvousSettings("job", 4, 4, RendezvousTimeout(), datetime.timedelta(seconds=5), 3)
+    holder = WakingStateHolder(backend, settings, keys, node)
+    holder.sync()
+    holder.begin()
+    return holder, backend, keys
+
+
+def leave(holder: WakingStateHolder, node: _NodeDesc) -> Optional[bool]:
+    """Torch's leave (REMOVE_FROM_PARTICIPANTS) computed on the state held, then the sync that writes it."""
+    del holder.state.participants[node]
+    holder.mark_dirty()
+    return holder.sync()
+
+
+def test_a_restarts_write_waits_for_its_turn_then_writes_on_the_state_read_after_it():
+    holder, backend, keys = restarting(NODES[2], woken=True)
+    assert leave(holder, NODES[2]) is False  # waited for its turn: the state is read again, nothing written
+    assert keys.waits == [(7, inbox_name(NODES[2]))] and backend.token == 1
+    assert leave(holder, NODES[2]) is True  # its turn: written, not refused
+    assert NODES[2] not in pickle.loads(backend.value).participants and holder.counts.refused_writes == 0
+    holder.wait_for_change(0.0)  # done writing in this phase: the turn goes to the next rank still in the round
+    assert (7, inbox_name(NODES[3])) in keys.told
+
+
+def test_a_turn_that_does_not_come_is_waited_for_again_only_while_the_nodes_ahead_progress():
+    holder, backend, keys = restarting(NODES[2], woken=False)
+    keys.meanwhile.append(lambda: backend.replace(lambda state: state.participants.pop(NODES[0])))
+    assert leave(holder, NODES[2]) is False  # the turn did not come, but rank 0 left meanwhile: progress
+    assert leave(holder, NODES[2]) is False  # so it waits once more (for rank 1)
+    assert leave(holder, NODES[2]) is True  # no progress in a whole wait (rank 1 lost, say): it writes
+    assert len(keys.waits) == 2 and holder.counts.refused_writes == 0
+    # The further back in line, the longer it waits: behind a node that never comes, the next one goes first.
+    assert keys.timeouts[0] > keys.timeouts[1] > TURN_WAIT
+    assert NODES[2] not in pickle.loads(backend.value).participants
+
+
+def test_writes_outside_a_rendezvous_and_of_the_first_in_line_never_wait():
+    holder, backend, keys = restarting(NODES[0], woken=True)
+    assert leave(holder, NODES[0]) is True and keys.waits == []  # rank 0: first in line
+    holder, backend, keys = restarting(NODES[3], woken=True)
+    holder.end_waits()  # the rendezvous is over: torch's keep-alive thread writes as it did
+    holder.state.last_heartbeats[NODES[3]] = datetime.datetime.now(datetime.timezone.utc)
+    holder.mark_dirty()
+    assert holder.sync() is True and keys.waits == []
