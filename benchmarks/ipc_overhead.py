@@ -140,7 +140,7 @@ def main() -> None:
         # initialize_megatron() sets the args after ft_integration.setup() connected the client.
         megatron_vars._GLOBAL_ARGS = types.SimpleNamespace(curr_iteration=100)  # type: ignore[attr-defined]
         try:
-            raw_frame = client._hb_frame
+            raw_frame = bytes(client._hb_frames.frame(100))  # the heartbeat the calls send (iteration 100)
             session = client._session
             assert session is not None
             raw_sock = session.sock

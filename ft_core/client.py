@@ -19,7 +19,7 @@ holds back is queued (heartbeats coalesced) and flushed in order by a small
 background thread: :class:`~ft_core.client_backlog.SendBacklog`.
 
 The per-call paths (``send_heartbeat``, ``start_section``, ``end_section``) are kept at about one
-``send`` syscall: frames are encoded once and re-encoded only when the reported iteration changes,
+``send`` syscall: frames are encoded once, a new iteration is patched into them (an IterationFrame),
 the socket's ``send`` is bound once, the Megatron iteration source is resolved once (at init, or at
 the first call after Megatron-LM set its args), timeout learning sees a heartbeat only when its gap
 is a new largest one, and nothing is allocated when the socket takes the whole frame.
@@ -32,7 +32,7 @@ import logging
 import numbers
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Optional
 
@@ -67,9 +67,11 @@ from ft_core.megatron_args import (
 )
 from ft_core.protocol import (
     EndAllSections,
+    Frame,
     FrameDecoder,
     Goodbye,
     Heartbeat,
+    IterationFrame,
     Message,
     PhaseTime,
     ProtocolError,
@@ -154,10 +156,9 @@ class RankMonitorClient:
         #: Megatron's global args, read for the iteration when set_iteration() was never called; a
         #: PendingMegatronArgs until Megatron-LM sets them; None without Megatron-LM (the hot paths' check).
         self._megatron_args: Any = None
-        self._hb_frame = encode(Heartbeat())
-        self._hb_frame_iteration: Optional[int] = None
+        self._hb_frames = IterationFrame(Heartbeat())
         self._end_frames: dict[str, bytes] = {}
-        self._start_frames: dict[str, tuple[Optional[int], bytes]] = {}
+        self._start_frames: dict[str, IterationFrame] = {}
         self._stack_dump = StackDump()
 
     @property
@@ -275,7 +276,7 @@ class RankMonitorClient:
             self._learn_heartbeat_gap(session.calc, now)  # the first heartbeats, then only a new largest gap
         self._hb_last = now
         iteration = self._iteration if self._megatron_args is None else self._current_iteration()
-        frame = self._hb_frame if iteration == self._hb_frame_iteration else self._heartbeat_frame(iteration)
+        frame = self._hb_frames.frame(iteration)  # patched in place: the backlog copies what must wait
         backlog = self._backlog
         if backlog.congested:  # something is held back, or the monitor is lost
             backlog.hold_back(frame, heartbeat=True)
@@ -295,9 +296,8 @@ class RankMonitorClient:
     def start_section(self, section: str) -> None:
         """Open ``section``; sections may nest and overlap, but not be opened twice.
 
-        As in NVRx, a section not named in ``rank_section_timeouts`` is ignored
-        (no message, no check): instrumented code runs unchanged under any config.
-        """
+        As in NVRx, a section not named in ``rank_section_timeouts`` is ignored (no message, no check):
+        instrumented code runs unchanged under any config."""
         session = self._session
         if session is None:
             raise RankMonitorClientError("start_section() needs init_workload_monitoring() first")
@@ -308,10 +308,9 @@ class RankMonitorClient:
         self._open.add(section)
         iteration = self._iteration if self._megatron_args is None else self._current_iteration()
         session.calc.update_on_section_start(section, _monotonic(), iteration)
-        cached = self._start_frames.get(section)
-        if cached is None or cached[0] != iteration:
-            cached = self._start_frames[section] = (iteration, encode(SectionStart(section, iteration)))
-        self._send_state(cached[1])
+        if section not in self._start_frames:
+            self._start_frames[section] = IterationFrame(SectionStart(section))
+        self._send_state(self._start_frames[section].frame(iteration))
 
     def _tracked_sections(self) -> frozenset[str]:
         """The configured sections, and ``compile`` when ``compile_timeout`` times it."""
@@ -368,12 +367,19 @@ class RankMonitorClient:
 
     def record_phase(self, phase: str, seconds: float) -> None:
         """Report that ``phase`` took ``seconds`` (what :meth:`timed` sends; for phases timed elsewhere)."""
+        self.record_phases(((phase, seconds),))
+
+    def record_phases(self, samples: Iterable[tuple[str, float]]) -> None:
+        """Report ``(phase, seconds)`` samples in one ``send`` (a message each); a bad one raises, none is sent."""
         self._require_init("record_phase")
-        problem = check_phase_sample(phase, seconds)
-        if problem is not None:
-            raise RankMonitorClientError(f"record_phase: {problem}")
-        if self.cfg is not None and self.cfg.straggler_report_interval is not None:
-            self._send_oneway(encode(PhaseTime(phase, float(seconds))))
+        frames = []
+        for phase, seconds in samples:
+            problem = check_phase_sample(phase, seconds)
+            if problem is not None:
+                raise RankMonitorClientError(f"record_phase: {problem}")
+            frames.append(encode(PhaseTime(phase, float(seconds))))
+        if frames and self.cfg is not None and self.cfg.straggler_report_interval is not None:
+            self._send_oneway(b"".join(frames))
 
     def set_iteration(self, iteration: Optional[int]) -> None:
         """The training iteration reported with later heartbeats and sections."""
@@ -552,13 +558,7 @@ class RankMonitorClient:
         calc.update_on_heartbeat(now)
         self._hb_max_gap = -1.0 if calc.max_hb_interval is None else calc.max_hb_interval
 
-    def _heartbeat_frame(self, iteration: Optional[int]) -> bytes:
-        """The heartbeat frame for ``iteration``, encoded again only when the iteration changed."""
-        self._hb_frame = encode(Heartbeat(iteration))
-        self._hb_frame_iteration = iteration
-        return self._hb_frame
-
-    def _send_oneway(self, frame: bytes) -> None:
+    def _send_oneway(self, frame: Frame) -> None:
         """Send a section or checkpoint frame without blocking; what the socket cannot take is held back.
 
         ``send_heartbeat`` has its own inlined copy of this, which coalesces a heartbeat not sent at all.
@@ -577,14 +577,14 @@ class RankMonitorClient:
         if sent != len(frame):
             backlog.hold_back(frame[sent:], heartbeat=False)  # a frame begun must be completed
 
-    def _send_state(self, frame: bytes) -> None:
+    def _send_state(self, frame: Frame) -> None:
         """Section/checkpoint events: never dropped; a round trip if the config asks for replies."""
         if self._section_replies and not self._backlog.lost:
             self._round_trip_raw(frame)
         else:
             self._send_oneway(frame)
 
-    def _round_trip_raw(self, frame: bytes) -> Message:
+    def _round_trip_raw(self, frame: Frame) -> Message:
         session = self._session
         assert session is not None, "every caller checked the client is initialised"
         return round_trip(session.sock, self._backlog, self._decoder, frame)

@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Optional
 
+from ft_core.protocol import Frame
+
 __all__ = ["SendBacklog"]
 
 log = logging.getLogger("ft_core.client")
@@ -75,13 +77,13 @@ class SendBacklog:
             self._pending_hb = None
             self.congested = self.lost = self._closing = False
 
-    def hold_back(self, frame: bytes, heartbeat: bool) -> None:
-        """The slow path: queue ``frame`` (or make it the pending heartbeat) and have it flushed."""
+    def hold_back(self, frame: Frame, heartbeat: bool) -> None:
+        """The slow path: queue a copy of ``frame`` (or make it the pending heartbeat) and have it flushed."""
         with self._lock:
             if self.lost:
                 return
             if heartbeat:
-                self._pending_hb = frame  # the latest heartbeat replaces an older pending one
+                self._pending_hb = bytes(frame)  # the latest heartbeat replaces an older pending one
                 self.coalesced += 1
             else:
                 self._unsent += frame

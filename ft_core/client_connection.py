@@ -32,6 +32,7 @@ from ft_core.jobdir import (
 )
 from ft_core.protocol import (
     Ack,
+    Frame,
     FrameDecoder,
     Hello,
     HelloAck,
@@ -63,7 +64,7 @@ class Session:
 
     sock: socket.socket
     #: ``sock.send`` bound once: the hot paths make no attribute lookup on the socket per call.
-    send: Callable[[bytes], int]
+    send: Callable[[Frame], int]
     #: Learns the timeouts from this connection's heartbeats and sections.
     calc: TimeoutsCalc
 
@@ -121,7 +122,7 @@ def connect(socket_path: str, decoder: FrameDecoder, *, token: str, rank: int, t
     return sock, reply
 
 
-def round_trip(sock: socket.socket, backlog: SendBacklog, decoder: FrameDecoder, frame: bytes) -> Message:
+def round_trip(sock: socket.socket, backlog: SendBacklog, decoder: FrameDecoder, frame: Frame) -> Message:
     """Send ``frame`` after what ``backlog`` holds back and wait for the monitor's answer (blocking, bounded)."""
     with backlog.exclusive():  # the flusher thread must not write while the socket blocks
         try:

@@ -33,11 +33,13 @@ __all__ = [
     "Ack",
     "DEFAULT_MAX_FRAME_BYTES",
     "EndAllSections",
+    "Frame",
     "FrameDecoder",
     "Goodbye",
     "Heartbeat",
     "Hello",
     "HelloAck",
+    "IterationFrame",
     "MAX_FRAME_BYTES_LIMIT",
     "MAX_HELLO_FRAME_BYTES",
     "MAX_EXCEPTION_FRAMES",
@@ -200,6 +202,46 @@ def encode(msg: Message) -> bytes:
     """Encode one message as a complete frame (header + payload)."""
     payload = _encoder.encode(msg)
     return _HEADER.pack(len(payload)) + payload
+
+
+#: A frame as a client sends it: bytes, or the bytearray of an :class:`IterationFrame`.
+Frame = Union[bytes, bytearray]
+
+#: An iteration an :class:`IterationFrame` patches in: msgpack's uint64 (``0xcf`` and 8 bytes, big-endian).
+_UINT64 = struct.Struct(">Q")
+_UINT64_MAX = 2 ** (8 * _UINT64.size) - 1
+
+
+class IterationFrame:
+    """The frame of a message whose last field is ``iteration`` (:class:`Heartbeat`, :class:`SectionStart`),
+    patched in place for each iteration instead of encoded again.
+
+    The rank's hot paths send one with a new iteration at every step. Encoding it (a Struct, msgspec's
+    encoder, the header, a concatenation) costs several times what writing eight bytes into a ready frame
+    does, most of all with the code cold again after a step's compute (measured: about 18 us against 4 us
+    after a 20 ms sleep). The iteration is written as msgpack's uint64, valid msgpack that decodes to the
+    same integer as its shortest form: the monitor reads what :func:`encode` would have sent. None and
+    values that are not an ``int`` in 0 .. 2**64-1 are encoded as :func:`encode` does.
+
+    :meth:`frame` returns the same bytearray for every iteration: send it at once, copy what must wait.
+    """
+
+    def __init__(self, message: Union[Heartbeat, SectionStart]) -> None:
+        self._message = message
+        self._without = encode(msgspec.structs.replace(message, iteration=None))
+        self._frame = bytearray(encode(msgspec.structs.replace(message, iteration=_UINT64_MAX)))
+        self._offset = len(self._frame) - _UINT64.size  # the last field's value ends the frame
+        self._iteration = _UINT64_MAX  # the iteration the frame holds
+
+    def frame(self, iteration: Optional[int]) -> Frame:
+        """The frame of the message with ``iteration``; a bytearray valid until the next call."""
+        if iteration.__class__ is not int or not 0 <= iteration <= _UINT64_MAX:
+            return self._without if iteration is None else encode(
+                msgspec.structs.replace(self._message, iteration=iteration))
+        if iteration != self._iteration:
+            _UINT64.pack_into(self._frame, self._offset, iteration)
+            self._iteration = iteration
+        return self._frame
 
 
 def check_max_frame_bytes(value: int, name: str = "max_frame_bytes") -> int:

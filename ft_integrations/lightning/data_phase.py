@@ -66,8 +66,8 @@ class StragglerPhases:
 
     Nothing at all while straggler detection is off (``straggler_report_interval`` none). Samples are sent in
     batches, at most :data:`BATCH_SAMPLES` of them and at most a quarter of the report interval (1 s at most)
-    after the first one: a step only appends, and the sends run warm one after the other (the first send after a
-    step's compute, its code cold again, costs tens of microseconds).
+    after the first one, all in one ``send``: a step only appends (the first send after a step's compute, its code
+    cold again, costs tens of microseconds).
     """
 
     def __init__(self) -> None:
@@ -120,9 +120,8 @@ class StragglerPhases:
             self.flush(client)
 
     def flush(self, client: RankMonitorClient) -> None:
-        """Send the samples held (one-way messages: never blocks)."""
-        for phase, seconds in self._samples:
-            client.record_phase(phase, seconds)
+        """Send the samples held: one message each, all in one ``send`` (one-way: never blocks)."""
+        client.record_phases(self._samples)
         self._samples.clear()
 
     def teardown(self, trainer: pl.Trainer, client: RankMonitorClient) -> None:

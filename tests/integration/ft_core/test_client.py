@@ -102,6 +102,22 @@ def test_a_hang_out_of_section_past_the_launch_value_after_learning_is_still_cau
     assert (hang["reason"], hang["timeout"], hang["iteration"]) == ("out_of_section", 1.5, 19)
 
 
+def test_patched_heartbeat_frames_keep_a_slow_rank_alive_and_name_the_iteration_of_a_hang(start_monitor, client):
+    # Heartbeats carry their iteration patched into one frame (IterationFrame): a rank slower than half its
+    # timeout lives, and the hang that follows is caught at the timeout, naming the last iteration sent.
+    monitor = start_monitor(attach=True, rank_heartbeat_timeout=2.0, **LAUNCH)
+    client.init_workload_monitoring()
+    for iteration in (0, 1, 300, 70000, 2**40):  # frames of every msgpack integer width, each 1 s apart
+        client.set_iteration(iteration)
+        client.send_heartbeat()
+        last = time.time()
+        time.sleep(1.0)
+    assert not [e for e in read_events(monitor.events_path)[0] if e["event"] == "hang_detected"]
+    hang = wait_for_event(monitor.events_path, 30, event="hang_detected")
+    assert (hang["reason"], hang["timeout"], hang["iteration"]) == ("heartbeat", 2.0, 2**40)
+    assert 1.9 < hang["deadline_time"] - last < 2.5  # the deadline counts from the last heartbeat sent
+
+
 def test_a_fresh_start_keeps_the_initial_heartbeat_timeout(start_monitor, client):
     monitor = start_monitor(attach=True, **LAUNCH)
     client.init_workload_monitoring()
@@ -243,3 +259,25 @@ def test_heartbeats_learn_the_same_gaps_as_timeouts_calc(start_monitor, monkeypa
         assert (client.hb_timeouts.initial, client.hb_timeouts.subsequent) == (8.0, 14.0)
     finally:
         client.shutdown_workload_monitoring()
+
+
+def test_phase_samples_go_out_in_one_send_and_the_monitor_reads_each_one(start_monitor, monkeypatch):
+    import dataclasses
+
+    monitor = start_monitor(attach=True, straggler_report_interval=0.2, **LAUNCH)
+    client = RankMonitorClient()
+    client.init_workload_monitoring()
+    sends: list[int] = []
+    session = client._session
+    client._session = dataclasses.replace(session, send=lambda frame: sends.append(len(frame)) or session.send(frame))
+    try:
+        client.record_phases([("data", 0.01), ("forward", 0.02), ("forward", 0.04)])
+        assert len(sends) == 1
+        with pytest.raises(RankMonitorClientError, match="record_phase"):  # checked first: nothing of it is sent
+            client.record_phases([("data", 0.01), ("data", -1.0)])
+        assert len(sends) == 1
+        medians = wait_for(lambda: [m for e in read_events(monitor.events_path)[0] if e["event"] == "phase_medians"
+                                    for m in e["medians"]], 10, "the round's medians")
+    finally:
+        client.shutdown_workload_monitoring()
+    assert {(m["phase"], round(m["median"], 6)) for m in medians} == {("data", 0.01), ("forward", 0.03)}

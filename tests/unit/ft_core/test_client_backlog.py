@@ -52,6 +52,24 @@ def test_held_back_frames_are_flushed_in_order_and_heartbeats_coalesced():
         reader.close()
 
 
+def test_what_is_held_back_is_a_copy_of_a_frame_patched_later():
+    # The client's heartbeat and section-start frames are one bytearray each, patched for the next iteration
+    # (IterationFrame): what waits must be the frame as it was when it was held back.
+    writer, reader, taken = _full_pair()
+    backlog = SendBacklog()
+    backlog.start(writer, "rank 0")
+    start, heartbeat = bytearray(b"<start 1>"), bytearray(b"<hb 1>")
+    try:
+        backlog.hold_back(start, heartbeat=False)
+        backlog.hold_back(heartbeat, heartbeat=True)
+        start[-2:-1], heartbeat[-2:-1] = b"2", b"2"
+        assert _read(reader, len(taken) + len(b"<start 1><hb 1>")) == taken + b"<start 1><hb 1>"
+    finally:
+        backlog.stop()
+        writer.close()
+        reader.close()
+
+
 def test_a_round_trip_takes_what_is_held_back_first():
     writer, reader, _taken = _full_pair()
     backlog = SendBacklog()

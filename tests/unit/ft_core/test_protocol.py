@@ -16,6 +16,7 @@ from ft_core.protocol import (
     Goodbye,
     Heartbeat,
     Hello,
+    IterationFrame,
     ProtocolError,
     Role,
     SectionStart,
@@ -94,6 +95,19 @@ def test_a_plain_goodbye_is_the_frame_it_always_was_and_a_finished_one_says_so()
     assert encode(Goodbye())[4:] == msgspec.msgpack.encode({"type": "bye"})
     (decoded,) = FrameDecoder().feed(encode(Goodbye(training_finished=True)))
     assert decoded == Goodbye(training_finished=True)
+
+
+@pytest.mark.parametrize("message", [Heartbeat(), SectionStart(name="step"), SectionStart(name="\xcf\xff" * 9)])
+def test_an_iteration_frame_decodes_as_the_encoded_message_for_every_iteration(message):
+    # The hot paths patch the iteration into one frame instead of encoding a new one: the monitor must read
+    # exactly what encode() would have sent, whatever the iteration (a name holding the marker bytes too).
+    frames = IterationFrame(message)
+    for iteration in (None, 0, 1, 127, 128, 255, 65535, 2**32, 2**64 - 1, -1, -(2**63), 7, None):
+        expected = msgspec.structs.replace(message, iteration=iteration)
+        frame = bytes(frames.frame(iteration))
+        assert FrameDecoder().feed(frame) == [expected], iteration
+    assert isinstance(frames.frame(3), bytearray)  # patched in place, not encoded again
+    assert frames.frame(3) is frames.frame(4)
 
 
 def _fill_accept_queue(path: str, queued: list) -> None:
