@@ -33,7 +33,8 @@ def fingerprint(seen: CycleObservations, trigger: RestartKind, node: str,
     before the reporting rank did: then the exception is a reaction (its collective lost a
     peer) and the silent death is the fault (see :func:`is_reaction`). In a hang's cycle the
     hang is the fault: an exception reported then is a waiter's reaction to the hung rank's
-    kill, which must not be blamed.
+    kill, which must not be blamed; and a node whose every suspect waits in a collective names
+    no culprit and no node (the hung rank is elsewhere), only the iteration.
     """
     nodes = (node,)
     silent = silent_failures(seen)
@@ -57,6 +58,10 @@ def fingerprint(seen: CycleObservations, trigger: RestartKind, node: str,
         verdict = diagnose(evidence)
         suspects = [] if verdict is None else verdict.culprits
         iterations = [e.iteration for e in suspects if e.iteration is not None]
+        if suspects and all(e.in_collective is True for e in suspects):
+            # Every rank here waits in a collective: the rank they wait for is on another node. Blaming a
+            # waiter would count the hang against this node (the bad-node rule excluded a healthy one).
+            suspects = []
         # Where the first suspect was stuck (its stack dump): the same hang again is the same place.
         hangs = sorted((h for h in seen.hangs.values() if h.rank in {e.rank for e in suspects}),
                        key=lambda h: h.detected_time)

@@ -20,7 +20,7 @@ from ft_core.events import (
     ResumeChosen,
     ResumeSource,
 )
-from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultClass
+from ft_core.fault_policy import NONFINITE_LOSS_ERROR, FaultAction, FaultClass, Fingerprint, decide_fault
 from ft_core.launcher.cycle_observations import CycleObservations
 from ft_core.launcher.fault_fingerprint import fingerprint as fingerprint_of
 from ft_core.launcher.fault_fingerprint import fingerprint_record
@@ -171,7 +171,8 @@ def test_when_only_a_waiter_has_hung_yet_the_live_ranks_stacks_name_the_rank_it_
     seen.hangs = {100: HangDetected(rank=2, pid=100, reason=HangReason.SECTION, section="step", elapsed=3.0,
                                       timeout=3.0, iteration=3, open_sections=["step"], deadline_time=5.0,
                                       detected_time=5.0, stack_dump_file="/tmp/w", stack=waiting)}
-    assert seen.fingerprint(RestartKind.HANG, []).culprits == (2,)  # before the live ranks' evidence is taken
+    before = seen.fingerprint(RestartKind.HANG, [])  # before the live ranks' evidence is taken: only a waiter
+    assert before is not None and (before.culprits, before.nodes, before.iteration) == ((), (), 3)
     seen.evidence = [evidence_of_hang(seen.hangs[100], NODE),
                      RankEvidence(rank=3, pid=101, node=NODE, iteration=3, section="step", last_activity=2.5,
                                   stalled_for=2.6, in_collective=False)]
@@ -179,6 +180,28 @@ def test_when_only_a_waiter_has_hung_yet_the_live_ranks_stacks_name_the_rank_it_
     assert fingerprint is not None and (fingerprint.culprits, fingerprint.nodes, fingerprint.iteration) == (
         (3,), (NODE,), 3)
     assert fingerprint.frames == ()  # the live rank has no hang record: no stack of its own to fingerprint
+
+
+def test_a_node_whose_ranks_only_wait_in_a_collective_names_no_culprit_and_is_never_made_a_suspect():
+    # Seen in benchmarks/goodput.py: a node of one rank, waiting in the all-reduce for a hung rank on another
+    # node, fingerprinted its own waiter; with a crash of its own before, three "different faults in a row on
+    # this node" excluded it, while the job-wide diagnosis named the other node's rank.
+    waiting = STACK.replace(f"{threading.__file__}\", line 320 in wait", "/x/torch/distributed/c10d.py\", line 9 in all_reduce")
+    history = [Fingerprint(FaultClass.EXCEPTION, culprits=(2,), nodes=(NODE,), exception_type="RuntimeError",
+                           frames=("train.py:7 step",), iteration=10)]
+    for cycle in (1, 2):
+        seen = Seen()
+        seen.cycle = cycle
+        seen.hangs = {100: HangDetected(rank=2, pid=100, reason=HangReason.HEARTBEAT, section=None, elapsed=1.0,
+                                          timeout=1.0, iteration=20 * cycle, open_sections=[], deadline_time=5.0,
+                                          detected_time=5.0, stack_dump_file="/tmp/w", stack=waiting)}
+        seen.evidence = [evidence_of_hang(seen.hangs[100], NODE)]
+        fingerprint = seen.fingerprint(RestartKind.HANG, [])
+        assert fingerprint is not None
+        assert (fingerprint.kind, fingerprint.culprits, fingerprint.nodes) == (FaultClass.HANG, (), ())
+        history.append(fingerprint)
+    verdict = decide_fault(history, spare_waiting=True)
+    assert verdict.action is FaultAction.RESTART and verdict.node is None, verdict
 
 
 def crash_cycle(gone_at: dict[int, float], reported_at: float, failed: tuple[int, ...] = (100, 101)) -> FaultFingerprint:
