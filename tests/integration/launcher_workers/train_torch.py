@@ -4,7 +4,7 @@ Every rank trains a linear model on seeded synthetic data, all-reduces the gradi
 checkpoint (rank 0) every ``--every`` steps and, in cycle 0, rank 1 exits with code 3 at
 ``--crash-step``. A restarted cycle resumes from the last checkpoint. Each rank writes
 ``<out>/train_r<RANK>_c<cycle>.json`` with the step it started from, its losses, the final step and
-the final parameters.
+the final parameters. Rank 0 then marks training finished (``FAULT_TOL_FINISHED_FLAG_FILE``, when set).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import os
 
 import torch
 import torch.distributed as dist
+
+from ft_core.autoresume import mark_training_finished
 
 
 def main() -> None:
@@ -61,6 +63,12 @@ def main() -> None:
     report.update(end_step=args.steps, params=[p.detach().flatten().tolist() for p in model.parameters()])
     with open(os.path.join(args.out, f"train_r{rank}_c{cycle}.json"), "w", encoding="utf-8") as handle:
         json.dump(report, handle)
+    dist.barrier()
+    if rank == 0:
+        # Training is complete: a rank that gloo aborts at interpreter exit ("terminate called without an
+        # active exception", seen under load) is then not a fault to restart (see docs/launcher.md).
+        mark_training_finished()
+    dist.barrier()  # the flag exists before any rank ends its process group
     dist.destroy_process_group()
 
 

@@ -110,10 +110,10 @@ def _train(launchers: LauncherGroup, tmp_path, mode: str) -> dict:
     out = tmp_path / f"train_{mode}"
     out.mkdir()
     node = launchers.start(f"--ft-prewarm={mode}", "--max-restarts=2", name=f"train_{mode}",
-                           script=(TRAIN, f"--out={out}"))
+                           script=(TRAIN, f"--out={out}"), FAULT_TOL_FINISHED_FLAG_FILE=str(out / "finished"))
     assert node.wait(300) == 0, node.output()[-4000:]
-    assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1], (node.events("restart"),
-                                                                        node.output()[-6000:])
+    restarts = "; ".join(f"cycle {r['cycle']}: {r['reason']}" for r in node.events("restart"))
+    assert [e["cycle"] for e in node.events("cycle_start")] == [0, 1], f"restarts: {restarts}\n{node.output()[-6000:]}"
     assert UNAVAILABLE_WARNING not in node.output()
     return {path.name: json.loads(path.read_text()) for path in out.glob("train_r*_c1.json")}
 
