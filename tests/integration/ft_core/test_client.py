@@ -105,8 +105,10 @@ def test_a_hang_out_of_section_past_the_launch_value_after_learning_is_still_cau
 def test_patched_heartbeat_frames_keep_a_slow_rank_alive_and_name_the_iteration_of_a_hang(start_monitor, client):
     # Heartbeats carry their iteration patched into one frame (IterationFrame): a rank that sends one every
     # second lives, and the hang that follows is caught at the timeout, naming the last iteration sent. The
-    # timeout leaves a loaded CI machine 4 s of scheduling delay per heartbeat (CI failed the 2 s version once).
-    monitor = start_monitor(attach=True, rank_heartbeat_timeout=5.0, **LAUNCH)
+    # timeout leaves a loaded machine 4 s of scheduling delay per heartbeat. The rank here is this test's
+    # process, whose polling of the events file is storage I/O to the monitor (reads move a file's offset):
+    # in CI it extended the deadline to its cap. The extension is not what this test is about: off.
+    monitor = start_monitor(attach=True, rank_heartbeat_timeout=5.0, io_progress_cap=None, **LAUNCH)
     client.init_workload_monitoring()
     for iteration in (0, 1, 300, 70000, 2**40):  # frames of every msgpack integer width, each 1 s apart
         client.set_iteration(iteration)
@@ -116,8 +118,7 @@ def test_patched_heartbeat_frames_keep_a_slow_rank_alive_and_name_the_iteration_
     assert not [e for e in read_events(monitor.events_path)[0] if e["event"] == "hang_detected"]
     hang = wait_for_event(monitor.events_path, 30, event="hang_detected")
     assert (hang["reason"], hang["timeout"], hang["iteration"]) == ("heartbeat", 5.0, 2**40)
-    # The deadline counts from the last heartbeat sent (from the one before, it would be 1 s earlier); the
-    # monitor may read it late on a loaded machine.
+    # The deadline counts from the last heartbeat sent (from the one before, it would be 1 s earlier).
     assert 4.9 < hang["deadline_time"] - last < 5.9
 
 
