@@ -266,23 +266,37 @@ def serve(channel: FactoryChannel, launcher_pid: int, path0: str, modules: Seque
     """
     sys.path[0] = path0  # what the worker's sys.path[0] will be: imports resolve as in the worker
     started = time.perf_counter()
-    # As the gc.freeze() docs advise for a process that forks: no collection from here to the freeze.
-    # Its passes over torch's objects would take a tenth of a second and free holes in pages that the
-    # workers' allocations would then fill, copying those pages.
-    gc.disable()
     try:
-        for name in filter(None, modules):
-            importlib.import_module(name)
-        _check_forkable()
+        _import_for_fork(modules)
     except BaseException as exc:  # noqa: BLE001 - whatever happened, the launcher must hear why
         channel.send(Failed(f"{type(exc).__name__}: {exc}"))
         os._exit(1)
-    # Objects that exist now are shared with every worker: keep the workers' garbage collector
-    # from writing into them (which would copy their pages).
-    gc.freeze()
-    gc.enable()  # as in a new interpreter: the workers are forked from here
     channel.send(Ready(os.getpid(), time.perf_counter() - started))
     return _answer_requests(channel, launcher_pid)
+
+
+def _import_for_fork(names: Sequence[str], *, skip_failed: bool = False) -> None:
+    """Import ``names``, check that this process may still fork, and freeze its objects for the workers.
+
+    As the gc.freeze() docs advise for a process that forks: no collection from the first import to
+    the freeze. Its passes over torch's objects would take a tenth of a second and free holes in pages
+    that the workers' allocations would then fill, copying those pages. The objects that exist then
+    are shared with every worker: frozen, the workers' collector does not write into them (which would
+    copy their pages). Raises what an import raised (``skip_failed``: a module that fails is left out)
+    or :class:`FactoryError` when forking is no longer safe.
+    """
+    gc.disable()
+    try:
+        for name in filter(None, names):
+            try:
+                importlib.import_module(name)
+            except Exception:
+                if not skip_failed:
+                    raise
+        _check_forkable()
+    finally:
+        gc.freeze()
+        gc.enable()  # as in a new interpreter: the workers are forked from here
 
 
 def bootstrap_command(interpreter: str, invocation: PythonInvocation, channel_fd: int, path0: str,
@@ -332,19 +346,10 @@ def _restart_prewarmed() -> Union[Ready, Failed]:
     wanted = [name for name in RESTART_PREWARMED if "torch" in sys.modules and name not in sys.modules]
     if not wanted:
         return Ready(os.getpid(), 0.0)
-    gc.disable()  # as for the first imports (see serve)
     try:
-        for name in wanted:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001, S112 - e.g. a Python torch's compiler does not support yet
-                continue
-        _check_forkable()
+        _import_for_fork(wanted, skip_failed=True)  # e.g. a Python the torch's compiler does not support yet
     except FactoryError as exc:
         return Failed(str(exc))
-    finally:
-        gc.freeze()
-        gc.enable()
     return Ready(os.getpid(), time.perf_counter() - started)
 
 
