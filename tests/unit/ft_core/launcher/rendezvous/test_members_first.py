@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 from types import SimpleNamespace
 
+import pytest
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     RendezvousSettings,
     RendezvousTimeout,
@@ -22,8 +23,10 @@ from ft_core.launcher.rendezvous.members_first import (
     MEMBERS_FIRST_GRACE,
     LastRound,
     MembersFirst,
+    install_members_first,
     newcomer_waits,
 )
+from ft_core.utils.validation import ValidationError
 
 A, B, C, X = (_NodeDesc("127.0.0.1", pid, 0) for pid in (1, 2, 3, 4))
 NOW = datetime.datetime(2026, 11, 28, 12, 0, tzinfo=datetime.timezone.utc)
@@ -121,3 +124,15 @@ def test_the_wrapped_join_turns_a_premature_join_into_a_wait_and_counts_it():
     # A member's join goes through.
     assert rule.join(lambda ctx, deadline: _Action.ADD_TO_PARTICIPANTS,
                      SimpleNamespace(node=A, state=opened, settings=settings), 0.0) == _Action.ADD_TO_PARTICIPANTS
+
+
+def test_the_conf_key_turns_the_rule_off_and_a_bad_value_is_one_error_naming_it():
+    def run(handler, deadline, update_deadline=None) -> None:
+        return None
+
+    executor = SimpleNamespace(run=run)
+    handler = SimpleNamespace(_op_executor=executor)  # not a DynamicRendezvousHandler: never wrapped
+    assert install_members_first(handler, {"members_first": "0"}) is None
+    assert install_members_first(handler, {}) is None and executor.run is run
+    with pytest.raises(ValidationError, match=r"--rdzv-conf members_first: invalid value 'maybe'; allowed: true or"):
+        install_members_first(handler, {"members_first": "maybe"})
