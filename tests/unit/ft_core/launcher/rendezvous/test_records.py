@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import inspect
-import uuid
 
 import pytest
-from helpers import free_port
-from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as torch_rdzv
 
 from ft_core.launcher.rendezvous.records import method_name, use_cheap_method_names
@@ -33,25 +30,20 @@ def test_method_name_is_the_name_inspect_finds():
     assert method_name(10_000) == "no_method_name"
 
 
-def one_rendezvous_record_names(monkeypatch) -> list[str]:
+def one_rendezvous_record_names(monkeypatch, one_rendezvous) -> list[str]:
     """Run a real one-node c10d rendezvous and return the names of the events torch recorded."""
     names: list[str] = []
     monkeypatch.setattr(torch_rdzv, "construct_and_record_rdzv_event",
                         lambda **event: names.append(event["name"]))
-    handler = registry.get_rendezvous_handler(RendezvousParameters(
-        backend="c10d", endpoint=f"127.0.0.1:{free_port()}", run_id=uuid.uuid4().hex, min_nodes=1, max_nodes=1))
-    try:
-        assert handler.next_rendezvous().world_size == 1
-    finally:
-        handler.shutdown()
+    one_rendezvous()
     return names
 
 
 @pytest.mark.timeout(60)
-def test_a_real_rendezvous_records_the_same_names(monkeypatch):
+def test_a_real_rendezvous_records_the_same_names(monkeypatch, one_rendezvous):
     monkeypatch.setattr(torch_rdzv, "get_method_name", torch_rdzv.get_method_name)  # restored after the test
-    with_inspect = one_rendezvous_record_names(monkeypatch)
+    with_inspect = one_rendezvous_record_names(monkeypatch, one_rendezvous)
     use_cheap_method_names()
     assert torch_rdzv.get_method_name is method_name
-    assert one_rendezvous_record_names(monkeypatch) == with_inspect
+    assert one_rendezvous_record_names(monkeypatch, one_rendezvous) == with_inspect
     assert "DynamicRendezvousHandler.next_rendezvous" in with_inspect

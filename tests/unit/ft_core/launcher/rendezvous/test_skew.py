@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-from helpers import free_port
-from torch.distributed.elastic.rendezvous import RendezvousParameters, registry
 from torch.distributed.elastic.rendezvous import dynamic_rendezvous as torch_rdzv
 
 from ft_core.launcher.rendezvous.skew import join_skew_skipped
@@ -20,17 +16,8 @@ def delays(monkeypatch):
     return calls
 
 
-def one_rendezvous() -> None:
-    handler = registry.get_rendezvous_handler(RendezvousParameters(
-        backend="c10d", endpoint=f"127.0.0.1:{free_port()}", run_id=uuid.uuid4().hex, min_nodes=1, max_nodes=1))
-    try:
-        assert handler.next_rendezvous().world_size == 1
-    finally:
-        handler.shutdown()
-
-
 @pytest.mark.timeout(60)
-def test_a_real_first_join_sleeps_its_skew_unless_skipped(delays):
+def test_a_real_first_join_sleeps_its_skew_unless_skipped(delays, one_rendezvous):
     spy = torch_rdzv._delay
     with join_skew_skipped(False):
         one_rendezvous()
