@@ -11,8 +11,11 @@ node count) (``tests/integration/scale_job.py``; workers use only
               (the monitor's detection)
   crash       the same rank exits with code 3 instead; from the crash
   node_loss   one launcher SIGKILLed with its worker while a hot spare waits, then a peer's rank
-              exits (as its collective fails); from the SIGKILL. Torch drops the lost node after
-              3 missed keep-alives (``keep_alive_interval`` 2 s)
+              exits (as its collective fails); from the SIGKILL. The survivors remove the lost node
+              once its liveness beat was read unchanged for ``lost_after`` (3 s, the default:
+              ``ft_core.launcher.rendezvous.liveness``); ``BACKEND+poll`` is torch's rendezvous
+              (its poll, and its keep-alive expiry: ``lost_after=0``); torch's keep-alive defaults
+              (5 s x 3) in both
 
 Per fault:
 
@@ -70,10 +73,12 @@ from etcd_cluster import EtcdCluster, etcd_missing  # noqa: E402
 from launcher_helpers import LauncherGroup, Rendezvous  # noqa: E402
 from scale_job import SAMPLE_INTERVAL, ScaleRun, run_node_loss_job, run_scale_job  # noqa: E402
 
+from ft_core.launcher.rendezvous.conf import LOST_AFTER  # noqa: E402
+
 BACKENDS = ("c10d", "etcd-v3", "etcd-v2")
 FAULTS = ("hang", "crash", "node_loss")
-#: torch's rendezvous keep-alive interval of the node-loss jobs: a lost node is dropped after 3 missed ones.
-KEEP_ALIVE = 2
+#: The baseline's rendezvous conf: torch's poll and, for a lost node, torch's keep-alive expiry alone.
+TORCH_CONF = ("wake_on_change=0", "lost_after=0")
 HEARTBEAT_TIMEOUT = 1.5
 
 #: etcd's request counters, by kind: v3 messages received per gRPC method, v2 store actions.
@@ -253,8 +258,7 @@ def main() -> None:
                     results[fault][backend][str(nodes)] = {"skipped": skipped}
                     continue
                 loss = fault == "node_loss"
-                rdzv = Rendezvous(name, cluster if etcd else None, keep_alive=KEEP_ALIVE if loss else None,
-                                  conf=("wake_on_change=0",) if poll else ())
+                rdzv = Rendezvous(name, cluster if etcd else None, conf=TORCH_CONF if poll else ())
                 directory = os.path.join(tmp, f"{fault}-{backend}-{nodes}")
                 os.makedirs(directory)
                 started_at = time.time()
@@ -279,7 +283,7 @@ def main() -> None:
     emit({
         "benchmark": "scale",
         "faults_per_job": args.hangs,
-        "node_loss_keep_alive_s": KEEP_ALIVE,
+        "node_loss_lost_after_s": LOST_AFTER,
         "heartbeat_timeout_s": HEARTBEAT_TIMEOUT,
         "ranks_per_node": 1,
         "results": results,

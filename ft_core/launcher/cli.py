@@ -21,6 +21,7 @@ from ft_core.config_loading import load_args
 from ft_core.launcher.launch import launch
 from ft_core.launcher.options import LauncherOptions, add_launcher_args
 from ft_core.launcher.outcome import exit_codes_help
+from ft_core.launcher.rendezvous.conf import check_rdzv_conf
 from ft_core.launcher.rendezvous.slurm import apply_slurm_defaults, derive_nnodes
 from ft_core.launcher.startup.head_start import HeadStart
 from ft_core.utils.validation import ValidationError
@@ -129,6 +130,7 @@ def main(argv: Optional[list[str]] = None, *, head_start: Optional[HeadStart] = 
             raise ValidationError("--nnodes", args.nnodes, "a number of nodes N or a range MIN:MAX") from None
         derived += apply_slurm_defaults(args)
         config, entrypoint, cmd_args = config_from_args(args)
+        check_rdzv_conf(config.rdzv_configs)  # the launcher's own keys: a usage error, not a failed job
     except ValidationError as exc:
         # One line, as for any argparse error but without the (long) usage: the message says it all.
         parser.exit(2, f"{parser.prog}: error: {exc}\n")

@@ -30,6 +30,7 @@ from ft_core.launcher.observability.metrics import SCRAPE_TARGETS_DIR, LauncherM
 from ft_core.launcher.options import LauncherOptions
 from ft_core.launcher.outcome import Outcome, signal_outcome
 from ft_core.launcher.rendezvous.etcd_v3 import register as register_etcd_v3
+from ft_core.launcher.rendezvous.liveness import LostMembers, install_lost_members
 from ft_core.launcher.rendezvous.members_first import install_members_first
 from ft_core.launcher.rendezvous.records import use_cheap_method_names
 from ft_core.launcher.rendezvous.slurm import job_id
@@ -76,6 +77,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
                           standby=head_start.monitor if head_start is not None else None)
     control = None
     agent = None
+    lost_members: LostMembers | None = None
     prometheus: LauncherMetrics | None = None
     outcome = Outcome(1, "the launcher failed before the job started")
     # Workers get a fresh store per cycle from FtElasticAgent, so torch's shared rendezvous store
@@ -110,6 +112,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
             require_instance_attributes(spec.rdzv_handler, RENDEZVOUS_INSTANCE_ATTRIBUTES)
             install_wake_on_change(spec.rdzv_handler, config.rdzv_configs)  # see .rendezvous.wake
             install_members_first(spec.rdzv_handler, config.rdzv_configs)  # see .rendezvous.members_first
+            lost_members = install_lost_members(spec.rdzv_handler, config.rdzv_configs)  # see .rendezvous.liveness
         agent = FtElasticAgent(
             spec, config.logs_specs, services=services, options=options,
             start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,
@@ -135,6 +138,8 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         _ignore_signals(config.signals_to_handle)  # teardown must finish
         if agent is not None:
             _release_rendezvous(agent, outcome)
+        if lost_members is not None:
+            lost_members.close()
         if control is not None:
             control.close()
         if prometheus is not None:

@@ -160,6 +160,7 @@ SEAMS: tuple[Seam, ...] = (
     # rendezvous/wake.py: torch's poll sleep replaced by a wait for the state's next phase
     Seam(_DYNAMIC_RDZV, "_BackendRendezvousStateHolder", ("backend", "settings", "cache_duration")),
     Seam(_DYNAMIC_RDZV, "_BackendRendezvousStateHolder._sanitize", ()),
+    Seam(_DYNAMIC_RDZV, "_remove_participant_epilogue", ("state", "settings")),
     Seam(_DYNAMIC_RDZV, "_delay", ("seconds",)),
     Seam(_DYNAMIC_RDZV, "_RendezvousState", ()),
     # rendezvous/members_first.py: the join operation's decision, held back while the last round's members rejoin
@@ -180,7 +181,7 @@ RENDEZVOUS_INSTANCE_ATTRIBUTES = ("_store", "_state_holder", "_op_executor", "se
                                   "_state_holder._token", "_state_holder._dirty", "_state_holder.state.round",
                                   "_state_holder.state.complete", "_op_executor._state_holder", "_op_executor.run",
                                   "_state_holder.state.participants", "_state_holder.state.wait_list",
-                                  "_state_holder.state.last_heartbeats")
+                                  "_state_holder.state.last_heartbeats", "_this_node", "_state_holder._state")
 
 
 class TorchSeamsError(RuntimeError):

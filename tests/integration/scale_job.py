@@ -120,11 +120,12 @@ def run_scale_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, hangs:
 def run_node_loss_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, trigger: str,
                       timeout: float = 240.0) -> ScaleRun:
     """``nodes`` launchers and a hot spare; once the spare waits, one node (not node 0, which hosts c10d's store)
-    is SIGKILLed with its workers, and the spare takes its place through torch's round.
+    is SIGKILLed with its workers, and the spare takes its place.
 
     A peer of the lost node learns of it as NCCL's watchdog would (the rank of node 0 exits with code 3
     once ``trigger``, a path, exists: touched after the kill); every node restarts, and the next round
-    opens once torch drops the lost node (its keep-alives stopped: ``rdzv``'s ``keep_alive`` x 3 seconds).
+    opens once the lost node is removed (its liveness beat stopped: ``lost_after``; with ``lost_after=0``, its
+    keep-alives: ``keep_alive_interval`` x 3 seconds).
     """
     env = {"FT_TEST_TORCH": "0", "FT_TEST_STEPS": str(FINAL_STEPS), "FT_TEST_FAULT_AFTER": trigger}
     flags = [*rdzv.flags(f"{nodes}:{nodes}", max_restarts=1), "--monitor-interval=0.1"]

@@ -275,6 +275,11 @@ class EtcdV3Client:
         value, meta = found[0]
         return value, int(meta["mod_revision"])
 
+    def get_prefix(self, prefix: str) -> dict[str, bytes]:
+        """Every key under ``prefix`` with its value (one range read)."""
+        found = self.call(lambda c: c.get_prefix(prefix.encode()), f"read keys under {prefix!r}")
+        return {bytes(meta["key"]).decode(): bytes(value) for value, meta in found}
+
     def put(self, key: str, value: bytes, lease: int) -> None:
         """Write ``value`` unconditionally, attached to ``lease``."""
         from etcd3gw.lease import Lease

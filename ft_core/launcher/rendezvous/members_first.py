@@ -40,7 +40,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Optional
 
-__all__ = ["ABSENT_GRACE", "ALIVE_INTERVALS", "DEFERRED_LINE", "MEMBERS_FIRST_CONF_KEY", "MEMBERS_FIRST_GRACE", "LastRound", "MembersFirst", "install_members_first",
+from ft_core.launcher.rendezvous.conf import MEMBERS_FIRST_CONF_KEY, switched_on
+
+__all__ = ["ABSENT_GRACE", "ALIVE_INTERVALS", "DEFERRED_LINE", "MEMBERS_FIRST_GRACE", "LastRound", "MembersFirst", "install_members_first",
            "newcomer_waits"]
 
 log = logging.getLogger("ft_core.launcher")
@@ -52,8 +54,6 @@ MEMBERS_FIRST_GRACE = 3.0
 #: How long a member the state does not show (it left the last round and is not waiting for the next) is still
 #: waited for: the member whose leaving opened the round joins a few store operations later.
 ABSENT_GRACE = 0.5
-#: ``--rdzv-conf`` key turning the rule off (``0``/``false``): torch's first-come order.
-MEMBERS_FIRST_CONF_KEY = "members_first"
 #: A member whose last heartbeat was older than this many keep-alive intervals is not waited for (it stopped
 #: keeping alive; torch drops it after ``keep_alive_max_attempt`` intervals, 3 by default).
 ALIVE_INTERVALS = 2
@@ -163,10 +163,7 @@ def install_members_first(handler: Any, rdzv_configs: dict[str, Any]) -> Optiona
     """Give a dynamic rendezvous handler the rule; None when ``--rdzv-conf members_first=0`` or another handler."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-    from ft_core.utils.validation import boolean
-
-    if not boolean(f"--rdzv-conf {MEMBERS_FIRST_CONF_KEY}", rdzv_configs.get(MEMBERS_FIRST_CONF_KEY, True),
-                   coerce=True):
+    if not switched_on(rdzv_configs, MEMBERS_FIRST_CONF_KEY):
         return None
     if not isinstance(handler, DynamicRendezvousHandler):
         return None

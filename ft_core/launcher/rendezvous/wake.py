@@ -69,10 +69,11 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     _BackendRendezvousStateHolder,
 )
 
+from ft_core.launcher.rendezvous.conf import WAKE_CONF_KEY, switched_on
 from ft_core.launcher.rendezvous.job_store import NAMESPACE
 from ft_core.launcher.rendezvous.turns import RestartOrder, inbox_name
 
-__all__ = ["LOG_LINE", "WAKE_CONF_KEY", "RendezvousCounts", "WakingStateHolder", "install_wake_on_change", "logged_rounds",
+__all__ = ["LOG_LINE", "RendezvousCounts", "WakingStateHolder", "install_wake_on_change", "logged_rounds",
            "woken_on_change"]
 
 log = logging.getLogger("ft_core.launcher")
@@ -87,8 +88,6 @@ TURN_WAIT = 1.0
 #: restart reached them over 9 s on 2 cores: 814 refused writes with the same second for all).
 TURN_WAIT_PER_NODE = 0.05
 
-#: ``--rdzv-conf`` key turning the wake-up off (``0``/``false``): torch's one-second poll everywhere.
-WAKE_CONF_KEY = "wake_on_change"
 
 
 def phase(state: Any) -> int:
@@ -415,9 +414,7 @@ def install_wake_on_change(handler: Any, rdzv_configs: dict[str, Any]) -> bool:
     """
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-    from ft_core.utils.validation import boolean
-
-    if not boolean(f"--rdzv-conf {WAKE_CONF_KEY}", rdzv_configs.get(WAKE_CONF_KEY, True), coerce=True):
+    if not switched_on(rdzv_configs, WAKE_CONF_KEY):
         return False
     if not isinstance(handler, DynamicRendezvousHandler):
         return False

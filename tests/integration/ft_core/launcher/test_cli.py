@@ -87,6 +87,9 @@ def test_help_shows_an_enum_default_as_the_value_the_flag_takes():
     ("--ft-prewarm=maybe", "--ft-prewarm"),
     ("--ft-prewarm-modules=torch,light ning", "--ft-prewarm-modules"),
     ("--ft-prewarm-modules=torch,.core", "--ft-prewarm-modules"),
+    ("--rdzv-conf=lost_after=1", "--rdzv-conf lost_after: invalid value '1'"),
+    ("--rdzv-conf=members_first=maybe", "--rdzv-conf members_first: invalid value 'maybe'"),
+    ("--rdzv-conf=wake_on_change=2", "--rdzv-conf wake_on_change: invalid value '2'"),
 ])
 def test_bad_values_fail_fast_naming_the_flag(flag, named, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
