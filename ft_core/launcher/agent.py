@@ -258,10 +258,10 @@ class FtElasticAgent(LocalElasticAgent):
             return self._finish(Outcome(0, "spare released: the job finished without it", RendezvousEnd.KEEP))
 
     def _wait_for_next_pass(self) -> None:
-        """Wait ``--monitor-interval``, or less: a running worker's exit starts the next pass at once."""
+        """Wait ``--monitor-interval``, or less: a running worker's exit or another node's decision starts it."""
         handlers = (getattr(self._pcontext, "subprocess_handlers", None) or {}).values()
         wait_for_an_exit([h.proc.pid for h in handlers if h.proc.poll() is None],
-                         self._worker_group.spec.monitor_interval)
+                         self._worker_group.spec.monitor_interval, self._coord.wake_fds())
 
     def _record_pass(self, result: RunResult) -> None:
         """What torch's own loop does after each look at the workers: the group's state and two metrics."""
@@ -568,6 +568,7 @@ class FtElasticAgent(LocalElasticAgent):
                 log.info("rendezvous closed; waiting for %d hot spare(s) to see the end of the job", spares)
             if spares and not self._coord.wait_spares_released(spares, SPARE_RELEASE_TIMEOUT):
                 log.warning("%d hot spare(s) did not confirm the end of the job", spares)
+        self._coord.close()
 
     def _finish(self, outcome: Outcome, result: Optional[RunResult] = None) -> RunResult:
         self.outcome = outcome

@@ -46,6 +46,7 @@ import torch.distributed as dist
 
 from ft_core.fault_policy import FaultAction, FaultPolicy, Fingerprint, decide_fault
 from ft_core.launcher.checkpointed_iteration import made_progress
+from ft_core.launcher.decision_notice import DecisionNotice
 from ft_core.launcher.rendezvous.job_store import JobStore, job_store_on
 from ft_core.utils.deadline import wait_until
 
@@ -240,6 +241,8 @@ class JobCoordinator:
         self.policy = RestartPolicy(max_restarts, max_no_progress_cycles, no_restart_exit_code,
                                     min_progress_iterations, faults)
         self._job = job_store
+        #: Wakes this launcher when another one decides the end of the current cycle (:mod:`.decision_notice`).
+        self._notice = DecisionNotice.on(job_store)
         self._rendezvous_count = 0
         # Held so the server lives exactly as long as the cycle it serves.
         self._worker_store_server: Optional[dist.TCPStore] = None
@@ -291,6 +294,7 @@ class JobCoordinator:
         if self._job is None:
             base = rdzv_store.underlying_store if isinstance(rdzv_store, dist.PrefixStore) else rdzv_store
             self._job = job_store_on(base, self.run_id)
+            self._notice = DecisionNotice.on(self._job)
         namespace = f"ft_launcher/rdzv{self._rendezvous_count}" if static else "ft_launcher"
         self._rendezvous_count += 1
         round_keys = dist.PrefixStore(namespace, rdzv_store)  # where the cycle's info is published
@@ -304,7 +308,19 @@ class JobCoordinator:
         else:
             self._worker_store_server = None
             info = _decode("cycle", round_keys.get("cycle").decode(), CycleInfo)
+        if self._notice is not None:
+            self._notice.watch(info.cycle)
         return info
+
+    def wake_fds(self) -> tuple[int, ...]:
+        """File descriptors that become readable when another launcher decided (see :mod:`.decision_notice`)."""
+        return (self._notice.fileno(),) if self._notice is not None else ()
+
+    def close(self) -> None:
+        """End this launcher's wait for decisions (it is leaving the job)."""
+        if self._notice is not None:
+            self._notice.close()
+            self._notice = None
 
     # -- decisions --------------------------------------------------------
     def poll(self, cycle: int) -> Optional[Decision]:
@@ -314,6 +330,8 @@ class JobCoordinator:
         """
         if self._job is None:
             return None
+        if self._notice is not None:
+            self._notice.drain()  # before the read: a notice after it wakes the next pass
         state = self._state()
         if state.stop is not None:
             return state.stop
@@ -334,6 +352,7 @@ class JobCoordinator:
 
         stopped = self._update(stop).stop
         assert stopped is not None
+        self._announce(stopped)
         return stopped
 
     def end_cycle(self, cycle: int, reason: str, fault: bool, progress_active: bool,
@@ -356,7 +375,12 @@ class JobCoordinator:
         state = self._update(decide)
         decision = state.stop or state.decision
         assert decision is not None
+        self._announce(decision)
         return decision
+
+    def _announce(self, decision: Decision) -> None:
+        if self._notice is not None and decision.node == self.node:  # this launcher's write decided
+            self._notice.announce()
 
     # -- hot spares at the end of the job ---------------------------------
     def spare_released(self) -> None:

@@ -22,6 +22,7 @@ so the job store always lives wherever torch's rendezvous state lives.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import sys
 from collections.abc import Callable
@@ -92,14 +93,43 @@ class JobStore(Protocol):
         """Add ``amount`` to the integer in ``key`` (absent counts as 0); returns the new value."""
         ...
 
+    @property
+    def wakes(self) -> bool:
+        """True when :meth:`wait` blocks until a key is set (False: it returns False at once; poll instead)."""
+        ...
+
+    def wait(self, key: str, timeout: float) -> bool:
+        """Block until ``key`` is set (True), for at most ``timeout`` seconds (False; False on any failure).
+
+        Safe from another thread than the other operations; a wait ends only when the key is set or the
+        timeout passes (set the key to end it early).
+        """
+        ...
+
 
 class C10dJobStore:
     """:class:`JobStore` on a ``torch.distributed.Store`` (``TCPStore``, ``HashStore``, ``PrefixStore``)."""
 
     survives_node_loss = False
 
-    def __init__(self, store: dist.Store) -> None:
+    def __init__(self, store: dist.Store, connect: Optional[Callable[[], dist.Store]] = None) -> None:
         self._store = store
+        #: Opens another connection to the same keys, for a wait that must not hold up the other operations
+        #: (None: no waits).
+        self._connect = connect
+
+    @property
+    def wakes(self) -> bool:
+        return self._connect is not None
+
+    def wait(self, key: str, timeout: float) -> bool:
+        if self._connect is None:
+            return False
+        try:
+            self._connect().wait([key], datetime.timedelta(seconds=timeout))
+        except RuntimeError:  # torch's DistStoreError: the timeout, or the store is gone
+            return False
+        return True
 
     def get(self, key: str) -> Optional[str]:
         # check() first: a c10d get() of a missing key blocks for the store's timeout. Keys are
@@ -224,6 +254,11 @@ class EtcdJobStore:
             if value is not None:
                 return value
 
+    wakes = False  # python-etcd's watch holds a connection per wait and needs an index: the launchers poll
+
+    def wait(self, key: str, timeout: float) -> bool:
+        return False
+
 
 class EtcdV3JobStore:
     """:class:`JobStore` on etcd's v3 API (:class:`~ft_core.launcher.rendezvous.etcd_v3.EtcdV3Client`).
@@ -262,6 +297,15 @@ class EtcdV3JobStore:
     def add(self, key: str, amount: int) -> int:
         return self._client.add(self._path(key), amount, self._lease.id)
 
+    wakes = True
+
+    def wait(self, key: str, timeout: float) -> bool:
+        try:
+            return self._client.wait_for(self._path(key), timeout) is not None
+        except Exception as exc:  # noqa: BLE001 - a wake-up only: the caller polls as before
+            log.debug("job store wait for %s failed: %s", key, exc)
+            return False
+
 
 def job_store_on(store: dist.Store, run_id: str) -> JobStore:
     """The job store on a rendezvous store: etcd's own operations for torch's ``EtcdStore`` and for etcd-v3."""
@@ -274,7 +318,13 @@ def job_store_on(store: dist.Store, run_id: str) -> JobStore:
     if etcd_v2 is not None and isinstance(store, etcd_v2.EtcdStore):
         # The same client (and thus the same endpoint, TLS settings and member list) as torch's.
         return EtcdJobStore(store.client, f"/{NAMESPACE}/{run_id}")
-    return C10dJobStore(dist.PrefixStore(f"{NAMESPACE}/{run_id}", store))
+    prefix = f"{NAMESPACE}/{run_id}"
+    tcp: Any = store  # TCPStore.clone (a checked seam) is missing from torch's type stubs
+
+    def connect() -> dist.Store:  # a TCPStore's wait blocks its connection: a wait gets a connection of its own
+        return dist.PrefixStore(prefix, tcp.clone())
+
+    return C10dJobStore(dist.PrefixStore(prefix, store), connect if isinstance(store, dist.TCPStore) else None)
 
 
 def open_job_store(handler: RendezvousHandler) -> Optional[JobStore]:

@@ -133,13 +133,15 @@ def kill_process_groups(pgids: Collection[int], deadline: float) -> list[int]:
     return [pid for pids in process_group_members(pgids).values() for pid in pids]
 
 
-def wait_for_an_exit(pids: Collection[int], timeout: float) -> None:
-    """Sleep ``timeout`` seconds, or less: until one of the processes ``pids`` exits.
+def wait_for_an_exit(pids: Collection[int], timeout: float, wake_fds: Collection[int] = ()) -> None:
+    """Sleep ``timeout`` seconds, or less: until one of the processes ``pids`` exits or a ``wake_fds`` is readable.
 
     The agent's monitoring loop waits here instead of sleeping its whole
     ``--monitor-interval``: a pidfd per worker wakes it at a worker's exit
-    itself (a crash, or a hung rank the monitor killed), so a restart does not
-    wait for the next pass. Without pidfds (Linux before 5.3), it sleeps.
+    itself (a crash, or a hung rank the monitor killed), and ``wake_fds`` at
+    another node's decision (:mod:`ft_core.launcher.decision_notice`), so a
+    restart does not wait for the next pass. Without pidfds (Linux before
+    5.3), it waits on ``wake_fds`` only.
     """
     fds: list[int] = []
     try:
@@ -148,9 +150,12 @@ def wait_for_an_exit(pids: Collection[int], timeout: float) -> None:
                 fds.append(os.pidfd_open(pid))
             except ProcessLookupError:
                 return  # gone already: the next pass sees it
-        select.select(fds, [], [], timeout)
+        select.select([*fds, *wake_fds], [], [], timeout)
     except (AttributeError, OSError):  # no pidfd_open here (old kernel or Python): poll as torch does
-        time.sleep(timeout)
+        if wake_fds:
+            select.select(list(wake_fds), [], [], timeout)
+        else:
+            time.sleep(timeout)
     finally:
         for fd in fds:
             os.close(fd)

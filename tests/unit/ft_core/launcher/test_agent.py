@@ -66,11 +66,12 @@ def test_a_failure_that_closes_the_rendezvous_is_recorded_as_the_jobs_stop_for_t
     handler = types.SimpleNamespace(shutdown=lambda: calls.append("shutdown"))
     agent._worker_group = types.SimpleNamespace(spec=types.SimpleNamespace(rdzv_handler=handler))
     agent._coord = types.SimpleNamespace(job_store=object(), request_stop=lambda reason, code: calls.append((reason, code)),
-                                         wait_spares_released=lambda count, timeout: True)
+                                         wait_spares_released=lambda count, timeout: True,
+                                         close=lambda: calls.append("close"))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr("ft_core.launcher.agent.spares_waiting", lambda _handler: 0)
         agent.release_rendezvous(Outcome(1, "launcher error: OSError: boom"))
-        assert calls == [("launcher error: OSError: boom", 1), "shutdown"]
+        assert calls == [("launcher error: OSError: boom", 1), "shutdown", "close"]
         calls.clear()
         agent.release_rendezvous(Outcome(0, "all workers finished successfully"))
-        assert calls == ["shutdown"]  # a finished job: nothing to stop
+        assert calls == ["shutdown", "close"]  # a finished job: nothing to stop; the decision notice ends
