@@ -3,7 +3,8 @@
 Shared by ``tests/integration/ft_core/monitor/test_scale.py`` and ``benchmarks/scale.py``. The
 workers use only ``RankMonitorClient`` (``FT_TEST_TORCH=0``), so 16 nodes fit
 on 2 cores. One rank (never node 0's) stops heartbeating (``fault="hang"``) or
-exits with code 3 (``fault="crash"``) in each of the first ``hangs`` cycles; its
+exits with code 3 (``fault="crash"``) in each of the first ``hangs`` cycles (the first once
+the job has settled: :func:`settle`); its
 node's launcher decides the restart in the job store, every other launcher
 reads the decision and the whole job rendezvouses again. The last cycle runs a
 few steps and ends.
@@ -12,6 +13,7 @@ few steps and ends.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import time
 from typing import Any
@@ -24,6 +26,8 @@ from ft_core.launcher.rendezvous.wake import RendezvousCounts, logged_rounds
 HANG_STEP = 10
 #: Steps of the last cycle, after which every rank exits 0.
 FINAL_STEPS = 20
+#: The cores' busy share (percent, over one second) under which a job counts as settled (see :func:`settle`).
+SETTLED_BUSY = 80.0
 #: Process-tree sampling period of the LauncherGroup (workers are also known from their records).
 SAMPLE_INTERVAL = 0.5
 
@@ -62,6 +66,26 @@ class ScaleRun:
     wall: float
 
 
+def settle(launchers: LauncherGroup, nodes: int, deadline: float) -> None:
+    """Wait until every rank of cycle 0 heartbeats and the machine's cores are no longer saturated (or ``deadline``).
+
+    After a cycle starts, each launcher's next worker factory imports what a restart needs
+    (``ft_core.launcher.startup.zygote.RESTART_PREWARMED``: about a CPU-second each); N launchers do so at
+    once on this machine's 2 cores, where a node of a real job has its own cores. A fault in training comes
+    long after; here the first one would find every factory still importing, and measure that. Settled: the
+    cores were less than :data:`SETTLED_BUSY` busy over one second (at 32-64 nodes the job alone keeps them
+    busier: then the deadline).
+    """
+    import psutil
+
+    while time.time() < deadline:
+        if len({r["rank"] for r in launchers.worker_records("first_heartbeat") if r["cycle"] == 0}) == nodes:
+            break
+        time.sleep(0.2)
+    while time.time() < deadline and psutil.cpu_percent(interval=1.0) >= SETTLED_BUSY:
+        pass
+
+
 def hung_rank_for(nodes: int) -> int:
     """A rank in the middle of the job: never node 0's, whose launcher serves the cycle's store."""
     return nodes // 2 + 1 if nodes > 2 else nodes - 1
@@ -74,9 +98,10 @@ def run_scale_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, hangs:
     ``launchers`` should sample every :data:`SAMPLE_INTERVAL` seconds.
     """
     hung = hung_rank_for(nodes)
+    trigger = os.path.join(launchers.tmp_path, "settled")
     env = {"FT_TEST_TORCH": "0", "FT_TEST_FAULT": {"hang": "hang", "crash": "exit3"}[fault], "FT_TEST_FAULT_RANK": str(hung),
            "FT_TEST_FAULT_CYCLES": f"<{hangs}", "FT_TEST_FAULT_STEP": str(HANG_STEP),
-           "FT_TEST_STEPS": str(FINAL_STEPS)}
+           "FT_TEST_STEPS": str(FINAL_STEPS), "FT_TEST_FAULT_AFTER": trigger}
     # torchrun's default monitor interval (the tests' 0.05 s costs CPU that 16 nodes on 2 cores lack).
     flags = [*rdzv.flags(str(nodes), max_restarts=hangs), f"--ft-rank-heartbeat-timeout={heartbeat_timeout}",
              "--ft-stack-dump-timeout=0.2", "--monitor-interval=0.1"]
@@ -84,6 +109,8 @@ def run_scale_job(launchers: LauncherGroup, rdzv: Rendezvous, nodes: int, hangs:
     # All at once, also on c10d: whichever launcher binds the endpoint first hosts the rendezvous store
     # and the others connect to it (torch retries until it serves). Which one hosts does not matter here.
     group = [launchers.start(*flags, name=f"node{i}", nproc=1, **env) for i in range(nodes)]
+    settle(launchers, nodes, started + timeout / 4)
+    open(trigger, "w").close()  # the first fault: on a job that has settled, as a fault in training finds it
     codes = [node.wait(max(1.0, started + timeout - time.time())) for node in group]
     wall = time.time() - started
 

@@ -17,7 +17,8 @@ give and to read:
   default: :func:`~.conf.beat_interval`);
 * a node that waits for the next round while the last complete round is being deserted (it
   is not a member any more, and fewer members remain than the round had) reads the counters
-  of the members that remain, at each of its reads of the state (at least once a second);
+  of the members that remain (one store operation, at its reads of the state but at most
+  once per beat interval);
 * a member whose counter this node read unchanged over ``lost_after`` seconds of its own
   clock (:data:`~.conf.LOST_AFTER`, 3 s: six beats) stopped beating for that long: it is removed from
   the round, as torch's own clean-up removes a node whose keep-alive expired, and the next
@@ -95,8 +96,12 @@ class C10dBeats:
         self._writer.set(self._prefix + self._name, str(count))
 
     def read(self, names: Iterable[str]) -> dict[str, Optional[bytes]]:
+        names = list(names)
+        keys = [self._prefix + name for name in names]
+        if self._store.check(keys):  # every node beat: one read of all (multi_get blocks on an absent key)
+            return {name: bytes(value) or None for name, value in zip(names, self._store.multi_get(keys))}
         # compare_set(absent, "", "") creates the key empty and answers "": no blocking read of an absent key.
-        return {name: bytes(self._store.compare_set(self._prefix + name, "", "")) or None for name in names}
+        return {name: bytes(self._store.compare_set(key, "", "")) or None for name, key in zip(names, keys)}
 
     def close(self) -> None:
         self._writer = None
@@ -207,9 +212,12 @@ class LostMembers:
         self._members: set[Any] = set()
         #: (round, node name, seconds unchanged) of every member this node removed.
         self.removed: list[tuple[int, str, float]] = []
+        self._interval = beat_interval(lost_after) if interval is None else interval
+        #: This node's clock at its last read of the counters (a verdict is given only on a fresh read).
+        self._read_at = -float("inf")
         self._sanitize = holder._sanitize
         holder._sanitize = self.sanitize
-        self.writer = BeatWriter(beats, beat_interval(lost_after) if interval is None else interval)
+        self.writer = BeatWriter(beats, self._interval)
 
     def sanitize(self) -> None:
         """Torch's ``_sanitize`` (dead keep-alives), then lost members of a deserted round removed from the state."""
@@ -227,6 +235,9 @@ class LostMembers:
             return
         names = {inbox_name(member): member for member in remaining}
         now = self._clock()
+        if now - self._read_at < self._interval:
+            return  # read once per beat at most (every state read of every waiting node would be N^2 reads)
+        self._read_at = now
         try:
             self.evidence.observe(self._beats.read(names), now)
         except Exception as exc:  # noqa: BLE001 - no read, no evidence: torch's keep-alive decides

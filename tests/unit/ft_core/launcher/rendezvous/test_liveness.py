@@ -71,7 +71,7 @@ def rule():
     settings = RendezvousSettings("run", 1, 3, RendezvousTimeout(), datetime.timedelta(seconds=5), 3)
     holder = SimpleNamespace(_state=complete_round(A, B), _settings=settings, _sanitize=lambda: None)
     beats, clock = TableBeats(), Clock()
-    lost = LostMembers(holder, A, beats, LOST_AFTER, clock=clock, interval=3600)
+    lost = LostMembers(holder, A, beats, LOST_AFTER, clock=clock, interval=0.5)
     yield lost, holder, beats, clock
     lost.close()
 
@@ -90,7 +90,7 @@ def test_the_rule_is_installed_only_on_a_dynamic_rendezvous_and_not_when_off():
 
 def test_the_writer_beats_from_install_and_the_holder_runs_the_rule(rule):
     lost, holder, beats, _ = rule
-    assert beats.written == [1]  # the first beat at once; the next one an interval later
+    assert beats.written[0] == 1  # the first beat at once, the next ones every interval
     assert holder._sanitize == lost.sanitize
 
 
@@ -101,10 +101,10 @@ def test_a_member_whose_beat_stopped_is_removed_from_the_deserted_round_after_lo
     left(holder, A)  # A's ranks failed: it left to form the next round; B (dead) remains
     beats.table[inbox_name(B)] = b"41"
     holder._sanitize()
-    clock.now += LOST_AFTER - 0.1
+    clock.now += LOST_AFTER - 0.5
     holder._sanitize()
-    assert B in holder._state.participants and holder._state.complete  # not yet: 2.9 s unchanged
-    clock.now += 0.1
+    assert B in holder._state.participants and holder._state.complete  # not yet: 2.5 s unchanged
+    clock.now += 0.5
     with caplog.at_level(logging.INFO, logger="ft_core.launcher"):
         holder._sanitize()
     state = holder._state
@@ -124,6 +124,24 @@ def test_a_member_slow_to_leave_but_beating_is_never_removed(rule):
         holder._sanitize()
         clock.now += 0.5
     assert B in holder._state.participants and holder._state.complete and not lost.removed
+
+
+def test_the_counters_are_read_at_most_once_per_beat_and_a_verdict_only_on_a_fresh_read(rule):
+    lost, holder, beats, clock = rule
+    holder._sanitize()
+    left(holder, A)
+    beats.table[inbox_name(B)] = b"3"
+    for _ in range(10):  # ten state reads within one beat interval (a restart's syncs): one read
+        holder._sanitize()
+        clock.now += 0.04
+    assert beats.reads == 1
+    clock.now = 100.0 + LOST_AFTER + 0.2  # past the span, but the last read was 0.1 s ago: no read, no verdict
+    lost._read_at = clock.now - 0.1
+    holder._sanitize()
+    assert beats.reads == 1 and B in holder._state.participants
+    clock.now += 0.4
+    holder._sanitize()  # a fresh read finds the counter unchanged for 3.6 s: lost
+    assert beats.reads == 2 and B not in holder._state.participants
 
 
 def test_a_member_that_never_beat_is_left_to_torchs_keep_alive(rule):
