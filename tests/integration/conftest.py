@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import pytest
 import torch.distributed as dist
+from launcher_helpers import LauncherGroup
 
 from ft_core.launcher.rendezvous.job_store import C10dJobStore, EtcdJobStore, JobStore
 
@@ -23,3 +24,10 @@ def new_job_store(request) -> Callable[[], JobStore]:
     cluster = request.getfixturevalue("etcd_server")
     prefix = f"/ft_launcher/{uuid.uuid4().hex}"
     return lambda: EtcdJobStore(cluster.client(), prefix)
+
+
+@pytest.fixture
+def launchers(tmp_path):
+    """Launchers started by the test (``launchers.start(...)``), killed with their process trees at its end."""
+    with LauncherGroup(tmp_path) as group:
+        yield group

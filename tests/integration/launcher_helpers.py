@@ -354,3 +354,13 @@ class Rendezvous:
         """How many nodes wait in the redundancy list of torch's rendezvous state (read from its backend)."""
         state = self.state()
         return len(state.redundancy_list) if state is not None else 0
+
+
+def rendezvous_for(request: Any, backend: str, conf: tuple[str, ...] = ()) -> Rendezvous:
+    """A rendezvous on ``backend`` (``c10d``, or ``etcd-v3`` on the test's ``etcd_server``; skipped without etcd3gw)."""
+    if backend == "c10d":
+        return Rendezvous("c10d", conf=conf)
+    import pytest
+
+    pytest.importorskip("etcd3gw", reason="etcd-v3 needs etcd3gw (pip install -e '.[etcd]')")
+    return Rendezvous(backend, request.getfixturevalue("etcd_server"), conf=conf)

@@ -24,12 +24,6 @@ HOLD_MB = 1024
 pytestmark = [pytest.mark.cuda, pytest.mark.timeout(600)]
 
 
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
-
-
 def _started(launchers: LauncherGroup) -> dict[int, dict]:
     """cycle -> the "started" record of rank 0 in that cycle."""
     return {r["cycle"]: r for r in launchers.worker_records("started") if r["rank"] == 0}

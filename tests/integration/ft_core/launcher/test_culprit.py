@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from launcher_helpers import LauncherGroup, Rendezvous
+from launcher_helpers import Rendezvous
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -21,12 +21,6 @@ pytestmark = pytest.mark.timeout(300)
 SECTION_FLAGS = ("--ft-rank-section-timeouts=step:3", "--ft-rank-heartbeat-timeout=60",
                  "--ft-num-warmup-iterations=0", "--max-restarts=2")
 HANG = {"FT_TEST_SECTIONS": "1", "FT_TEST_FAULT": "hang", "FT_TEST_FAULT_STEP": "3", "FT_TEST_STEPS": "5"}
-
-
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
 
 
 def test_the_hung_rank_is_named_not_the_rank_waiting_for_it_and_a_slow_rank_is_not_blamed(launchers):

@@ -10,24 +10,14 @@ from __future__ import annotations
 
 import pytest
 from helpers import wait_for
-from launcher_helpers import LauncherGroup, Rendezvous
+from launcher_helpers import rendezvous_for
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
-
-
 @pytest.mark.parametrize("backend", ["c10d", "etcd-v3"])
 def test_a_peer_restarts_on_the_deciders_notice_not_at_its_next_pass(launchers, request, tmp_path, backend):
-    if backend == "c10d":
-        rdzv = Rendezvous("c10d")
-    else:
-        pytest.importorskip("etcd3gw", reason="etcd-v3 needs etcd3gw (pip install -e '.[etcd]')")
-        rdzv = Rendezvous(backend, request.getfixturevalue("etcd_server"))
+    rdzv = rendezvous_for(request, backend)
     trigger = tmp_path / "fire"
     flags = [*rdzv.flags("2:2"), "--monitor-interval=600"]
     env = {"FT_TEST_TORCH": "0", "FT_TEST_FAULT_AFTER": str(trigger)}

@@ -12,17 +12,11 @@ import uuid
 
 import pytest
 from helpers import wait_for
-from launcher_helpers import LauncherGroup, Rendezvous, exit_event
+from launcher_helpers import Rendezvous, exit_event
 
 from ft_core.launcher.outcome import LEFT_UNFINISHED_EXIT_CODE
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
 
 
 @pytest.fixture(params=["c10d", "etcd-v2", "etcd-v3"])

@@ -12,15 +12,9 @@ from __future__ import annotations
 
 import pytest
 from helpers import wait_for
-from launcher_helpers import LauncherGroup, Rendezvous, exit_event
+from launcher_helpers import Rendezvous, exit_event
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
 
 
 def resume_step(path) -> int:

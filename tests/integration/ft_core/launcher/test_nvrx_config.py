@@ -6,19 +6,13 @@ import os
 
 import pytest
 from helpers import REPO_ROOT
-from launcher_helpers import LauncherGroup, exit_event
+from launcher_helpers import exit_event
 
 pytestmark = pytest.mark.timeout(300)
 
 NVRX_CONFIG = os.path.join(REPO_ROOT, "tests", "fixtures", "nvrx_ft_config.yaml")
 #: The launcher_helpers FAST_FLAGS without the keys the file sets: a flag would win over the file.
 FLAGS = ("--monitor-interval=0.05", "--ft-stack-dump-timeout=0.5", "--workers-stop-timeout=5")
-
-
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
 
 
 def test_nvrx_config_file_sets_the_timeouts_and_the_no_progress_rule(launchers):

@@ -9,17 +9,11 @@ import signal
 import psutil
 import pytest
 from helpers import wait_for
-from launcher_helpers import FAST_FLAGS, LauncherGroup, exit_event
+from launcher_helpers import FAST_FLAGS, exit_event
 
 from ft_core.launcher.observability.report import build_report, load_records
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
 
 
 def test_crashes_of_every_kind_are_restarted(launchers):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 from helpers import wait_for
-from launcher_helpers import LauncherGroup, Rendezvous, exit_event
+from launcher_helpers import Rendezvous, exit_event
 
 from ft_core.events import PhaseMedians
 from ft_core.launcher.outcome import LEFT_UNFINISHED_EXIT_CODE
@@ -32,12 +32,6 @@ SLOW_RANK = 3  # local rank 1 of the second launcher
 #: named within K + 1 = 4 of them).
 RUN = {"FT_TEST_STEPS": "140", "FT_TEST_STEP_TIME": "0.02", "FT_TEST_FORWARD_TIME": "0.06"}
 FLAGS = (f"--ft-straggler-report-interval={INTERVAL}", f"--ft-straggler-consecutive-reports={K}")
-
-
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
 
 
 def start_job(launchers, *flags, **env):

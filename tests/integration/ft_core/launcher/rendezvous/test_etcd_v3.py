@@ -18,7 +18,7 @@ import pytest
 import torch.distributed as dist
 from etcd_cluster import EtcdCluster, EtcdMember, TlsFiles, etcd35_binary, etcd_missing
 from helpers import free_port, wait_for
-from launcher_helpers import LauncherGroup, Rendezvous, exit_event
+from launcher_helpers import Rendezvous, exit_event
 from torch.distributed.elastic.rendezvous import RendezvousParameters
 
 from ft_core.launcher.rendezvous.etcd_v3 import (
@@ -34,12 +34,6 @@ pytestmark = pytest.mark.timeout(300)
 
 #: The etcd user the jobs run as: read-write on /ft_launcher/ only.
 USER, PASSWORD = "train", "s3cret-pw"
-
-
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
 
 
 def _need_v3() -> None:

@@ -15,7 +15,7 @@ import re
 
 import pytest
 from helpers import wait_for
-from launcher_helpers import LauncherGroup, Rendezvous
+from launcher_helpers import rendezvous_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -23,23 +23,10 @@ pytestmark = pytest.mark.timeout(300)
 LOST = r"node 127\.0\.0\.1_{pid}_0 lost: its liveness beat did not change for (\d+\.\d) s; removed from the round"
 
 
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
-
-
-def rendezvous(request, backend: str) -> Rendezvous:
-    if backend == "c10d":
-        return Rendezvous("c10d")
-    pytest.importorskip("etcd3gw", reason="etcd-v3 needs etcd3gw (pip install -e '.[etcd]')")
-    return Rendezvous(backend, request.getfixturevalue("etcd_server"))
-
-
 @pytest.mark.parametrize("backend", ["c10d", "etcd-v3"])
 def test_a_node_killed_is_removed_on_its_stopped_beat_and_the_spare_takes_its_place(launchers, request, tmp_path,
                                                                                      backend):
-    rdzv = rendezvous(request, backend)
+    rdzv = rendezvous_for(request, backend)
     trigger = tmp_path / "fire"
     # Workers that start before the trigger exists step until stopped; later ones run 5 steps more.
     env = {"FT_TEST_FAULT_AFTER": str(trigger)}
@@ -68,7 +55,7 @@ def test_a_node_killed_is_removed_on_its_stopped_beat_and_the_spare_takes_its_pl
 @pytest.mark.parametrize("backend", ["c10d", "etcd-v3"])
 def test_a_node_slow_to_leave_keeps_beating_is_waited_for_and_the_spare_stays_a_spare(launchers, request, tmp_path,
                                                                                      backend):
-    rdzv = rendezvous(request, backend)
+    rdzv = rendezvous_for(request, backend)
     trigger = tmp_path / "fire"
     flags = [*rdzv.flags("2:2"), "--workers-stop-timeout=30"]
     env = {"FT_TEST_TORCH": "0", "FT_TEST_FAULT_AFTER": str(trigger)}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import wait_for
-from launcher_helpers import LauncherGroup, Rendezvous
+from launcher_helpers import rendezvous_for
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -20,19 +20,9 @@ ENV = {"FT_TEST_TORCH": "0", "FT_TEST_STEPS": "10"}
 FLAGS = ("--monitor-interval=0.1", "--ft-stack-dump-timeout=0.2")
 
 
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
-
-
 @pytest.mark.parametrize("backend", ["c10d", "etcd-v3"])
 def test_restarts_keep_their_nodes_and_ranks_and_the_spare_stays_a_spare(launchers, request, tmp_path, backend):
-    if backend == "c10d":
-        rdzv = Rendezvous("c10d")
-    else:
-        pytest.importorskip("etcd3gw", reason="etcd-v3 needs etcd3gw (pip install -e '.[etcd]')")
-        rdzv = Rendezvous(backend, request.getfixturevalue("etcd_server"))
+    rdzv = rendezvous_for(request, backend)
     trigger = tmp_path / "fire"
     flags = [*rdzv.flags("2:2", max_restarts=5), *FLAGS]
     env = {**ENV, "FT_TEST_FAULT_AFTER": str(trigger)}

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 from helpers import wait_for
-from launcher_helpers import Launcher, LauncherGroup, Rendezvous
+from launcher_helpers import Launcher, rendezvous_for
 
 from ft_core.launcher.outcome import LEFT_UNFINISHED_EXIT_CODE
 from ft_core.launcher.rendezvous.wake import RendezvousCounts, logged_rounds
@@ -29,19 +29,6 @@ NODES = 3
 #: Torch-free workers (RankMonitorClient only), the scale tests' monitor interval: three nodes stay cheap.
 ENV = {"FT_TEST_TORCH": "0", "FT_TEST_STEPS": "10"}
 FLAGS = ("--monitor-interval=0.1", "--ft-rank-heartbeat-timeout=1.5", "--ft-stack-dump-timeout=0.2")
-
-
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
-
-
-def rendezvous_for(request, backend: str, conf: tuple[str, ...] = ()) -> Rendezvous:
-    if backend == "c10d":
-        return Rendezvous("c10d", conf=conf)
-    pytest.importorskip("etcd3gw", reason="etcd-v3 needs etcd3gw (pip install -e '.[etcd]')")
-    return Rendezvous(backend, request.getfixturevalue("etcd_server"), conf=conf)
 
 
 def rounds(node: Launcher) -> list[RendezvousCounts]:

@@ -22,12 +22,6 @@ UNAVAILABLE_WARNING = "pre-warmed workers unavailable"
 pytestmark = pytest.mark.timeout(600)
 
 
-@pytest.fixture
-def launchers(tmp_path):
-    with LauncherGroup(tmp_path) as group:
-        yield group
-
-
 def _factories(launchers: LauncherGroup, launcher_pid: int) -> list[psutil.Process]:
     """The launcher's worker factories: its other descendants are the workers (which share the factories'
     command line) and the monitor."""
