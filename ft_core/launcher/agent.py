@@ -299,6 +299,7 @@ class FtElasticAgent(LocalElasticAgent):
         else:
             decision = self._coord.poll(self._cycle_number())
             if decision is not None:
+                self._straggler_trigger(final=True)  # woken by the decision: a report that made it is logged here too
                 trigger = Trigger(RestartKind.PEER, f"{decision.node}: {decision.reason}", time.time())
             elif nodes_could_join(wg.spec.rdzv_handler, wg.group_world_size or 1):
                 # Torch's scale-up rule: new nodes are waiting; not a fault, not budgeted.
@@ -373,12 +374,14 @@ class FtElasticAgent(LocalElasticAgent):
                 self._svc.events.write(record)
         return triggers.worker_trigger(result.state, self._seen, self._global_ranks(), result.failures, time.time())
 
-    def _straggler_trigger(self) -> Optional[Trigger]:
-        """Log the stragglers of a new job-wide report; a trigger when straggler_action asks for one."""
+    def _straggler_trigger(self, final: bool = False) -> Optional[Trigger]:
+        """Log the stragglers of a new job-wide report; a trigger when straggler_action asks for one.
+
+        ``final``: the cycle is ending: read the report now, not at the next of its polls."""
         wg = self._worker_group
         if self._stragglers is None or wg.group_rank is None or wg.group_world_size is None:
             return None
-        stragglers = self._stragglers.poll(self._cycle_number(), wg.group_rank, wg.group_world_size)
+        stragglers = self._stragglers.poll(self._cycle_number(), wg.group_rank, wg.group_world_size, force=final)
         for straggler in stragglers:
             self._svc.events.write(straggler)
         trigger, blocked = triggers.straggler_trigger(stragglers, self._svc.events.node, self._exclusion_blocker, time.time())

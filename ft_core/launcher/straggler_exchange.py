@@ -161,9 +161,13 @@ class StragglerDetector:
         entry = NodeMedians(cycle=cycle, round=record.round, node=self.node, medians=record.medians)
         job_store.set(_medians_key(group_rank), msgspec.json.encode(entry).decode())
 
-    def poll(self, cycle: int, group_rank: int, group_world_size: int, wall: Optional[float] = None
-             ) -> list[Straggler]:
-        """Judge a round if this node aggregates and one is due; return the stragglers of a new report."""
+    def poll(self, cycle: int, group_rank: int, group_world_size: int, wall: Optional[float] = None,
+             force: bool = False) -> list[Straggler]:
+        """Judge a round if this node aggregates and one is due; return the stragglers of a new report.
+
+        A non-aggregator reads the report at most every :data:`_POLL_INTERVAL`, unless ``force`` (its cycle is
+        ending on another node's decision, which the report may have made: it is read now and logged here too).
+        """
         state = self._for_cycle(cycle)
         job_store = self._job_store()
         if not state.active or job_store is None:
@@ -174,7 +178,7 @@ class StragglerDetector:
             if state.judged_round is None or due > state.judged_round:
                 state.judged_round = due
                 self._judge(job_store, state, due, group_world_size)
-        if wall < state.next_poll:
+        if wall < state.next_poll and not force:
             return []
         state.next_poll = wall + min(_POLL_INTERVAL, self.interval / 4)
         raw = job_store.get(REPORT_KEY)
