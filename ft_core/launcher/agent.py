@@ -205,6 +205,11 @@ class FtElasticAgent(LocalElasticAgent):
             log.error("processes of the workers' groups survived SIGKILL (uninterruptible sleep?): %s", stuck)
 
     @override
+    def _exit_barrier(self) -> None:
+        self._coord.close()  # no decision is left to wait for, and the c10d store's host may leave at the barrier
+        super()._exit_barrier()
+
+    @override
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown()
         self._svc.events.write(WorkersStopped(cycle=self._cycle_number()))
@@ -245,12 +250,11 @@ class FtElasticAgent(LocalElasticAgent):
         except SignalException as exc:
             return self._on_signal(exc.sigval)
         except (RendezvousGracefulExitError, RendezvousClosedError):
-            # The rendezvous closed while this node waited to join a round: a hot spare that was never
-            # needed, or a node whose place a spare took after a fault. The job ended (or stopped)
-            # without it: its nodes record every stop in the job store before they close, and wait
-            # for the spares to read it. Torch ends a node in its redundancy list gracefully; one in
-            # its wait list (a spare too, at the job's --nnodes maximum: see nodes_could_join) sees
-            # the rendezvous closed.
+            # The rendezvous closed while this node waited to join a round: a hot spare that was never needed,
+            # or a node whose place a spare took after a fault. The job ended (or stopped) without it: its nodes
+            # record every stop in the job store before they close, and wait for the spares to read it. Torch
+            # ends a node in its redundancy list gracefully; one in its wait list (a spare too, at the job's
+            # --nnodes maximum: see nodes_could_join) sees the rendezvous closed.
             stop = self._stop_decision()
             self._coord.spare_released()
             if stop is not None:
@@ -375,9 +379,7 @@ class FtElasticAgent(LocalElasticAgent):
         return triggers.worker_trigger(result.state, self._seen, self._global_ranks(), result.failures, time.time())
 
     def _straggler_trigger(self, final: bool = False) -> Optional[Trigger]:
-        """Log the stragglers of a new job-wide report; a trigger when straggler_action asks for one.
-
-        ``final``: the cycle is ending: read the report now, not at the next of its polls."""
+        """Log the stragglers of a new job-wide report (``final``: read it now); a trigger if straggler_action asks."""
         wg = self._worker_group
         if self._stragglers is None or wg.group_rank is None or wg.group_world_size is None:
             return None
@@ -420,7 +422,8 @@ class FtElasticAgent(LocalElasticAgent):
         node = self._svc.events.node
         diagnosis = diagnose(CulpritExchange(store, node, self._svc.monitor.cfg.stack_dump_timeout), cycle, trigger,
                              decision is None or decision.node == node, wg.group_rank or 0, wg.group_world_size or 1,
-                             wg.workers[0].world_size if wg.workers else None, self._take_evidence)
+                             wg.workers[0].world_size if wg.workers else None, self._take_evidence,
+                             lambda: self._coord.announce(decision))
         if diagnosis is not None:
             self._svc.events.write(diagnosis)
             # The one line per hang: the culprit, who waited, why, and where the culprit's stack is.
@@ -477,9 +480,8 @@ class FtElasticAgent(LocalElasticAgent):
         """
         for record in triggers.worker_exits(self._seen, self._global_ranks(), ExitCause.FINISHED):
             self._svc.events.write(record)
-            log.warning("rank %s (pid %d) %s after training finished (%s): not restarted", record.rank, record.pid,
-                        f"exited with code {record.exit_code}" if record.signal is None else
-                        f"was killed by {record.signal}", why)
+            ended = f"exited with code {record.exit_code}" if record.signal is None else f"was killed by {record.signal}"
+            log.warning("rank %s (pid %d) %s after training finished (%s): not restarted", record.rank, record.pid, ended, why)
         self._exit_barrier()
         return self._finish(Outcome(0, f"training is finished ({why}); {len(self._seen.failed)} worker(s) failed at "
                                        "exit"), result)

@@ -352,7 +352,7 @@ class JobCoordinator:
 
         stopped = self._update(stop).stop
         assert stopped is not None
-        self._announce(stopped)
+        self.announce(stopped)
         return stopped
 
     def end_cycle(self, cycle: int, reason: str, fault: bool, progress_active: bool,
@@ -375,11 +375,15 @@ class JobCoordinator:
         state = self._update(decide)
         decision = state.stop or state.decision
         assert decision is not None
-        self._announce(decision)
         return decision
 
-    def _announce(self, decision: Decision) -> None:
-        if self._notice is not None and decision.node == self.node:  # this launcher's write decided
+    def announce(self, decision: Optional[Decision]) -> None:
+        """Wake the other launchers of the cycle if this launcher's write made ``decision`` (:mod:`.decision_notice`).
+
+        After :meth:`end_cycle`, the agent calls it once the hang diagnosis asked for the others' evidence
+        (:func:`~ft_core.launcher.hang_diagnosis.diagnose`): woken earlier, they would not know to give it.
+        """
+        if self._notice is not None and decision is not None and decision.node == self.node:
             self._notice.announce()
 
     # -- hot spares at the end of the job ---------------------------------

@@ -64,18 +64,22 @@ def take_evidence(seen: CycleObservations, monitor: NodeMonitor, node: str,
 
 
 def diagnose(exchange: CulpritExchange, cycle: int, trigger: RestartKind, decided_here: bool, group_rank: int,
-             nodes: int, world_size: Optional[int],
-             evidence: Callable[[], list[RankEvidence]]) -> Optional[Diagnosis]:
+             nodes: int, world_size: Optional[int], evidence: Callable[[], list[RankEvidence]],
+             announce: Callable[[], None] = lambda: None) -> Optional[Diagnosis]:
     """The job-wide diagnosis of ``cycle``'s hang (see :mod:`.culprit`); None when there is none to make.
 
     ``decided_here``: this node decided how the cycle ends (it asks the others for their
-    evidence); ``evidence``: takes this node's (:func:`take_evidence`), only when needed.
+    evidence); ``evidence``: takes this node's (:func:`take_evidence`), only when needed;
+    ``announce``: wakes the other nodes for the decision, called by the node that decided once
+    they can tell whether their evidence is wanted.
     """
     if decided_here:
         if trigger is not RestartKind.HANG:
             exchange.publish(cycle, None)  # the others need not take their ranks' evidence
+            announce()
             return None
         exchange.request(cycle)
+        announce()
         mine = evidence()
         exchange.share(cycle, group_rank, mine)
         return exchange.decide(cycle, nodes, mine, world_size)

@@ -63,6 +63,8 @@ __all__ = ["LOST_LINE", "BeatEvidence", "BeatWriter", "LostMembers", "install_lo
 
 log = logging.getLogger("ft_core.launcher")
 
+#: Seconds of failing beats before the writer warns (a job's end can take the store away first).
+FAILING_QUIET = 5.0
 #: Logged once per node removed (``%`` fields: round, node, seconds unchanged, torch's keep-alive expiry in seconds).
 LOST_LINE = ("rendezvous round %d: node %s lost: its liveness beat did not change for %.1f s; removed from the round "
              "(torch's keep-alive would wait until %.0f s after its last heartbeat)")
@@ -177,17 +179,22 @@ class BeatWriter:
         self._thread.start()
 
     def _run(self) -> None:
+        failing_since: Optional[float] = None
         while True:
             self.count += 1
             try:
                 self._beats.write(self.count)
                 if self._failing:
                     log.info("rendezvous liveness beat written again")
-                self._failing = False
+                failing_since, self._failing = None, False
             except Exception as exc:  # noqa: BLE001 - a store away for a while: keep beating, say so once
-                if not self._failing:
-                    log.warning("rendezvous liveness beat failed (retrying every %g s): %s", self._interval, exc)
-                self._failing = True
+                now = time.monotonic()
+                failing_since = now if failing_since is None else failing_since
+                # Not at once: at a job's end the c10d store's host may leave a moment before this launcher.
+                if not self._failing and now - failing_since >= FAILING_QUIET:
+                    log.warning("rendezvous liveness beat failing for %.0f s (retrying every %g s): %s",
+                                now - failing_since, self._interval, exc)
+                    self._failing = True
             if self._stop.wait(self._interval):
                 return
 

@@ -44,6 +44,8 @@ def test_a_decision_by_one_launcher_wakes_the_others_wait_between_passes_at_once
             watch(coord, 0)
         assert not readable(b.wake_fds()[0], 0.2)  # nothing decided: b's wait lasts its interval
         decision = a.end_cycle(0, "rank 1 crashed", fault=True, progress_active=False)
+        assert not readable(b.wake_fds()[0], 0.2)  # not before the hang diagnosis asked for evidence (the agent)
+        a.announce(decision)
         assert readable(b.wake_fds()[0], 10.0)
         started = time.monotonic()
         wait_for_an_exit([], 3600.0, b.wake_fds())  # the agent's wait between passes: ends at once
@@ -60,7 +62,7 @@ def test_a_stop_wakes_them_too_and_a_new_cycle_waits_for_its_own_notice():
     try:
         for coord in (a, b):
             watch(coord, 3)
-        a.end_cycle(3, "rank 0 hung", fault=True, progress_active=False)
+        a.announce(a.end_cycle(3, "rank 0 hung", fault=True, progress_active=False))
         assert readable(b.wake_fds()[0], 10.0)
         b.poll(3)
         for coord in (a, b):
@@ -80,9 +82,9 @@ def test_a_decision_another_node_made_first_is_not_announced_again_and_close_end
     try:
         for coord in (a, b):
             watch(coord, 0)
-        a.end_cycle(0, "rank 1 crashed", fault=True, progress_active=False)
+        a.announce(a.end_cycle(0, "rank 1 crashed", fault=True, progress_active=False))
         store.delete_key(f"{notice_key(0)}")  # to see whether b's own call announces again
-        b.end_cycle(0, "its peer failed", fault=True, progress_active=False)  # a's decision stands
+        b.announce(b.end_cycle(0, "its peer failed", fault=True, progress_active=False))  # a's decision stands
         assert not store.check([notice_key(0)])
     finally:
         a.close()

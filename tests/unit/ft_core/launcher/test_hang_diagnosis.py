@@ -52,20 +52,21 @@ def _run(exchange: Exchange, trigger: RestartKind, decided_here: bool) -> tuple[
         return MINE
 
     result = diagnose(exchange, 4, trigger, decided_here, group_rank=2, nodes=3, world_size=6,  # type: ignore[arg-type]
-                      evidence=evidence)
+                      evidence=evidence, announce=lambda: exchange.calls.append(("announce",)))
     return result, len(taken)
 
 
 def test_the_deciding_node_of_a_hang_asks_every_node_shares_its_own_evidence_and_decides():
     exchange = Exchange()
     assert _run(exchange, RestartKind.HANG, decided_here=True) == (DIAGNOSIS, 1)
-    assert exchange.calls == [("request", 4), ("share", 4, 2, MINE), ("decide", 4, 3, 6)]
+    # The others are woken for the decision only once they can see that their evidence is wanted.
+    assert exchange.calls == [("request", 4), ("announce",), ("share", 4, 2, MINE), ("decide", 4, 3, 6)]
 
 
 def test_the_deciding_node_of_a_crash_tells_the_others_no_stacks_are_needed():
     exchange = Exchange()
     assert _run(exchange, RestartKind.CRASH, decided_here=True) == (None, 0)
-    assert exchange.calls == [("publish", 4, None)]
+    assert exchange.calls == [("publish", 4, None), ("announce",)]
 
 
 def test_another_node_shares_when_asked_and_takes_no_stacks_for_a_crash_nobody_asks_about():
