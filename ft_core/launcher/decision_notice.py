@@ -50,7 +50,6 @@ class DecisionNotice:
         self._lock = threading.Lock()
         self._watched: Optional[int] = None
         self._thread: Optional[threading.Thread] = None
-        self._closed = False
 
     @classmethod
     def on(cls, store: Optional[JobStore]) -> Optional[DecisionNotice]:
@@ -92,7 +91,7 @@ class DecisionNotice:
     def close(self) -> None:
         """End the wait (the launcher is leaving) and close the pipe."""
         with self._lock:
-            watched, self._watched, self._closed = self._watched, None, True
+            watched, self._watched = self._watched, None  # a wait still running finds it closed: it writes nothing
             thread = self._thread
         if watched is not None:
             self._release(watched)
@@ -117,5 +116,5 @@ class DecisionNotice:
             if time.monotonic() - started < WAIT_CHUNK / 2:  # it failed, not timed out: the store is away; poll
                 return
         with self._lock:
-            if self._watched == cycle and not self._closed:
+            if self._watched == cycle:  # still watched: neither a later cycle's nor closed
                 os.write(self._write_fd, b"\0")

@@ -240,17 +240,18 @@ class LostMembers:
         remaining = deserted_remaining(state, self._node, self._members)
         if not remaining:
             return
-        names = {inbox_name(member): member for member in remaining}
         now = self._clock()
         if now - self._read_at < self._interval:
             return  # read once per beat at most (every state read of every waiting node would be N^2 reads)
         self._read_at = now
+        names = {inbox_name(member): member for member in remaining}
         try:
             self.evidence.observe(self._beats.read(names), now)
         except Exception as exc:  # noqa: BLE001 - no read, no evidence: torch's keep-alive decides
             log.debug("rendezvous liveness read failed: %s", exc)
             return
         lost = self.evidence.lost(names, now, self.lost_after)
+        settings = self._holder._settings
         for name, span in lost.items():
             member = names[name]
             del state.participants[member]
@@ -258,11 +259,10 @@ class LostMembers:
             state.wait_list.discard(member)
             state.redundancy_list.discard(member)
             self.removed.append((state.round, name, span))
-            settings = self._holder._settings
             log.info(LOST_LINE, state.round, name, span,
                      (settings.keep_alive_interval * settings.keep_alive_max_attempt).total_seconds())
         if lost:
-            _remove_participant_epilogue(state, self._holder._settings)
+            _remove_participant_epilogue(state, settings)
 
     def close(self) -> None:
         """Stop beating (the launcher is leaving)."""
