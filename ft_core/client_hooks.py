@@ -99,6 +99,7 @@ class StackDump:
         if sig is None or self._file is None:
             self.close()
             return
+        _ignore_when_unhandled(sig)
         # C-level handler: it dumps even when the main thread is stuck in a collective.
         faulthandler.register(sig, file=self._file, all_threads=True, chain=False)
         self._signal = sig
@@ -114,3 +115,19 @@ class StackDump:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _ignore_when_unhandled(sig: signal.Signals) -> None:
+    """Make ``sig`` ignored where it would terminate the rank, before faulthandler takes it over.
+
+    faulthandler restores the disposition it found when its handler is removed: by :meth:`StackDump.unregister`,
+    and at interpreter shutdown. A rank that is exiting (an exception raised by a collective whose peer died) can
+    still be asked for its stacks by a hang diagnosis on another node; with the default disposition the request
+    killed it (``killed by SIGUSR2`` in ``benchmarks/goodput.py``, in place of its own exit code). Ignored, the
+    late request does nothing. A disposition the program chose (a handler of its own, or ignored) is kept.
+    """
+    try:
+        if signal.getsignal(sig) == signal.SIG_DFL:
+            signal.signal(sig, signal.SIG_IGN)
+    except ValueError:  # not the main thread: the default stays, as before
+        pass

@@ -111,8 +111,10 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
         if isinstance(spec.rdzv_handler, DynamicRendezvousHandler):
             require_instance_attributes(spec.rdzv_handler, RENDEZVOUS_INSTANCE_ATTRIBUTES)
             install_wake_on_change(spec.rdzv_handler, config.rdzv_configs)  # see .rendezvous.wake
-            install_members_first(spec.rdzv_handler, config.rdzv_configs)  # see .rendezvous.members_first
+            members_first = install_members_first(spec.rdzv_handler, config.rdzv_configs)  # .rendezvous.members_first
             lost_members = install_lost_members(spec.rdzv_handler, config.rdzv_configs)  # see .rendezvous.liveness
+            if members_first is not None and lost_members is not None:
+                members_first.lost_of = lost_members.marked_lost  # a spare does not wait for a member marked lost
         agent = FtElasticAgent(
             spec, config.logs_specs, services=services, options=options,
             start_method=config.start_method, log_line_prefix_template=config.log_line_prefix_template,

@@ -59,13 +59,17 @@ from ft_core.launcher.rendezvous.conf import beat_interval, lost_after
 from ft_core.launcher.rendezvous.job_store import NAMESPACE
 from ft_core.launcher.rendezvous.turns import inbox_name
 
-__all__ = ["LOST_LINE", "BeatEvidence", "BeatWriter", "LostMembers", "install_lost_members"]
+__all__ = ["LOST_LINE", "LOST_MARK", "BeatEvidence", "BeatWriter", "LostMembers", "install_lost_members"]
 
 log = logging.getLogger("ft_core.launcher")
 
 #: Seconds of failing beats before the writer warns (a job's end can take the store away first).
 FAILING_QUIET = 5.0
 #: Logged once per node removed (``%`` fields: round, node, seconds unchanged, torch's keep-alive expiry in seconds).
+#: What a node that removed a member writes over its counter: the spare that takes the place need not wait for it
+#: (:mod:`.members_first`), and a node whose removal was refused by a concurrent write removes it at its next read.
+#: A launcher alive after all writes its next count over it within a beat.
+LOST_MARK = b"lost"
 LOST_LINE = ("rendezvous round %d: node %s lost: its liveness beat did not change for %.1f s; removed from the round "
              "(torch's keep-alive would wait until %.0f s after its last heartbeat)")
 
@@ -78,6 +82,9 @@ class Beats(Protocol):
 
     def read(self, names: Iterable[str]) -> dict[str, Optional[bytes]]:
         """The counters of the nodes ``names`` (None: the node never beat)."""
+
+    def mark_lost(self, name: str) -> None:
+        """Set the counter of the node ``name`` to :data:`LOST_MARK` (it beats over it if it is alive after all)."""
 
     def close(self) -> None:
         """Release what :meth:`write` holds."""
@@ -105,6 +112,9 @@ class C10dBeats:
         # compare_set(absent, "", "") creates the key empty and answers "": no blocking read of an absent key.
         return {name: bytes(self._store.compare_set(key, "", "")) or None for name, key in zip(names, keys)}
 
+    def mark_lost(self, name: str) -> None:
+        self._store.set(self._prefix + name, LOST_MARK)
+
     def close(self) -> None:
         self._writer = None
 
@@ -124,6 +134,9 @@ class EtcdV3Beats:
     def read(self, names: Iterable[str]) -> dict[str, Optional[bytes]]:
         found = self._client.get_prefix(self._prefix)
         return {name: found.get(self._prefix + name) for name in names}
+
+    def mark_lost(self, name: str) -> None:
+        self._client.put(self._prefix + name, LOST_MARK, self._lease.id)
 
     def close(self) -> None:
         pass
@@ -150,9 +163,11 @@ class BeatEvidence:
         return now - self.seen[name][1]
 
     def lost(self, names: Iterable[str], now: float, after: float) -> dict[str, float]:
-        """The nodes of ``names`` whose counter was read unchanged for ``after`` seconds or more, with that span."""
+        """The nodes of ``names`` whose counter was read unchanged for ``after`` seconds or more, or read as
+        :data:`LOST_MARK` (another node's verdict), with the span this node read it unchanged."""
         spans = {name: self.unchanged_for(name, now) for name in names}
-        return {name: span for name, span in spans.items() if span is not None and span >= after}
+        return {name: span for name, span in spans.items()
+                if span is not None and (span >= after or self.seen[name][0] == LOST_MARK)}
 
 
 def deserted_remaining(state: Any, node: Any, members: set[Any]) -> frozenset[Any]:
@@ -259,10 +274,27 @@ class LostMembers:
             state.wait_list.discard(member)
             state.redundancy_list.discard(member)
             self.removed.append((state.round, name, span))
+            self._mark_lost(name)
             log.info(LOST_LINE, state.round, name, span,
                      (settings.keep_alive_interval * settings.keep_alive_max_attempt).total_seconds())
         if lost:
             _remove_participant_epilogue(state, settings)
+
+    def marked_lost(self, members: Iterable[Any]) -> frozenset[Any]:
+        """Those of ``members`` (nodes) whose counter holds :data:`LOST_MARK`: one read; nothing when it fails."""
+        names = {inbox_name(member): member for member in members}
+        try:
+            values = self._beats.read(names)
+        except Exception as exc:  # noqa: BLE001 - no read, no evidence: they are waited for as before
+            log.debug("rendezvous liveness read failed: %s", exc)
+            return frozenset()
+        return frozenset(names[name] for name, value in values.items() if value == LOST_MARK)
+
+    def _mark_lost(self, name: str) -> None:
+        try:
+            self._beats.mark_lost(name)
+        except Exception as exc:  # noqa: BLE001 - the removal stands; a spare waits its grace for the member
+            log.debug("rendezvous liveness mark failed: %s", exc)
 
     def close(self) -> None:
         """Stop beating (the launcher is leaving)."""

@@ -17,8 +17,10 @@ first saw the round open. So:
 * a rank crashed or hung, every node alive: the members rejoin, the round completes
   with them at the job's maximum, and the spare stays a spare; ranks are unchanged;
 * a node lost: its keep-alive had stopped (its newest heartbeat this node saw is
-  older than two keep-alive intervals; torch drops it after three), so it is not
-  waited for: the spare joins at once and takes the free place;
+  older than two keep-alive intervals; torch drops it after three), or a node that
+  removed it from the round for its stopped liveness beat marked it lost
+  (:data:`~.liveness.LOST_MARK`, read once when the spare would wait for it), so it is
+  not waited for: the spare joins at once and takes the free place;
 * a node that left the job (excluded by the fault policy) is not in the state any more:
   it is waited for only :data:`ABSENT_GRACE` seconds (the member whose leaving opened
   the round is absent that long at most before it joins);
@@ -42,8 +44,8 @@ from typing import Any, Optional
 
 from ft_core.launcher.rendezvous.conf import MEMBERS_FIRST_CONF_KEY, switched_on
 
-__all__ = ["ABSENT_GRACE", "ALIVE_INTERVALS", "DEFERRED_LINE", "MEMBERS_FIRST_GRACE", "LastRound", "MembersFirst", "install_members_first",
-           "newcomer_waits"]
+__all__ = ["ABSENT_GRACE", "ALIVE_INTERVALS", "DEFERRED_LINE", "MEMBERS_FIRST_GRACE", "LastRound", "MembersFirst",
+           "absent_members", "install_members_first", "newcomer_waits"]
 
 log = logging.getLogger("ft_core.launcher")
 
@@ -97,23 +99,32 @@ class LastRound:
 
 
 def newcomer_waits(state: Any, node: Any, last: LastRound, max_nodes: int, now: datetime.datetime,
-                   keep_alive: datetime.timedelta, monotonic: float, grace: float = MEMBERS_FIRST_GRACE) -> bool:
+                   keep_alive: datetime.timedelta, monotonic: float, grace: float = MEMBERS_FIRST_GRACE,
+                   lost: frozenset[Any] = frozenset()) -> bool:
     """Whether ``node``, about to join the open round of ``state``, lets the last round's members in first.
 
     The members waited for are the live ones of ``last`` (:meth:`LastRound.members`) that the
     state still shows (in the round, waiting for it, or keeping alive), or, for
     :data:`ABSENT_GRACE` after ``node`` first saw the round open, that it does not show: the
     member whose leaving opened the round joins right after, while a member that left the job
-    (an excluded node) never comes back. True while those not yet joined would, with those
-    that have, fill the round to ``max_nodes`` without ``node``, until ``grace`` has passed.
+    (an excluded node) never comes back; never those of ``lost`` (marked lost by the node that
+    removed them). True while those not yet joined would, with those that have, fill the round
+    to ``max_nodes`` without ``node``, until ``grace`` has passed.
     """
     if state.complete or last.round != state.round - 1 or last.opened_at is None:
         return False
     waited = monotonic - last.opened_at
     present = set(state.participants) | set(state.wait_list) | set(state.last_heartbeats)
-    members = {m for m in last.members(now, keep_alive) if m in present or waited < ABSENT_GRACE}
+    members = {m for m in last.members(now, keep_alive) if m not in lost and (m in present or waited < ABSENT_GRACE)}
     joined = set(state.participants)
     return node not in members and bool(members - joined) and len(members | joined) >= max_nodes and waited < grace
+
+
+def absent_members(state: Any, last: LastRound, now: datetime.datetime, keep_alive: datetime.timedelta
+                   ) -> frozenset[Any]:
+    """The live members of ``last`` that ``state`` does not show (neither in the round, waiting, nor keeping alive)."""
+    present = set(state.participants) | set(state.wait_list) | set(state.last_heartbeats)
+    return frozenset(last.members(now, keep_alive) - present)
 
 
 #: Logged once per round a newcomer waits (``%`` fields: the round, the grace).
@@ -126,6 +137,9 @@ class MembersFirst:
     def __init__(self, executor: Any, grace: float = MEMBERS_FIRST_GRACE) -> None:
         self._run: Callable[..., None] = executor.run
         self.grace = grace
+        #: Which of the given members another node marked lost (:meth:`.liveness.LostMembers.marked_lost`); None:
+        #: no liveness rule, an absent member is waited for :data:`ABSENT_GRACE`.
+        self.lost_of: Optional[Callable[[frozenset[Any]], frozenset[Any]]] = None
         self.last = LastRound()
         #: Join operations this rule held back (one per state read that found members still to come).
         self.deferrals = 0
@@ -148,15 +162,25 @@ class MembersFirst:
         action = op(ctx, deadline)
         monotonic = time.monotonic()
         self.last.observe(ctx.state, ctx.node, monotonic)
-        if action == _Action.ADD_TO_PARTICIPANTS and newcomer_waits(
-                ctx.state, ctx.node, self.last, ctx.settings.max_nodes, datetime.datetime.now(datetime.timezone.utc),
-                ctx.settings.keep_alive_interval, monotonic, self.grace):
+        if action == _Action.ADD_TO_PARTICIPANTS and self._waits(ctx, monotonic):
             if self._told_round != ctx.state.round:
                 self._told_round = ctx.state.round
                 log.info(DEFERRED_LINE, ctx.state.round, self.grace)
             self.deferrals += 1
             return _Action.KEEP_ALIVE if _should_keep_alive(ctx) else _Action.SYNC
         return action
+
+    def _waits(self, ctx: Any, monotonic: float) -> bool:
+        """:func:`newcomer_waits`; when it holds and members are absent, again without those marked lost (one read)."""
+        now, keep_alive = datetime.datetime.now(datetime.timezone.utc), ctx.settings.keep_alive_interval
+        args = (ctx.state, ctx.node, self.last, ctx.settings.max_nodes, now, keep_alive, monotonic, self.grace)
+        if not newcomer_waits(*args):
+            return False
+        absent = absent_members(ctx.state, self.last, now, keep_alive)
+        if not absent or self.lost_of is None:
+            return True
+        lost = self.lost_of(absent)
+        return not lost or newcomer_waits(*args, lost=lost)
 
 
 def install_members_first(handler: Any, rdzv_configs: dict[str, Any]) -> Optional[MembersFirst]:

@@ -18,6 +18,10 @@ launcher:
   as a new interpreter would (:func:`run_worker`).
 * ``Retire``: exit (the prepared successor takes over).
 
+A first factory asked for nothing :data:`IDLE_PREWARM_AFTER` seconds after
+``Ready`` (a hot spare waiting for a place, a job still gathering its nodes)
+imports :data:`RESTART_PREWARMED` meanwhile, as a successor does.
+
 Workers and the successor are re-parented to the launcher when the factory
 exits (the launcher is a child subreaper while a cycle is forked), so the
 launcher waits for them, gets their exit status and signals them exactly as
@@ -39,6 +43,7 @@ import gc
 import importlib
 import io
 import os
+import select
 import signal
 import socket
 import struct
@@ -60,6 +65,7 @@ __all__ = [
     "Failed",
     "FactoryChannel",
     "FactoryError",
+    "IDLE_PREWARM_AFTER",
     "Prepare",
     "Prepared",
     "PythonInvocation",
@@ -80,6 +86,12 @@ ALWAYS_PREWARMED = ("ft_core.client",)
 #: one, measured by ``benchmarks/goodput.py``). Not imported by the first factory: the first start would wait for
 #: it. Later successors inherit it.
 RESTART_PREWARMED = ("torch._dynamo",)
+#: A first factory that no request reached this many seconds after ``Ready`` imports :data:`RESTART_PREWARMED` then:
+#: nothing waits for it. A hot spare's first workers start on a restart's critical path (a lost node's place), and
+#: importing torch._dynamo at their first step cost 1 s of ``benchmarks/goodput.py``'s every node loss. Longer than a
+#: one-node start leaves its factory idle, so those first workers are forked at once, as before; a fork asked during
+#: the import waits for the rest of it, which its workers would have spent at their optimizer's first step.
+IDLE_PREWARM_AFTER = 5.0
 _HEADER = struct.Struct(">I")
 #: The largest frame accepted on the channel (a worker's environment can be large on clusters).
 MAX_FRAME_BYTES = 16 << 20
@@ -272,7 +284,7 @@ def serve(channel: FactoryChannel, launcher_pid: int, path0: str, modules: Seque
         channel.send(Failed(f"{type(exc).__name__}: {exc}"))
         os._exit(1)
     channel.send(Ready(os.getpid(), time.perf_counter() - started))
-    return _answer_requests(channel, launcher_pid)
+    return _answer_requests(channel, launcher_pid, idle_prewarm_at=time.monotonic() + IDLE_PREWARM_AFTER)
 
 
 def _import_for_fork(names: Sequence[str], *, skip_failed: bool = False) -> None:
@@ -366,14 +378,23 @@ def _cuda_driver_loaded() -> Optional[str]:
     return None
 
 
-def _answer_requests(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, int]:
+def _answer_requests(channel: FactoryChannel, launcher_pid: int, idle_prewarm_at: Optional[float] = None
+                     ) -> tuple[Fork, int]:
     """Answer the launcher's requests. Returns (request, factory pid) only in a forked worker.
 
-    The factory itself exits in here: when retired, or when the launcher closes the channel.
+    The factory itself exits in here: when retired, or when the launcher closes the channel. With no request
+    by ``idle_prewarm_at`` (monotonic), it imports :data:`RESTART_PREWARMED` then (:data:`IDLE_PREWARM_AFTER`).
     """
     #: The write end of the pipe the prepared successor sleeps on; it sees EOF when we exit.
     successor_wakeup: Optional[int] = None
     while True:
+        if idle_prewarm_at is not None and not _readable(channel, idle_prewarm_at - time.monotonic()):
+            idle_prewarm_at = None
+            warmed = _restart_prewarmed()
+            if isinstance(warmed, Failed):  # no fork from here: the launcher's next request hears why
+                channel.send(warmed)
+                os._exit(1)
+            continue
         try:
             received = channel.recv()
         except (OSError, FactoryError):
@@ -394,7 +415,7 @@ def _answer_requests(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, 
                 os.close(successor_wakeup)
                 channel.close()
                 channel = FactoryChannel(socket.socket(fileno=fds[0]))
-                successor_wakeup = None
+                successor_wakeup = idle_prewarm_at = None  # it imports RESTART_PREWARMED when it takes over
                 os.read(wakeup_r, 1)  # EOF when the factory exits (or dies)
                 os.close(wakeup_r)
                 _wait_adopted(launcher_pid, factory_pid)
@@ -413,6 +434,11 @@ def _answer_requests(channel: FactoryChannel, launcher_pid: int) -> tuple[Fork, 
             for fd in fds:
                 os.close(fd)
             channel.send(Failed(f"unexpected request {type(msg).__name__} with {len(fds)} descriptor(s)"))
+
+
+def _readable(channel: FactoryChannel, timeout: float) -> bool:
+    """Whether a request (or the channel's end) arrives within ``timeout`` seconds; the frame is read whole after."""
+    return bool(select.select([channel.sock], [], [], max(0.0, timeout))[0])
 
 
 def _fork_worker(channel: FactoryChannel, stdio: list[int], inherited: list[int]) -> int:

@@ -59,7 +59,15 @@ def test_the_exception_hook_exits_hard_after_the_previous_hook(excepthook, monke
     assert exits == [(1, [RuntimeError])]
 
 
-def test_the_stack_dump_signal_writes_every_thread_to_the_rank_file(tmp_path):
+@pytest.fixture
+def default_usr2():
+    """SIGUSR2 at its default disposition (terminate), as in a fresh rank; the test process's own restored after."""
+    previous = signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGUSR2, previous)
+
+
+def test_the_stack_dump_signal_writes_every_thread_to_the_rank_file(tmp_path, default_usr2):
     job = JobDir(str(tmp_path / "job")).create()
     dump = StackDump()
     path = dump.open(job.monitor_socket, rank=2)
@@ -72,6 +80,29 @@ def test_the_stack_dump_signal_writes_every_thread_to_the_rank_file(tmp_path):
     with open(path) as handle:
         assert "test_the_stack_dump_signal_writes_every_thread_to_the_rank_file" in handle.read()
     assert dump._file is None
+
+
+def test_a_dump_request_once_the_handler_is_gone_is_ignored_not_fatal(tmp_path, default_usr2):
+    # A rank exiting (its collective's peer died) can still be asked for its stacks by a hang diagnosis elsewhere;
+    # faulthandler restores the disposition it found (also at interpreter shutdown): terminate, before.
+    dump = StackDump()
+    dump.open(JobDir(str(tmp_path / "job")).create().monitor_socket, rank=0)
+    dump.register(signal.SIGUSR2)
+    dump.unregister()
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
+    os.kill(os.getpid(), signal.SIGUSR2)  # ignored: this process goes on
+
+
+def test_a_dump_signal_handler_of_the_program_is_kept_after_the_dump_handler(tmp_path, default_usr2):
+    def own(signum, frame) -> None:
+        pass
+
+    signal.signal(signal.SIGUSR2, own)
+    dump = StackDump()
+    dump.open(JobDir(str(tmp_path / "job")).create().monitor_socket, rank=0)
+    dump.register(signal.SIGUSR2)
+    dump.unregister()
+    assert signal.getsignal(signal.SIGUSR2) is own
 
 
 def test_without_a_signal_the_file_is_closed_and_without_a_safe_directory_there_are_no_dumps(tmp_path, caplog):

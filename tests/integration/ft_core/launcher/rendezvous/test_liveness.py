@@ -4,7 +4,8 @@
   all-reduce, its launcher leaves the round; the lost node's liveness beat stops, so the
   node and the hot spare remove it after ``lost_after`` (3 s by default) instead of torch's
   keep-alive expiry (10 to 15 s with its defaults, which these launchers keep), and the
-  spare takes its place.
+  spare takes its place at once (the node that removed it marked it lost: the spare does
+  not wait for it to rejoin first).
 * A node slow to leave (its rank's preemption save takes 8 s on SIGTERM) beats all along:
   it is waited for, nobody removes it, and the spare stays a spare.
 """
@@ -50,6 +51,8 @@ def test_a_node_killed_is_removed_on_its_stopped_beat_and_the_spare_takes_its_pl
     assert spans and all(3.0 <= span < 5.0 for span in spans), (a.output()[-3000:], c.output()[-3000:])
     named = set(re.findall(r"node (\S+) lost: its liveness beat", a.output() + c.output()))
     assert named == {f"127.0.0.1_{b.proc.pid}_0"}, named  # nobody else
+    # The remover marked B lost: the spare took the free place at once, without letting B "rejoin first".
+    assert "rejoin first" not in c.output(), c.output()[-3000:]
 
 
 @pytest.mark.parametrize("backend", ["c10d", "etcd-v3"])

@@ -12,7 +12,7 @@ import sys
 import psutil
 import pytest
 from helpers import REPO_ROOT, wait_for
-from launcher_helpers import LauncherGroup, exit_event
+from launcher_helpers import LauncherGroup, exit_event, rendezvous_for
 
 WORKERS = os.path.join(REPO_ROOT, "tests", "integration", "launcher_workers")
 PROBE = os.path.join(WORKERS, "probe.py")
@@ -98,6 +98,37 @@ def test_restarted_ranks_are_forked_with_torch_dynamo_imported_and_the_first_sta
     assert all(r["prewarmed"] for r in first + restarted)
     assert [r["dynamo"] for r in first + restarted] == [False, False, True, True]
     assert UNAVAILABLE_WARNING not in node.output()
+
+
+def _maps_cprofile(pid: int) -> bool:
+    """Whether ``pid`` mapped cProfile's extension, which ``import torch._dynamo`` loads (torch._dynamo.utils)."""
+    try:
+        with open(f"/proc/{pid}/maps", encoding="utf-8") as maps:
+            return "/_lsprof." in maps.read()
+    except OSError:
+        return False
+
+
+def test_a_factory_left_idle_imports_torch_dynamo_so_a_late_rounds_first_ranks_start_warm(launchers, request,
+                                                                                         tmp_path):
+    # A waits for B (a hot spare waits so for a place): its factory, asked for nothing IDLE_PREWARM_AFTER s after
+    # Ready, imports torch._dynamo meanwhile. B's factory is asked at once: its first rank starts as before.
+    out = tmp_path / "late"
+    out.mkdir()
+    rdzv = rendezvous_for(request, "c10d")
+    env = {"FT_TEST_RECORD_DIR": str(out)}
+    a = launchers.start(*rdzv.flags("2:2"), name="A", nproc=1, script=(PROBE,), **env)
+    rdzv.wait_ready()
+    wait_for(lambda: any(_maps_cprofile(p.pid) for p in _factories(launchers, a.proc.pid)), 180,
+             "A's idle factory to import torch._dynamo", interval=0.2)
+    b = launchers.start(*rdzv.flags("2:2"), name="B", nproc=1, script=(PROBE,), **env)
+    for node in (a, b):
+        assert node.wait(300) == 0, node.output()[-4000:]
+    records = [json.loads(path.read_text()) for path in out.glob("probe_r*_c0.json")]
+    dynamo = {record["ppid"]: record["dynamo"] for record in records}
+    assert all(record["prewarmed"] for record in records) and len(records) == 2
+    assert dynamo == {a.proc.pid: True, b.proc.pid: False}
+    assert UNAVAILABLE_WARNING not in a.output() + b.output()
 
 
 def _train(launchers: LauncherGroup, tmp_path, mode: str) -> dict:

@@ -24,7 +24,13 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
 )
 
 from ft_core.launcher.rendezvous.conf import LOST_AFTER
-from ft_core.launcher.rendezvous.liveness import BeatEvidence, BeatWriter, LostMembers, install_lost_members
+from ft_core.launcher.rendezvous.liveness import (
+    LOST_MARK,
+    BeatEvidence,
+    BeatWriter,
+    LostMembers,
+    install_lost_members,
+)
 from ft_core.launcher.rendezvous.turns import inbox_name
 
 A, B, C = (_NodeDesc("127.0.0.1", pid, 0) for pid in (1, 2, 3))
@@ -44,6 +50,9 @@ class TableBeats:
     def read(self, names: Iterable[str]) -> dict[str, Optional[bytes]]:
         self.reads += 1
         return {name: self.table.get(name) for name in names}
+
+    def mark_lost(self, name: str) -> None:
+        self.table[name] = LOST_MARK
 
     def close(self) -> None:
         pass
@@ -113,6 +122,33 @@ def test_a_member_whose_beat_stopped_is_removed_from_the_deserted_round_after_lo
     assert lost.removed == [(4, inbox_name(B), pytest.approx(LOST_AFTER))]
     assert f"node {inbox_name(B)} lost: its liveness beat did not change for 3.0 s" in caplog.text
     assert "would wait until 15 s after its last heartbeat" in caplog.text
+    assert beats.table[inbox_name(B)] == LOST_MARK  # marked: a spare need not wait for it (members_first)
+    assert lost.marked_lost([A, B]) == frozenset({B})
+
+
+def test_a_member_another_node_marked_lost_is_removed_at_the_next_fresh_read(rule):
+    # Another node removed B, but its write lost the compare-and-set to this one's: B is still in the state here.
+    lost, holder, beats, clock = rule
+    holder._sanitize()
+    left(holder, A)
+    beats.table[inbox_name(B)] = b"41"
+    holder._sanitize()
+    clock.now += 1.0
+    beats.table[inbox_name(B)] = LOST_MARK
+    holder._sanitize()
+    assert B not in holder._state.participants and lost.removed == [(4, inbox_name(B), 0.0)]
+
+
+def test_a_member_marked_lost_but_alive_beats_over_the_mark_and_is_not_removed(rule):
+    lost, holder, beats, clock = rule
+    holder._sanitize()
+    left(holder, A)
+    beats.table[inbox_name(B)] = LOST_MARK  # a stalled launcher another node judged; then it beats again
+    beats.table[inbox_name(B)] = b"42"
+    for _ in range(5):  # 2.5 s of reads, its counter now steady only since the mark was overwritten
+        holder._sanitize()
+        clock.now += 0.5
+    assert B in holder._state.participants and not lost.removed and lost.marked_lost([B]) == frozenset()
 
 
 def test_a_member_slow_to_leave_but_beating_is_never_removed(rule):
@@ -192,6 +228,10 @@ def test_the_evidence_is_the_first_read_of_a_value():
     assert evidence.lost(["b", "c"], 15.9, 3.0) == {} and evidence.lost(["b"], 16.0, 3.0) == {"b": 3.0}
     evidence.observe({"b": None}, 16.0)  # its key is gone: nothing to judge
     assert evidence.lost(["b"], 100.0, 3.0) == {}
+    evidence.observe({"c": LOST_MARK}, 20.0)  # another node's verdict: lost on the read that finds it
+    assert evidence.lost(["c"], 20.0, 3.0) == {"c": 0.0}
+    evidence.observe({"c": b"9"}, 20.5)  # alive after all: it beat over the mark
+    assert evidence.lost(["c"], 21.0, 3.0) == {}
 
 
 def test_the_writer_keeps_beating_through_failures():

@@ -23,6 +23,7 @@ from ft_core.launcher.rendezvous.members_first import (
     MEMBERS_FIRST_GRACE,
     LastRound,
     MembersFirst,
+    absent_members,
     install_members_first,
     newcomer_waits,
 )
@@ -124,6 +125,38 @@ def test_the_wrapped_join_turns_a_premature_join_into_a_wait_and_counts_it():
     # A member's join goes through.
     assert rule.join(lambda ctx, deadline: _Action.ADD_TO_PARTICIPANTS,
                      SimpleNamespace(node=A, state=opened, settings=settings), 0.0) == _Action.ADD_TO_PARTICIPANTS
+
+
+def test_a_member_marked_lost_by_the_node_that_removed_it_is_not_waited_for():
+    # X's liveness beat stopped: a survivor removed it from round 3 (which opened round 4) and marked it lost. Its
+    # keep-alive is still recent, so without the mark the spare would wait ABSENT_GRACE for it.
+    full = state(3, True, (A, B, X), heartbeats={A: ago(1), B: ago(1), X: ago(4)})
+    last = spare_saw(full)
+    opened = state(4, False, (A,), wait_list=(B, C), heartbeats={A: ago(0), B: ago(0), C: ago(0)})
+    last.observe(opened, C, 10.0)
+    assert absent_members(opened, last, NOW, KEEP_ALIVE) == frozenset({X})
+    assert newcomer_waits(opened, C, last, 3, NOW, KEEP_ALIVE, 10.0)  # X might be the member that opened the round
+    assert not newcomer_waits(opened, C, last, 3, NOW, KEEP_ALIVE, 10.0, lost=frozenset({X}))
+    # A live member is still waited for whatever the mark of another.
+    assert newcomer_waits(opened, C, last, 2, NOW, KEEP_ALIVE, 10.0, lost=frozenset({X}))
+
+
+def test_the_wrapped_join_reads_the_marks_only_when_an_absent_member_would_keep_it_waiting():
+    executor = SimpleNamespace(run=lambda handler, deadline, update_deadline=None: None)
+    rule = MembersFirst(executor)
+    asked: list[frozenset] = []
+    rule.lost_of = lambda members: asked.append(members) or frozenset({X})
+    settings = RendezvousSettings("run", 1, 3, RendezvousTimeout(), KEEP_ALIVE, 3)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    full = state(3, True, (A, B, X), heartbeats={A: now, B: now, X: now, C: now})
+    rule.join(lambda ctx, deadline: _Action.SYNC, SimpleNamespace(node=C, state=full, settings=settings), 0.0)
+    whole = state(4, False, (A,), wait_list=(B, C, X), heartbeats={A: now, B: now, C: now, X: now})
+    add = lambda ctx, deadline: _Action.ADD_TO_PARTICIPANTS  # noqa: E731
+    assert rule.join(add, SimpleNamespace(node=C, state=whole, settings=settings), 0.0) == _Action.SYNC
+    assert asked == []  # every member present: nothing to read
+    opened = state(4, False, (A,), wait_list=(B, C), heartbeats={A: now, B: now, C: now})
+    assert rule.join(add, SimpleNamespace(node=C, state=opened, settings=settings), 0.0) == _Action.ADD_TO_PARTICIPANTS
+    assert asked == [frozenset({X})]
 
 
 def test_the_conf_key_turns_the_rule_off_and_a_bad_value_is_one_error_naming_it():

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 
 import pytest
 
-from ft_core.launcher.startup.zygote import EntryKind, PythonInvocation
+from ft_core.launcher.startup.zygote import (
+    IDLE_PREWARM_AFTER,
+    EntryKind,
+    FactoryChannel,
+    PythonInvocation,
+    Retire,
+    _readable,
+)
 
 PYTHON = sys.executable
 
@@ -39,3 +47,18 @@ def test_path0_is_the_real_script_directory_or_the_working_directory(tmp_path):
     assert script is not None and module is not None
     assert script.path0(str(tmp_path)) == str(tmp_path / "real")  # as python resolves symlinks
     assert module.path0(str(tmp_path)) == str(tmp_path)
+
+
+def test_an_idle_factory_sees_no_request_until_one_is_sent_and_then_reads_it_whole():
+    factory_end, launcher_end = socket.socketpair()
+    factory, launcher = FactoryChannel(factory_end), FactoryChannel(launcher_end)
+    try:
+        assert not _readable(factory, 0.01)  # idle: the factory would import RESTART_PREWARMED now
+        assert not _readable(factory, -1.0)  # a deadline already passed: no wait
+        launcher.send(Retire())
+        assert _readable(factory, 10.0)
+        assert factory.recv(1.0) == (Retire(), [])
+    finally:
+        factory.close()
+        launcher.close()
+    assert IDLE_PREWARM_AFTER == 5.0  # the documented default (docs/launcher.md, "Pre-warmed workers")
