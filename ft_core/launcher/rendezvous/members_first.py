@@ -70,17 +70,23 @@ class LastRound:
 
     ``round``: that round's number (-1: none seen); ``heartbeats``: the newest keep-alive seen of
     each of its participants (also after they left it: a member waiting for the next round keeps
-    alive); ``opened_at``: this node's monotonic clock when it first saw round ``round + 1``.
+    alive); ``opened_at``: this node's monotonic clock when it first saw round ``round + 1``;
+    ``member_of``: the last complete round this node was a participant of (-1: none).
     """
 
     round: int = -1
     heartbeats: dict[Any, datetime.datetime] = dataclasses.field(default_factory=dict)
     opened_at: Optional[float] = None
+    member_of: int = -1
 
     def observe(self, state: Any, node: Any, monotonic: float) -> None:
         """Update from a state this node read (torch's ``_RendezvousState``)."""
         if state.complete and node in state.participants:  # a member: nothing to wait for
-            self.round, self.heartbeats, self.opened_at = -1, {}, None
+            self.round, self.heartbeats, self.opened_at, self.member_of = -1, {}, None, state.round
+            return
+        if state.round == self.member_of or (not state.complete and state.round == self.member_of + 1):
+            # The round this node left to restart, or the next one still open: a member rejoining, not a newcomer
+            # (seen without itself, the rest of its round could fill the next one and hold it back).
             return
         if state.complete and state.round != self.round:
             self.round, self.heartbeats, self.opened_at = state.round, {}, None

@@ -99,6 +99,22 @@ def test_a_member_that_does_not_come_back_within_the_grace_is_replaced():
     assert not waits(stuck, last, 10.0 + MEMBERS_FIRST_GRACE)
 
 
+def test_a_member_that_left_its_round_first_is_no_newcomer_and_never_waits():
+    # Round 3: A, B, X (max 3); C waits as a spare. A's rank fails first: A leaves round 3 before the others and
+    # sees it without itself. X is lost; B and the spare C join round 4 before A does. Seen as a newcomer, A
+    # would wait for B and X, the spare would take its place and A would become the spare (goodput.py saw it).
+    full = state(3, True, (A, B, X), heartbeats={A: ago(1), B: ago(1), X: ago(1)})
+    a_left = state(3, True, (B, X), wait_list=(A,), heartbeats={A: ago(0), B: ago(1), X: ago(1)})
+    opened = state(4, False, (B, C), wait_list=(A,), heartbeats={A: ago(0), B: ago(0), C: ago(0), X: ago(1)})
+    member = spare_saw(full, a_left, opened, node=A)
+    assert member.member_of == 3 and member.round == -1
+    assert not waits(opened, member, 100.0, node=A, max_nodes=3)
+    # Once round 4 completed without it, A is a spare: for round 5 it is a newcomer like any other.
+    without_a = state(4, True, (B, C, X), wait_list=(A,), heartbeats={A: ago(0), B: ago(0), C: ago(0), X: ago(0)})
+    member.observe(without_a, A, 101.0)
+    assert member.round == 4 and member.member_of == 3
+
+
 def test_members_never_wait_nor_does_a_newcomer_that_saw_no_complete_round():
     full = state(3, True, (A, B), heartbeats={A: ago(1), B: ago(1)})
     opened = state(4, False, (), wait_list=(A, B), heartbeats={A: ago(0), B: ago(0)})
