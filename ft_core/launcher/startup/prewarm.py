@@ -64,8 +64,8 @@ __all__ = ["AdoptedProcess", "WorkerFactory"]
 
 log = logging.getLogger("ft_core.launcher")
 
-#: The first factory imports torch and the user's modules, a successor ``RESTART_PREWARMED``: a loaded node can
-#: take long.
+#: The first factory imports torch and the user's modules, a successor ``RESTART_PREWARMED`` (and so may a first
+#: factory left idle, when its first fork is asked): a loaded node can take long.
 READY_TIMEOUT = 300.0
 #: Round trips with a warm factory (a fork, the successor's start) take milliseconds.
 REQUEST_TIMEOUT = 30.0
@@ -158,6 +158,9 @@ class WorkerFactory:
         self.origin = "started as a new process"
         self._in_cycle = False
         self._forked: list[int] = []
+        #: The first factory serves the requests (until its first cycle retires it): it may be importing
+        #: ``RESTART_PREWARMED`` when its first fork is asked (:data:`~.zygote.IDLE_PREWARM_AFTER`).
+        self._first = True
         #: Why pre-warming is off for the rest of the job (None while it works).
         self.unavailable: Optional[str] = None
 
@@ -341,7 +344,7 @@ class WorkerFactory:
         assert self._channel is not None
         try:
             self._channel.send(Fork(invocation, env, os.getcwd(), list(argv)), stdio)
-            reply = self._receive(REQUEST_TIMEOUT)
+            reply = self._receive(READY_TIMEOUT if self._first else REQUEST_TIMEOUT)
         except (OSError, FactoryError, FactoryUnavailable) as exc:
             self._give_up(f"fork failed: {exc}")
             return None
@@ -451,7 +454,7 @@ class WorkerFactory:
         self._channel, self._successor_channel = self._successor_channel, None
         self._proc = AdoptedProcess(self._successor_pid, ["worker factory"])
         self._successor_pid = None
-        self._ready = False
+        self._ready = self._first = False
         self._prepare()
 
     def _give_up(self, reason: str) -> None:
