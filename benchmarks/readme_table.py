@@ -238,10 +238,22 @@ def goodput_rows(data: dict[str, Any]) -> Iterator[tuple[str, str, str, str]]:
            + f"floor: the median step, {1000 * ft['step_s']:.0f} ms", "≥ 95 %, above torchrun's")
 
     def by_kind(run: dict[str, Any]) -> str:
-        costs = {kind: [f["cost_s"] for f in run["faults"] if f["kind"] == kind] for kind in kinds}
-        return " / ".join(f"{kind} {sum(c) / len(c):.1f} s" if c else f"{kind} -" for kind, c in costs.items())
+        def one(kind: str) -> str:
+            faults = [f for f in run["faults"] if f["kind"] == kind]
+            if not faults:
+                return f"{kind} -"
+            mean = sum(f["cost_s"] for f in faults) / len(faults)
+            recovered = [f for f in faults if f["to_first_step_s"] is not None]
+            if not recovered:
+                return f"{kind} {mean:.1f} s"
+            first = sum(f["to_first_step_s"] for f in recovered) / len(recovered)
+            again = sum(f["recomputed_steps"] for f in recovered) / len(recovered)
+            return f"{kind} {mean:.1f} s ({first:.1f} s to the next step, {again:.0f} steps again)"
 
-    yield ("→ what a fault cost (mean per kind: fault → the job past the step it had reached)", by_kind(ft),
+        return " / ".join(one(kind) for kind in kinds)
+
+    yield ("→ what a fault cost (mean per kind: fault → the job past the step it had reached; of it, the fault → "
+           "the first step of the restarted job, and the steps computed again)", by_kind(ft),
            f"torchrun: {by_kind(torchrun)}" if torchrun else "", "")
 
 
