@@ -39,8 +39,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Optional, Union
 
-from ft_core.launcher.startup.zygote import (
-    ALWAYS_PREWARMED,
+from ft_core.launcher.startup.factory_protocol import (
     EntryKind,
     FactoryChannel,
     FactoryError,
@@ -53,10 +52,8 @@ from ft_core.launcher.startup.zygote import (
     Ready,
     Retire,
     Retired,
-    bootstrap_command,
-    run_worker,
-    serve,
 )
+from ft_core.launcher.startup.zygote import ALWAYS_PREWARMED, bootstrap_command, run_worker, serve
 from ft_core.utils import procutil
 from ft_core.utils.deadline import wait_until
 

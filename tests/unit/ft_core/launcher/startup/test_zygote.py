@@ -1,52 +1,14 @@
-"""Which worker command lines the pre-warmed zygote can fork, and where they import from."""
+"""The worker factory's own rules, in this process: its idle wait, and the signals a forked worker resets."""
 
 from __future__ import annotations
 
-import os
+import signal
 import socket
-import sys
 
 import pytest
 
-from ft_core.launcher.startup.zygote import (
-    IDLE_PREWARM_AFTER,
-    EntryKind,
-    FactoryChannel,
-    PythonInvocation,
-    Retire,
-    _readable,
-)
-
-PYTHON = sys.executable
-
-
-@pytest.mark.parametrize(("argv", "expected"), [
-    ([PYTHON, "-u", "train.py", "--lr", "0.1"], (EntryKind.SCRIPT, "train.py", ["--lr", "0.1"], True)),
-    ([PYTHON, "-u", "-m", "pkg.train", "-x"], (EntryKind.MODULE, "pkg.train", ["-x"], True)),
-    ([PYTHON, "train.py"], (EntryKind.SCRIPT, "train.py", [], False)),
-    ([PYTHON, "-u", "-X", "dev", "train.py"], None),  # interpreter options torchrun never adds
-    ([PYTHON, "-u", "-m"], None),
-    ([PYTHON, "-u"], None),
-    (["/usr/bin/numactl", "--cpunodebind=0", PYTHON, "-u", "train.py"], None),
-    (["./train.sh", "arg"], None),
-])
-def test_parse_accepts_only_what_torchrun_builds(argv, expected):
-    parsed = PythonInvocation.parse(PYTHON, argv)
-    if expected is None:
-        assert parsed is None
-    else:
-        assert parsed is not None and (parsed.kind, parsed.target, parsed.args, parsed.unbuffered) == expected
-
-
-def test_path0_is_the_real_script_directory_or_the_working_directory(tmp_path):
-    (tmp_path / "real").mkdir()
-    (tmp_path / "real" / "train.py").write_text("pass\n")
-    os.symlink(tmp_path / "real" / "train.py", tmp_path / "link.py")
-    script = PythonInvocation.parse(PYTHON, [PYTHON, "-u", "link.py"])
-    module = PythonInvocation.parse(PYTHON, [PYTHON, "-u", "-m", "pkg"])
-    assert script is not None and module is not None
-    assert script.path0(str(tmp_path)) == str(tmp_path / "real")  # as python resolves symlinks
-    assert module.path0(str(tmp_path)) == str(tmp_path)
+from ft_core.launcher.startup.factory_protocol import FactoryChannel, Retire
+from ft_core.launcher.startup.zygote import IDLE_PREWARM_AFTER, _readable, _reset_caught_signals
 
 
 def test_an_idle_factory_sees_no_request_until_one_is_sent_and_then_reads_it_whole():
@@ -62,3 +24,29 @@ def test_an_idle_factory_sees_no_request_until_one_is_sent_and_then_reads_it_who
         factory.close()
         launcher.close()
     assert IDLE_PREWARM_AFTER == 5.0  # the documented default (docs/launcher.md, "Pre-warmed workers")
+
+
+@pytest.fixture
+def dispositions():
+    """SIGINT, SIGQUIT and SIGTERM restored after the test (it changes this process's)."""
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)}
+    yield
+    for sig, handler in saved.items():
+        signal.signal(sig, handler)
+
+
+def test_a_forked_worker_finds_the_signals_the_launcher_catches_as_an_exec_would(dispositions):
+    # A launcher in the background of a non-interactive shell starts with SIGINT and SIGQUIT ignored, and its
+    # factory (forked before the launcher caught them) too; a worker the launcher execs finds them at their
+    # default, and CPython installs its SIGINT handler.
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
+    _reset_caught_signals("SIGTERM,SIGINT,SIGQUIT,NOSUCHSIGNAL")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGQUIT) == signal.SIG_DFL and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_a_signal_the_launcher_does_not_catch_keeps_what_the_factory_had(dispositions):
+    signal.signal(signal.SIGQUIT, signal.SIG_IGN)
+    _reset_caught_signals("SIGTERM")  # --signals-to-handle without SIGQUIT: an exec would keep it ignored too
+    assert signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN
