@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 from types import TracebackType
-from typing import IO, Optional, Protocol
+from typing import IO, Any, Optional, Protocol
 
 from ft_core.jobdir import JobDir, create_private_file, make_private_dir
 
@@ -78,6 +78,8 @@ class StackDump:
     def __init__(self) -> None:
         self._file: Optional[IO[str]] = None
         self._signal: Optional[signal.Signals] = None
+        #: The signal was at its default and made ignored for the dump handler (see :func:`_ignore_when_unhandled`).
+        self._ignored = False
 
     def open(self, socket_path: str, rank: int) -> Optional[str]:
         """Create the dump file in the job directory of ``socket_path``; its path, or None (dumps disabled)."""
@@ -99,16 +101,18 @@ class StackDump:
         if sig is None or self._file is None:
             self.close()
             return
-        _ignore_when_unhandled(sig)
+        self._ignored = _ignore_when_unhandled(sig)
         # C-level handler: it dumps even when the main thread is stuck in a collective.
         faulthandler.register(sig, file=self._file, all_threads=True, chain=False)
         self._signal = sig
 
     def unregister(self) -> None:
-        """Remove the signal handler and close the file."""
+        """Remove the signal handler (the signal back at its default if it was there) and close the file."""
         if self._signal is not None and self._file is not None:
             faulthandler.unregister(self._signal)
-        self._signal = None
+            if self._ignored and signal.getsignal(self._signal) is _ignore_dump_request:
+                signal.signal(self._signal, signal.SIG_DFL)  # the client is done, the process goes on
+        self._signal, self._ignored = None, False
         self.close()
 
     def close(self) -> None:
@@ -117,17 +121,26 @@ class StackDump:
             self._file = None
 
 
-def _ignore_when_unhandled(sig: signal.Signals) -> None:
-    """Make ``sig`` ignored where it would terminate the rank, before faulthandler takes it over.
+def _ignore_dump_request(signum: int, frame: Any) -> None:
+    """A stack-dump request once faulthandler's handler is gone (a rank exiting): nothing to dump, nothing to end."""
 
-    faulthandler restores the disposition it found when its handler is removed: by :meth:`StackDump.unregister`,
-    and at interpreter shutdown. A rank that is exiting (an exception raised by a collective whose peer died) can
-    still be asked for its stacks by a hang diagnosis on another node; with the default disposition the request
-    killed it (``killed by SIGUSR2`` in ``benchmarks/goodput.py``, in place of its own exit code). Ignored, the
-    late request does nothing. A disposition the program chose (a handler of its own, or ignored) is kept.
+
+def _ignore_when_unhandled(sig: signal.Signals) -> bool:
+    """Give ``sig`` a handler that does nothing where it would terminate the rank, before faulthandler takes it over;
+    whether it did.
+
+    faulthandler restores the disposition it found when its handler is removed at interpreter shutdown. A rank
+    that is exiting (an exception raised by a collective whose peer died) can still be asked for its stacks by a
+    hang diagnosis on another node; with the default disposition the request killed it (``killed by SIGUSR2`` in
+    ``benchmarks/goodput.py``, in place of its own exit code). A Python handler rather than ``SIG_IGN``: exec resets
+    it, so what the process starts never inherits an ignored signal (a rank whose termination signal it is).
+    :meth:`StackDump.unregister` (the client's shutdown) puts the default back. A disposition the program chose (a
+    handler of its own, or ignored) is kept.
     """
     try:
         if signal.getsignal(sig) == signal.SIG_DFL:
-            signal.signal(sig, signal.SIG_IGN)
+            signal.signal(sig, _ignore_dump_request)
+            return True
     except ValueError:  # not the main thread: the default stays, as before
         pass
+    return False

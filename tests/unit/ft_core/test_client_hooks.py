@@ -82,15 +82,25 @@ def test_the_stack_dump_signal_writes_every_thread_to_the_rank_file(tmp_path, de
     assert dump._file is None
 
 
-def test_a_dump_request_once_the_handler_is_gone_is_ignored_not_fatal(tmp_path, default_usr2):
-    # A rank exiting (its collective's peer died) can still be asked for its stacks by a hang diagnosis elsewhere;
-    # faulthandler restores the disposition it found (also at interpreter shutdown): terminate, before.
+def test_a_dump_request_at_interpreter_exit_is_ignored_and_the_clients_shutdown_restores_the_default(
+        tmp_path, default_usr2):
+    # A rank exiting (its collective's peer died) can still be asked for its stacks by a hang diagnosis elsewhere.
+    # At interpreter shutdown faulthandler removes its handler and restores the disposition it found: terminate,
+    # before. faulthandler.unregister is that step.
+    import faulthandler
+
     dump = StackDump()
     dump.open(JobDir(str(tmp_path / "job")).create().monitor_socket, rank=0)
     dump.register(signal.SIGUSR2)
+    faulthandler.unregister(signal.SIGUSR2)
+    assert signal.getsignal(signal.SIGUSR2) is client_hooks._ignore_dump_request  # exec resets it: not inherited
+    os.kill(os.getpid(), signal.SIGUSR2)  # does nothing: this process goes on
+    # The client's shutdown, the process going on: the default is back (what it starts must not inherit SIG_IGN,
+    # e.g. a rank whose termination signal is SIGUSR2).
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    dump.register(signal.SIGUSR2)
     dump.unregister()
-    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN
-    os.kill(os.getpid(), signal.SIGUSR2)  # ignored: this process goes on
+    assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
 
 
 def test_a_dump_signal_handler_of_the_program_is_kept_after_the_dump_handler(tmp_path, default_usr2):
