@@ -78,7 +78,8 @@ class StackDump:
     def __init__(self) -> None:
         self._file: Optional[IO[str]] = None
         self._signal: Optional[signal.Signals] = None
-        #: The signal was at its default and made ignored for the dump handler (see :func:`_ignore_when_unhandled`).
+        #: The signal was at its default and given a do-nothing handler under the dump handler
+        #: (:func:`_ignore_when_unhandled`).
         self._ignored = False
 
     def open(self, socket_path: str, rank: int) -> Optional[str]:

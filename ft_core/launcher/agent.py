@@ -94,6 +94,7 @@ from ft_core.launcher.startup.workers import (
 )
 from ft_core.launcher.straggler_exchange import StragglerDetector
 from ft_core.utils.deadline import wait_until
+from ft_core.utils.procutil import SIGNALS_TO_HANDLE_ENV, signals_named
 
 __all__ = ["FtElasticAgent"]
 
@@ -535,10 +536,8 @@ class FtElasticAgent(LocalElasticAgent):
     def _on_signal(self, sig: signal.Signals) -> RunResult:
         """Forward SIGTERM/SIGINT to the workers, SIGKILL them after ``--term-timeout``."""
         # A second signal must not cut the workers' grace period short.
-        for name in os.environ.get("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT").split(","):
-            sig_to_ignore = getattr(signal, name.strip(), None)
-            if sig_to_ignore is not None:
-                signal.signal(sig_to_ignore, signal.SIG_IGN)
+        for sig_to_ignore in signals_named(os.environ.get(SIGNALS_TO_HANDLE_ENV, "SIGTERM,SIGINT")):
+            signal.signal(sig_to_ignore, signal.SIG_IGN)
         handlers = list((getattr(self._pcontext, "subprocess_handlers", None) or {}).values())
         running = [h for h in handlers if h.proc.poll() is None]
         finished_before = bool(handlers) and not running and all(h.proc.returncode == 0 for h in handlers)

@@ -46,6 +46,7 @@ from ft_core.launcher.startup.head_start import HeadStart, adopt
 from ft_core.launcher.startup.prewarm import WorkerFactory
 from ft_core.monitor.status import status_path
 from ft_core.snapshots.space import claim_snapshot_dir
+from ft_core.utils.procutil import SIGNALS_TO_HANDLE_ENV, signals_named
 
 __all__ = ["launch"]
 
@@ -85,7 +86,7 @@ def launch(config: LaunchConfig, entrypoint: Union[Callable, str], args: list[An
     # MASTER_ADDR, which torch publishes only in the first round of the group rank 0 node.
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     # Until the first workers exist, SIGTERM/SIGINT must still end us through SignalException.
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle
+    os.environ[SIGNALS_TO_HANDLE_ENV] = config.signals_to_handle
     _install_signal_handlers(config.signals_to_handle)
     use_cheap_method_names()  # a restart's rendezvous would spend most of its time naming its records
     try:
@@ -189,20 +190,16 @@ def _release_rendezvous(agent: FtElasticAgent, outcome: Outcome) -> None:
         log.warning("could not release the rendezvous: %s", exc)
 
 
-def _signals(names: str) -> list[signal.Signals]:
-    return [sig for sig in (getattr(signal, name.strip(), None) for name in names.split(",")) if sig is not None]
-
-
 def _raise_signal_exception(signum: int, _frame: Any) -> None:
     sig = signal.Signals(signum)
     raise SignalException(f"ft_launcher (pid {os.getpid()}) got {sig.name}", sigval=sig)
 
 
 def _install_signal_handlers(names: str) -> None:
-    for sig in _signals(names):
+    for sig in signals_named(names):
         signal.signal(sig, _raise_signal_exception)
 
 
 def _ignore_signals(names: str) -> None:
-    for sig in _signals(names):
+    for sig in signals_named(names):
         signal.signal(sig, signal.SIG_IGN)

@@ -10,9 +10,9 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, Optional
 
-__all__ = ["CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "listens_on_tcp_port",
+__all__ = ["SIGNALS_TO_HANDLE_ENV", "CpuSample", "cpu_sample", "die_with_parent", "die_with_parent_preexec", "listens_on_tcp_port",
            "pid_alive", "process_group_members", "process_tree", "set_child_subreaper", "set_process_title",
-           "wait_child_exited"]
+           "signals_named", "wait_child_exited"]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NAME = 15
@@ -27,6 +27,15 @@ try:
     _LIBC = ctypes.CDLL(None, use_errno=True)
 except OSError:  # pragma: no cover - no dynamic libc
     _LIBC = None
+
+
+#: torch elastic's environment variable naming the signals its launcher catches (``SIGTERM,SIGINT,...``).
+SIGNALS_TO_HANDLE_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+
+
+def signals_named(names: str) -> list[signal.Signals]:
+    """The signals of a comma-separated list of names (``SIGTERM,SIGINT``); a name ``signal`` lacks is skipped."""
+    return [sig for sig in (getattr(signal, name.strip(), None) for name in names.split(",")) if sig is not None]
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

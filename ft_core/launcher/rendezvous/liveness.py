@@ -65,11 +65,11 @@ log = logging.getLogger("ft_core.launcher")
 
 #: Seconds of failing beats before the writer warns (a job's end can take the store away first).
 FAILING_QUIET = 5.0
-#: Logged once per node removed (``%`` fields: round, node, seconds unchanged, torch's keep-alive expiry in seconds).
 #: What a node that removed a member writes over its counter: the spare that takes the place need not wait for it
 #: (:mod:`.members_first`), and a node whose removal was refused by a concurrent write removes it at its next read.
 #: A launcher alive after all writes its next count over it within a beat.
 LOST_MARK = b"lost"
+#: Logged once per node removed (``%`` fields: round, node, seconds unchanged, torch's keep-alive expiry in seconds).
 LOST_LINE = ("rendezvous round %d: node %s lost: its liveness beat did not change for %.1f s; removed from the round "
              "(torch's keep-alive would wait until %.0f s after its last heartbeat)")
 
@@ -259,12 +259,11 @@ class LostMembers:
         if now - self._read_at < self._interval:
             return  # read once per beat at most (every state read of every waiting node would be N^2 reads)
         self._read_at = now
-        names = {inbox_name(member): member for member in remaining}
-        try:
-            self.evidence.observe(self._beats.read(names), now)
-        except Exception as exc:  # noqa: BLE001 - no read, no evidence: torch's keep-alive decides
-            log.debug("rendezvous liveness read failed: %s", exc)
-            return
+        read = self._read(remaining)
+        if read is None:
+            return  # no read, no evidence: torch's keep-alive decides
+        names, values = read
+        self.evidence.observe(values, now)
         lost = self.evidence.lost(names, now, self.lost_after)
         settings = self._holder._settings
         for name, span in lost.items():
@@ -282,13 +281,20 @@ class LostMembers:
 
     def marked_lost(self, members: Iterable[Any]) -> frozenset[Any]:
         """Those of ``members`` (nodes) whose counter holds :data:`LOST_MARK`: one read; nothing when it fails."""
+        read = self._read(members)
+        if read is None:
+            return frozenset()  # no read, no evidence: they are waited for as before
+        names, values = read
+        return frozenset(names[name] for name, value in values.items() if value == LOST_MARK)
+
+    def _read(self, members: Iterable[Any]) -> Optional[tuple[dict[str, Any], dict[str, Optional[bytes]]]]:
+        """(node of each counter name, the counters read) of ``members``; None when the read failed."""
         names = {inbox_name(member): member for member in members}
         try:
-            values = self._beats.read(names)
-        except Exception as exc:  # noqa: BLE001 - no read, no evidence: they are waited for as before
+            return names, self._beats.read(names)
+        except Exception as exc:  # noqa: BLE001 - a store away for a while: the callers decide without evidence
             log.debug("rendezvous liveness read failed: %s", exc)
-            return frozenset()
-        return frozenset(names[name] for name, value in values.items() if value == LOST_MARK)
+            return None
 
     def _mark_lost(self, name: str) -> None:
         try:

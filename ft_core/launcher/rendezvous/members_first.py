@@ -120,7 +120,7 @@ def newcomer_waits(state: Any, node: Any, last: LastRound, max_nodes: int, now: 
     if state.complete or last.round != state.round - 1 or last.opened_at is None:
         return False
     waited = monotonic - last.opened_at
-    present = set(state.participants) | set(state.wait_list) | set(state.last_heartbeats)
+    present = _shown(state)
     members = {m for m in last.members(now, keep_alive) if m not in lost and (m in present or waited < ABSENT_GRACE)}
     joined = set(state.participants)
     return node not in members and bool(members - joined) and len(members | joined) >= max_nodes and waited < grace
@@ -129,8 +129,12 @@ def newcomer_waits(state: Any, node: Any, last: LastRound, max_nodes: int, now: 
 def absent_members(state: Any, last: LastRound, now: datetime.datetime, keep_alive: datetime.timedelta
                    ) -> frozenset[Any]:
     """The live members of ``last`` that ``state`` does not show (neither in the round, waiting, nor keeping alive)."""
-    present = set(state.participants) | set(state.wait_list) | set(state.last_heartbeats)
-    return frozenset(last.members(now, keep_alive) - present)
+    return frozenset(last.members(now, keep_alive) - _shown(state))
+
+
+def _shown(state: Any) -> set[Any]:
+    """The nodes ``state`` shows: in the round, waiting for it, or keeping alive."""
+    return set(state.participants) | set(state.wait_list) | set(state.last_heartbeats)
 
 
 #: Logged once per round a newcomer waits (``%`` fields: the round, the grace).

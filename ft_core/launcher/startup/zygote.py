@@ -88,8 +88,6 @@ RESTART_PREWARMED = ("torch._dynamo",)
 #: one-node start leaves its factory idle, so those first workers are forked at once, as before; a fork asked during
 #: the import waits for the rest of it, which its workers would have spent at their optimizer's first step.
 IDLE_PREWARM_AFTER = 5.0
-#: The launcher's environment variable naming the signals it catches (torch elastic's; set before any worker starts).
-CAUGHT_SIGNALS_ENV = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 #: While a forked process waits to be re-parented to the launcher, it checks this often.
 _ADOPTION_POLL = 0.0002
 
@@ -338,7 +336,7 @@ def run_worker(job: Fork, launcher_pid: int, factory_pid: int) -> None:
     os.environ.update(job.env)  # putenv too: C libraries read the same values
     invocation = job.invocation
     _reset_stdio(invocation.unbuffered or bool(job.env.get("PYTHONUNBUFFERED")))
-    _reset_caught_signals(job.env.get(CAUGHT_SIGNALS_ENV, ""))
+    _reset_caught_signals(job.env.get(procutil.SIGNALS_TO_HANDLE_ENV, ""))
     _reseed()
     sys.orig_argv = list(job.orig_argv)
     sys.path[0] = invocation.path0(job.cwd)
@@ -369,10 +367,8 @@ def _reset_caught_signals(names: str) -> None:
     and SIGQUIT ignored when the launcher runs in the background of a non-interactive shell (``ft_launcher ...
     &`` in a batch script), where a plain start has them at their default.
     """
-    for name in names.split(","):
-        sig = getattr(signal, name.strip(), None)
-        if isinstance(sig, signal.Signals):
-            signal.signal(sig, signal.SIG_DFL)
+    for sig in procutil.signals_named(names):
+        signal.signal(sig, signal.SIG_DFL)
     if signal.getsignal(signal.SIGINT) == signal.SIG_DFL:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 

@@ -14,11 +14,6 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from ft_core.launcher import launch
 
 
-def test_the_signals_to_handle_are_read_as_torchrun_reads_them_and_unknown_names_are_skipped():
-    assert launch._signals("SIGTERM,SIGINT") == [signal.SIGTERM, signal.SIGINT]
-    assert launch._signals(" SIGHUP , SIGNOPE,SIGQUIT") == [signal.SIGHUP, signal.SIGQUIT]
-
-
 def test_a_handled_signal_becomes_torchs_signal_exception_and_an_ignored_one_is_ignored():
     saved = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR1, signal.SIGUSR2)}
     try:
